@@ -1,0 +1,156 @@
+// Launcher of the fused FP32 attention backward: validates the parameters,
+// carves the workspace, zeroes dQ for the atomic mode, computes the mean keys
+// and dispatches on the head dim. Math and layouts: kernels/cuda/fp32_backward.h.
+// Build: target gaugewatch_cuda (sm_90a). Run: tests/cuda/fp32_backward_test.cu.
+
+#include "kernels/cuda/fp32_backward.h"
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/fp32_backward_kernel.cuh"
+
+namespace gaugewatch::gpu {
+
+namespace detail {
+template <int D>
+cudaError_t launch_fp32_backward(const Args& args, cudaStream_t stream);
+template <int D>
+cudaError_t launch_mean_key(const float* k, float* mu, int64_t heads, int64_t m, cudaStream_t stream);
+}  // namespace detail
+
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr int64_t kMaxGridY = 65535;
+
+size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+Status invalid(std::string message) { return Status{cudaErrorInvalidValue, std::move(message)}; }
+
+struct WorkspaceLayout {
+  size_t lse = 0, delta = 0, mu = 0, total = 0;
+};
+
+WorkspaceLayout layout_of(const Fp32BackwardParams& p) {
+  WorkspaceLayout w;
+  const size_t rows = static_cast<size_t>(p.slice_count()) * static_cast<size_t>(p.row_count());
+  w.lse = 0;
+  w.delta = round_up(rows * sizeof(float));
+  w.mu = w.delta + round_up(rows * sizeof(float));
+  const size_t mu_bytes =
+      p.center_keys ? static_cast<size_t>(p.batch * p.kv_heads * p.head_dim) * sizeof(float) : 0;
+  w.total = w.mu + round_up(mu_bytes);
+  return w;
+}
+
+}  // namespace
+
+Status validate(const Fp32BackwardParams& p) {
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) {
+    return invalid("head_dim " + std::to_string(p.head_dim) + " is not supported (64, 128 or 256)");
+  }
+  if (p.batch < 0 || p.q_heads <= 0 || p.kv_heads <= 0 || p.q_len < 0 || p.kv_len < 0) {
+    return invalid("shape must have batch, q_len, kv_len >= 0 and q_heads, kv_heads > 0");
+  }
+  if (p.q_heads % p.kv_heads != 0) {
+    return invalid("kv_heads " + std::to_string(p.kv_heads) + " does not divide q_heads " +
+                   std::to_string(p.q_heads) + " (GQA)");
+  }
+  if (p.q_len > INT32_MAX || p.kv_len > INT32_MAX) return invalid("q_len and kv_len must fit in int32");
+  if (p.batch * p.kv_heads > kMaxGridY) return invalid("batch * kv_heads exceeds 65535");
+  if (p.slice_count() > kMaxGridY) return invalid("number of (batch, head) slices exceeds 65535");
+  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) {
+    return invalid("cu_seqlens_q and cu_seqlens_k must be given together");
+  }
+  if (p.cu_seqlens_q != nullptr && (p.num_segments < 1 || p.num_segments > INT32_MAX)) {
+    return invalid("packed sequences need num_segments >= 1");
+  }
+  if ((p.slices == nullptr) != (p.rows == nullptr)) {
+    return invalid("row-subset mode needs both slices and rows");
+  }
+  if (p.subset() && (p.num_slices < 0 || p.num_rows < 0)) return invalid("num_slices, num_rows must be >= 0");
+  const bool empty_q = p.slice_count() == 0 || p.row_count() == 0;
+  const bool empty_kv = p.batch * p.kv_heads * p.kv_len == 0;
+  if (!empty_q && (p.q == nullptr || p.grad_out == nullptr || p.dq == nullptr)) {
+    return invalid("q, grad_out and dq must be non-null");
+  }
+  if (!empty_kv && (p.k == nullptr || p.v == nullptr || p.dk == nullptr || p.dv == nullptr)) {
+    return invalid("k, v, dk and dv must be non-null");
+  }
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.grad_out) || !aligned16(p.dq) ||
+      !aligned16(p.dk) || !aligned16(p.dv)) {
+    return invalid("q, k, v, grad_out, dq, dk, dv must be 16-byte aligned (float4 access)");
+  }
+  return {};
+}
+
+size_t fp32_backward_workspace_bytes(const Fp32BackwardParams& params) { return layout_of(params).total; }
+
+Status fp32_attention_backward(const Fp32BackwardParams& p, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
+  Status status = validate(p);
+  if (!status.ok()) return status;
+  const WorkspaceLayout w = layout_of(p);
+  if (workspace_bytes < w.total || (w.total > 0 && workspace == nullptr)) {
+    return invalid("workspace too small: need " + std::to_string(w.total) + " bytes");
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace must be 16-byte aligned");
+  char* ws = static_cast<char*>(workspace);
+
+  detail::Args a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.dout = p.grad_out;
+  a.dq = p.dq;
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.lse = reinterpret_cast<float*>(ws + w.lse);
+  a.delta = reinterpret_cast<float*>(ws + w.delta);
+  a.mu = p.center_keys ? reinterpret_cast<float*>(ws + w.mu) : nullptr;
+  a.cu_q = p.cu_seqlens_q;
+  a.cu_k = p.cu_seqlens_k;
+  a.slices = p.slices;
+  a.rows = p.rows;
+  a.batch = p.batch;
+  a.hq = p.q_heads;
+  a.hkv = p.kv_heads;
+  a.n = p.q_len;
+  a.m = p.kv_len;
+  a.num_slices = p.slice_count();
+  a.num_rows = p.row_count();
+  a.num_segments = static_cast<int>(p.num_segments);
+  a.causal = static_cast<int>(p.causal);
+  a.scale = p.scale;
+  a.dq_atomic = !p.deterministic;
+  a.dq_in_rows = p.deterministic;
+
+  const size_t dq_bytes = static_cast<size_t>(a.num_slices * a.num_rows * p.head_dim) * sizeof(float);
+  if (!p.deterministic && dq_bytes > 0) {
+    const cudaError_t err = cudaMemsetAsync(p.dq, 0, dq_bytes, stream);
+    if (err != cudaSuccess) return Status{err, std::string("cudaMemsetAsync(dq): ") + cudaGetErrorString(err)};
+  }
+  const int64_t kv_heads_total = p.batch * p.kv_heads;
+  cudaError_t err = cudaSuccess;
+  switch (p.head_dim) {
+    case 64:
+      if (p.center_keys) err = detail::launch_mean_key<64>(p.k, const_cast<float*>(a.mu), kv_heads_total, p.kv_len, stream);
+      if (err == cudaSuccess) err = detail::launch_fp32_backward<64>(a, stream);
+      break;
+    case 128:
+      if (p.center_keys) err = detail::launch_mean_key<128>(p.k, const_cast<float*>(a.mu), kv_heads_total, p.kv_len, stream);
+      if (err == cudaSuccess) err = detail::launch_fp32_backward<128>(a, stream);
+      break;
+    default:
+      if (p.center_keys) err = detail::launch_mean_key<256>(p.k, const_cast<float*>(a.mu), kv_heads_total, p.kv_len, stream);
+      if (err == cudaSuccess) err = detail::launch_fp32_backward<256>(a, stream);
+      break;
+  }
+  if (err != cudaSuccess) return Status{err, std::string("fp32 attention backward launch: ") + cudaGetErrorString(err)};
+  return {};
+}
+
+}  // namespace gaugewatch::gpu

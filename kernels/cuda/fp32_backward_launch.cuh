@@ -1,0 +1,54 @@
+#pragma once
+// Launch template of the fused FP32 attention backward for one head dim:
+// the row kernel (row statistics; dQ in deterministic mode), then the dK/dV
+// kernel (dQ atomics otherwise). Instantiated once per head dim in
+// fp32_backward_d{64,128,256}.cu so each translation unit stays small.
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/fp32_backward_kernel.cuh"
+
+namespace gaugewatch::gpu::detail {
+
+// Tile sizes per head dim: shared memory Q, dO, K, V, P, dS must fit one SM
+// (227 KB); dK and dV stay in registers (Bc * D * 2 / 256 floats per thread).
+template <int D> struct TileConfig;
+template <> struct TileConfig<64> { using type = Config<64, 64, 64>; };    // 104 KB
+template <> struct TileConfig<128> { using type = Config<128, 64, 64>; };  // 166 KB
+template <> struct TileConfig<256> { using type = Config<256, 32, 32>; };  // 139 KB
+
+template <int D>
+cudaError_t launch_fp32_backward(const Args& args, cudaStream_t stream) {
+  using Cfg = typename TileConfig<D>::type;
+  constexpr int kSmem = static_cast<int>(Cfg::kSmemBytes);
+  cudaError_t err = cudaFuncSetAttribute(fp32_backward_rows_kernel<Cfg>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  err = cudaFuncSetAttribute(fp32_backward_dkdv_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmem);
+  if (err != cudaSuccess) return err;
+
+  const dim3 row_grid(static_cast<unsigned>((args.num_rows + Cfg::kBr - 1) / Cfg::kBr),
+                      static_cast<unsigned>(args.num_slices));
+  if (row_grid.x > 0 && row_grid.y > 0) {
+    fp32_backward_rows_kernel<Cfg><<<row_grid, kThreads, kSmem, stream>>>(args);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 key_grid(static_cast<unsigned>((args.m + Cfg::kBc - 1) / Cfg::kBc),
+                      static_cast<unsigned>(args.batch * args.hkv));
+  if (key_grid.x > 0 && key_grid.y > 0) {
+    fp32_backward_dkdv_kernel<Cfg><<<key_grid, kThreads, kSmem, stream>>>(args);
+    err = cudaGetLastError();
+  }
+  return err;
+}
+
+template <int D>
+cudaError_t launch_mean_key(const float* k, float* mu, int64_t heads, int64_t m, cudaStream_t stream) {
+  if (heads == 0) return cudaSuccess;
+  mean_key_kernel<D><<<static_cast<unsigned>(heads), kThreads, 0, stream>>>(k, mu, m);
+  return cudaGetLastError();
+}
+
+}  // namespace gaugewatch::gpu::detail

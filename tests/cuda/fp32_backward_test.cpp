@@ -1,0 +1,469 @@
+// GPU tests of the fused FP32 attention backward (kernels/cuda/fp32_backward.h)
+// against the CPU reference: backward_fp32 (same math, same key centering) and
+// attention_fp64 (ground truth). Every case poisons the outputs with NaN first,
+// so an element the kernel forgets to write fails the comparison.
+//
+// Build: target gaugewatch_cuda_tests (tests/cuda/CMakeLists.txt).
+// Run:   build/bin/gaugewatch_cuda_tests          (needs an sm_90 GPU; without one
+//        every test is skipped with the reason)
+//        GAUGEWATCH_TEST_VERBOSE=1 prints each case's errors.
+
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/fp32_backward.h"
+#include "kernels/reference/attention_problem.h"
+#include "kernels/reference/bf16.h"
+#include "kernels/reference/errors.h"
+#include "kernels/reference/exact_attention.h"
+#include "kernels/reference/fp32_backward.h"
+
+namespace gaugewatch {
+namespace {
+
+namespace ref = gaugewatch::reference;
+
+// Why no test can run, or "" when a CUDA device is present.
+std::string gpu_unavailable_reason() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(err);
+  if (count == 0) return "no CUDA device";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cudaGetDeviceProperties failed";
+  if (prop.major < 9) return "kernels are built for sm_90a; device is sm_" + std::to_string(prop.major * 10 + prop.minor);
+  return "";
+}
+
+#define SKIP_WITHOUT_GPU()                                         \
+  do {                                                             \
+    const std::string reason = gpu_unavailable_reason();           \
+    if (!reason.empty()) {                                         \
+      GTEST_SKIP() << reason;                                      \
+    }                                                              \
+  } while (0)
+
+bool verbose() {
+  const char* env = std::getenv("GAUGEWATCH_TEST_VERBOSE");
+  return env != nullptr && std::strcmp(env, "0") != 0;
+}
+
+// Owns one device allocation; the test fails (not aborts) on CUDA errors.
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    if (count_ > 0) {
+      const cudaError_t err = cudaMalloc(&ptr_, count_ * sizeof(T));
+      EXPECT_EQ(err, cudaSuccess) << "cudaMalloc: " << cudaGetErrorString(err);
+      if (err != cudaSuccess) ptr_ = nullptr;
+    }
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  T* get() const { return ptr_; }
+  size_t size() const { return count_; }
+  void upload(const std::vector<T>& host) {
+    if (count_ == 0 || ptr_ == nullptr) return;
+    const cudaError_t err = cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice);
+    EXPECT_EQ(err, cudaSuccess) << "upload: " << cudaGetErrorString(err);
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(count_);
+    if (count_ == 0 || ptr_ == nullptr) return host;
+    const cudaError_t err = cudaMemcpy(host.data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost);
+    EXPECT_EQ(err, cudaSuccess) << "download: " << cudaGetErrorString(err);
+    return host;
+  }
+  void poison() {  // all bytes 0xff: NaN in float
+    if (count_ > 0 && ptr_ != nullptr) {
+      EXPECT_EQ(cudaMemset(ptr_, 0xff, count_ * sizeof(T)), cudaSuccess);
+    }
+  }
+
+ private:
+  size_t count_ = 0;
+  T* ptr_ = nullptr;
+};
+
+struct Case {
+  std::string name;
+  ref::AttentionShape shape;
+  ref::CausalMode causal = ref::CausalMode::kNone;
+  std::vector<int64_t> cu_q, cu_k;  // packed when non-empty
+  double scale = 0.0;               // 0: 1 / sqrt(d)
+  bool center_keys = true;
+  bool deterministic = false;
+  float key_offset = 0.0f;          // common offset added to every key (RMS per coordinate)
+  uint64_t seed = 1;
+};
+
+// BF16-valued normal inputs, as a BF16 training run hands them over.
+ref::AttentionInputs make_inputs(const Case& c) {
+  ref::AttentionInputs in;
+  in.shape = c.shape;
+  in.causal = c.causal;
+  in.cu_seqlens_q = c.cu_q;
+  in.cu_seqlens_k = c.cu_k;
+  in.scale = c.scale != 0.0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.shape.head_dim));
+  std::mt19937_64 rng(c.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& t, int64_t n) {
+    t.resize(static_cast<size_t>(n));
+    for (auto& x : t) x = ref::round_bf16(normal(rng));
+  };
+  fill(in.q, c.shape.q_elements());
+  fill(in.k, c.shape.kv_elements());
+  fill(in.v, c.shape.kv_elements());
+  fill(in.grad_out, c.shape.q_elements());
+  if (c.key_offset != 0.0f) {
+    std::vector<float> offset(static_cast<size_t>(c.shape.head_dim));
+    for (auto& x : offset) x = c.key_offset * normal(rng);
+    for (size_t i = 0; i < in.k.size(); ++i) in.k[i] = ref::round_bf16(in.k[i] + offset[i % offset.size()]);
+  }
+  in.validate();
+  return in;
+}
+
+gpu::CausalMode to_gpu(ref::CausalMode mode) {
+  switch (mode) {
+    case ref::CausalMode::kNone: return gpu::CausalMode::kNone;
+    case ref::CausalMode::kTopLeft: return gpu::CausalMode::kTopLeft;
+    case ref::CausalMode::kBottomRight: return gpu::CausalMode::kBottomRight;
+  }
+  return gpu::CausalMode::kNone;
+}
+
+std::vector<int32_t> to_int32(const std::vector<int64_t>& v) { return std::vector<int32_t>(v.begin(), v.end()); }
+
+struct GpuResult {
+  gpu::Status status;
+  ref::Gradients grads;
+};
+
+// Runs the kernel; `slices`/`rows` empty means the full mode.
+GpuResult run_gpu(const ref::AttentionInputs& in, bool center_keys, bool deterministic,
+                  const std::vector<int32_t>& slices = {}, const std::vector<int32_t>& rows = {}) {
+  const ref::AttentionShape& sh = in.shape;
+  DeviceBuffer<float> q(in.q), k(in.k), v(in.v), dout(in.grad_out);
+  const bool subset = !slices.empty() || !rows.empty();
+  const size_t dq_count = subset ? slices.size() * rows.size() * static_cast<size_t>(sh.head_dim)
+                                 : static_cast<size_t>(sh.q_elements());
+  DeviceBuffer<float> dq(dq_count), dk(static_cast<size_t>(sh.kv_elements())), dv(static_cast<size_t>(sh.kv_elements()));
+  dq.poison();
+  dk.poison();
+  dv.poison();
+  DeviceBuffer<int32_t> cu_q(to_int32(in.cu_seqlens_q)), cu_k(to_int32(in.cu_seqlens_k));
+  DeviceBuffer<int32_t> slices_d(slices), rows_d(rows);
+
+  gpu::Fp32BackwardParams p;
+  p.q = q.get();
+  p.k = k.get();
+  p.v = v.get();
+  p.grad_out = dout.get();
+  p.dq = dq.get();
+  p.dk = dk.get();
+  p.dv = dv.get();
+  p.batch = sh.batch;
+  p.q_heads = sh.q_heads;
+  p.kv_heads = sh.kv_heads;
+  p.q_len = sh.q_len;
+  p.kv_len = sh.kv_len;
+  p.head_dim = sh.head_dim;
+  p.scale = static_cast<float>(in.scale);
+  p.causal = to_gpu(in.causal);
+  if (in.packed()) {
+    p.cu_seqlens_q = cu_q.get();
+    p.cu_seqlens_k = cu_k.get();
+    p.num_segments = static_cast<int64_t>(in.cu_seqlens_q.size()) - 1;
+  }
+  if (subset) {
+    p.slices = slices_d.get();
+    p.num_slices = static_cast<int64_t>(slices.size());
+    p.rows = rows_d.get();
+    p.num_rows = static_cast<int64_t>(rows.size());
+  }
+  p.center_keys = center_keys;
+  p.deterministic = deterministic;
+
+  GpuResult result;
+  const size_t ws_bytes = gpu::fp32_backward_workspace_bytes(p);
+  DeviceBuffer<unsigned char> workspace(ws_bytes);
+  result.status = gpu::fp32_attention_backward(p, workspace.get(), ws_bytes, nullptr);
+  const cudaError_t sync = cudaDeviceSynchronize();
+  if (result.status.ok() && sync != cudaSuccess) {
+    result.status = gpu::Status{sync, std::string("kernel failed: ") + cudaGetErrorString(sync)};
+  }
+  result.grads.dq = dq.download();
+  result.grads.dk = dk.download();
+  result.grads.dv = dv.download();
+  return result;
+}
+
+std::vector<double> to_double(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+
+constexpr double kFp32Tolerance = 1e-5;
+
+std::string describe(const ref::AttentionInputs& in) {
+  const auto& s = in.shape;
+  return "B=" + std::to_string(s.batch) + " Hq=" + std::to_string(s.q_heads) + " Hkv=" + std::to_string(s.kv_heads) +
+         " N=" + std::to_string(s.q_len) + " M=" + std::to_string(s.kv_len) + " d=" + std::to_string(s.head_dim) +
+         " causal=" + std::string(ref::to_string(in.causal)) + (in.packed() ? " packed" : "");
+}
+
+class Fp32BackwardCase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Fp32BackwardCase, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const Case& c = GetParam();
+  const ref::AttentionInputs in = make_inputs(c);
+  const ref::Gradients want = ref::backward_fp32(in, ref::Fp32BackwardOptions{c.center_keys});
+  const ref::ExactAttention exact = ref::attention_fp64(in);
+  const GpuResult got = run_gpu(in, c.center_keys, c.deterministic);
+  ASSERT_TRUE(got.status.ok()) << describe(in) << ": " << got.status.message;
+
+  const double dq32 = ref::relative_error(got.grads.dq, want.dq);
+  const double dk32 = ref::relative_error(got.grads.dk, want.dk);
+  const double dv32 = ref::relative_error(got.grads.dv, want.dv);
+  const double dq64 = ref::relative_error(got.grads.dq, exact.dq);
+  const double dk64 = ref::relative_error(got.grads.dk, exact.dk);
+  const double dv64 = ref::relative_error(got.grads.dv, exact.dv);
+  const double ref_dq64 = ref::relative_error(to_double(want.dq), exact.dq);
+  if (verbose()) {
+    std::printf("[%s] %s\n  vs fp32 ref: dq %.3e dk %.3e dv %.3e\n  vs fp64:     dq %.3e dk %.3e dv %.3e"
+                "  (cpu fp32 ref dq vs fp64 %.3e)\n",
+                c.name.c_str(), describe(in).c_str(), dq32, dk32, dv32, dq64, dk64, dv64, ref_dq64);
+  }
+  // NaN compares false: an unwritten (poisoned) element fails here.
+  EXPECT_LT(dq32, kFp32Tolerance) << c.name << " dq vs backward_fp32, " << describe(in);
+  EXPECT_LT(dk32, kFp32Tolerance) << c.name << " dk vs backward_fp32, " << describe(in);
+  EXPECT_LT(dv32, kFp32Tolerance) << c.name << " dv vs backward_fp32, " << describe(in);
+  EXPECT_LT(dq64, kFp32Tolerance) << c.name << " dq vs attention_fp64, " << describe(in);
+  EXPECT_LT(dk64, kFp32Tolerance) << c.name << " dk vs attention_fp64, " << describe(in);
+  EXPECT_LT(dv64, kFp32Tolerance) << c.name << " dv vs attention_fp64, " << describe(in);
+}
+
+ref::AttentionShape shape(int64_t b, int64_t hq, int64_t hkv, int64_t n, int64_t m, int64_t d) {
+  ref::AttentionShape s;
+  s.batch = b;
+  s.q_heads = hq;
+  s.kv_heads = hkv;
+  s.q_len = n;
+  s.kv_len = m;
+  s.head_dim = d;
+  return s;
+}
+
+Case make_case(std::string name, ref::AttentionShape sh, ref::CausalMode causal = ref::CausalMode::kNone) {
+  Case c;
+  c.name = std::move(name);
+  c.shape = sh;
+  c.causal = causal;
+  return c;
+}
+
+std::vector<Case> all_cases() {
+  using ref::CausalMode;
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.seed = cases.size() + 17;
+    cases.push_back(std::move(c));
+  };
+  add(make_case("noncausal_d64", shape(2, 4, 4, 100, 100, 64)));
+  add(make_case("noncausal_d128_tails", shape(1, 2, 2, 77, 131, 128)));
+  add(make_case("noncausal_d256", shape(1, 2, 1, 65, 70, 256)));
+  add(make_case("topleft_square_d64", shape(2, 2, 2, 130, 130, 64), CausalMode::kTopLeft));
+  add(make_case("topleft_wide_d128", shape(1, 2, 2, 70, 150, 128), CausalMode::kTopLeft));
+  add(make_case("topleft_tall_d64", shape(1, 2, 2, 150, 70, 64), CausalMode::kTopLeft));
+  add(make_case("bottomright_tall_d64", shape(1, 2, 2, 150, 70, 64), CausalMode::kBottomRight));
+  add(make_case("bottomright_wide_d128", shape(1, 2, 1, 50, 200, 128), CausalMode::kBottomRight));
+  add(make_case("bottomright_d256", shape(1, 1, 1, 40, 33, 256), CausalMode::kBottomRight));
+  add(make_case("gqa_4to2_topleft", shape(2, 4, 2, 96, 96, 64), CausalMode::kTopLeft));
+  add(make_case("mqa_8to1", shape(1, 8, 1, 40, 90, 128)));
+  add(make_case("n1_m1", shape(1, 2, 2, 1, 1, 64)));
+  add(make_case("n1_m300", shape(1, 2, 2, 1, 300, 64)));
+  add(make_case("n300_m1_topleft", shape(1, 1, 1, 300, 1, 128), CausalMode::kTopLeft));
+  {
+    Case c = make_case("custom_scale", shape(1, 2, 2, 64, 64, 64));
+    c.scale = 0.3;
+    add(c);
+  }
+  {
+    Case c = make_case("no_centering", shape(1, 2, 2, 80, 90, 128), CausalMode::kTopLeft);
+    c.center_keys = false;
+    add(c);
+  }
+  {
+    Case c = make_case("packed_noncausal", shape(1, 2, 1, 100, 128, 64));
+    c.cu_q = {0, 30, 30, 95, 100};
+    c.cu_k = {0, 40, 41, 100, 128};
+    add(c);
+  }
+  {
+    Case c = make_case("packed_topleft", shape(1, 4, 2, 140, 120, 128), CausalMode::kTopLeft);
+    c.cu_q = {0, 70, 71, 140};
+    c.cu_k = {0, 50, 51, 120};
+    add(c);
+  }
+  {
+    Case c = make_case("packed_bottomright", shape(1, 2, 2, 100, 160, 64), CausalMode::kBottomRight);
+    c.cu_q = {0, 60, 60, 100};
+    c.cu_k = {0, 20, 90, 160};
+    add(c);
+  }
+  {
+    Case c = make_case("packed_batch2_d256", shape(2, 2, 2, 50, 50, 256), CausalMode::kTopLeft);
+    c.cu_q = {0, 17, 50};
+    c.cu_k = {0, 17, 50};
+    add(c);
+  }
+  {
+    Case c = make_case("deterministic_gqa", shape(2, 4, 2, 100, 140, 128), CausalMode::kBottomRight);
+    c.deterministic = true;
+    add(c);
+  }
+  {
+    Case c = make_case("deterministic_packed_d64", shape(1, 2, 2, 100, 128, 64), CausalMode::kTopLeft);
+    c.cu_q = {0, 30, 30, 95, 100};
+    c.cu_k = {0, 40, 41, 100, 128};
+    c.deterministic = true;
+    add(c);
+  }
+  {
+    Case c = make_case("deterministic_d256", shape(1, 2, 1, 70, 45, 256));
+    c.deterministic = true;
+    add(c);
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp32BackwardCase, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<Case>& param_info) { return param_info.param.name; });
+
+// Deterministic mode: two runs give the same bits.
+TEST(Fp32Backward, DeterministicModeIsBitwiseRepeatable) {
+  SKIP_WITHOUT_GPU();
+  Case c = make_case("repeat", shape(1, 4, 2, 300, 260, 64), ref::CausalMode::kTopLeft);
+  const ref::AttentionInputs in = make_inputs(c);
+  const GpuResult first = run_gpu(in, true, true);
+  const GpuResult second = run_gpu(in, true, true);
+  ASSERT_TRUE(first.status.ok()) << first.status.message;
+  ASSERT_TRUE(second.status.ok()) << second.status.message;
+  ASSERT_EQ(first.grads.dq.size(), second.grads.dq.size());
+  EXPECT_EQ(0, std::memcmp(first.grads.dq.data(), second.grads.dq.data(), first.grads.dq.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(first.grads.dk.data(), second.grads.dk.data(), first.grads.dk.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(first.grads.dv.data(), second.grads.dv.data(), first.grads.dv.size() * sizeof(float)));
+}
+
+// Row subset: dq of the chosen rows equals the full dq's rows; dk/dv equal the
+// reference on inputs whose grad_out is zero outside the chosen rows (a row
+// with u_i = 0 has a_ij = delta_i = 0, so it adds nothing to dk or dv).
+void check_subset(const Case& c, const std::vector<int32_t>& slices, const std::vector<int32_t>& rows,
+                  bool deterministic) {
+  const ref::AttentionInputs in = make_inputs(c);
+  const auto& sh = in.shape;
+  ref::AttentionInputs masked = in;
+  std::vector<char> chosen(static_cast<size_t>(sh.q_rows()), 0);
+  for (int32_t flat : slices) {
+    for (int32_t n : rows) chosen[static_cast<size_t>(flat * sh.q_len + n)] = 1;
+  }
+  for (int64_t r = 0; r < sh.q_rows(); ++r) {
+    if (chosen[static_cast<size_t>(r)]) continue;
+    std::fill_n(masked.grad_out.begin() + r * sh.head_dim, sh.head_dim, 0.0f);
+  }
+  const ref::Gradients full = ref::backward_fp32(in);
+  const ref::Gradients part = ref::backward_fp32(masked);
+  std::vector<float> want_dq;
+  for (int32_t flat : slices) {
+    for (int32_t n : rows) {
+      const auto* row = &full.dq[static_cast<size_t>((flat * sh.q_len + n) * sh.head_dim)];
+      want_dq.insert(want_dq.end(), row, row + sh.head_dim);
+    }
+  }
+  const GpuResult got = run_gpu(in, true, deterministic, slices, rows);
+  ASSERT_TRUE(got.status.ok()) << got.status.message;
+  const double dq = ref::relative_error(got.grads.dq, want_dq);
+  const double dk = ref::relative_error(got.grads.dk, part.dk);
+  const double dv = ref::relative_error(got.grads.dv, part.dv);
+  if (verbose()) {
+    std::printf("[%s subset%s] %s: dq %.3e dk %.3e dv %.3e\n", c.name.c_str(), deterministic ? " det" : "",
+                describe(in).c_str(), dq, dk, dv);
+  }
+  EXPECT_LT(dq, kFp32Tolerance) << c.name << " subset dq, " << describe(in);
+  EXPECT_LT(dk, kFp32Tolerance) << c.name << " subset dk, " << describe(in);
+  EXPECT_LT(dv, kFp32Tolerance) << c.name << " subset dv, " << describe(in);
+}
+
+TEST(Fp32Backward, RowSubsetMatchesReferenceRows) {
+  SKIP_WITHOUT_GPU();
+  // slices are flat b * Hq + h: (0, 1), (1, 0), (1, 3) of B=2, Hq=4, Hkv=2.
+  const std::vector<int32_t> slices = {1, 4, 7};
+  const std::vector<int32_t> rows = {0, 5, 17, 63, 64, 65, 99, 129};
+  const Case c = make_case("subset_gqa_topleft", shape(2, 4, 2, 130, 150, 64), ref::CausalMode::kTopLeft);
+  check_subset(c, slices, rows, false);
+  check_subset(c, slices, rows, true);
+  const Case d = make_case("subset_d128_noncausal", shape(1, 2, 2, 90, 70, 128));
+  check_subset(d, {1}, {3, 89}, false);
+}
+
+// Sink-like keys: a large common offset makes FP32 logits large; key centering
+// removes that floor (the exact gradients are invariant to it).
+TEST(Fp32Backward, KeyCenteringRemovesOffsetFloor) {
+  SKIP_WITHOUT_GPU();
+  Case c = make_case("key_offset_200", shape(1, 2, 2, 128, 128, 64), ref::CausalMode::kTopLeft);
+  c.key_offset = 200.0f;
+  const ref::AttentionInputs in = make_inputs(c);
+  const ref::ExactAttention exact = ref::attention_fp64(in);
+  const GpuResult centered = run_gpu(in, true, false);
+  const GpuResult raw = run_gpu(in, false, false);
+  ASSERT_TRUE(centered.status.ok()) << centered.status.message;
+  ASSERT_TRUE(raw.status.ok()) << raw.status.message;
+  const double dq_c = ref::relative_error(centered.grads.dq, exact.dq);
+  const double dk_c = ref::relative_error(centered.grads.dk, exact.dk);
+  const double dq_r = ref::relative_error(raw.grads.dq, exact.dq);
+  const double dk_r = ref::relative_error(raw.grads.dk, exact.dk);
+  std::printf("[key offset RMS 200] vs fp64: centered dq %.3e dk %.3e, uncentered dq %.3e dk %.3e\n", dq_c, dk_c,
+              dq_r, dk_r);
+  EXPECT_LT(dq_c, 1e-4) << "centered dq";
+  EXPECT_LT(dk_c, 1e-4) << "centered dk";
+  EXPECT_LE(dq_c, dq_r) << "centering should not be worse than the raw keys on offset keys";
+}
+
+TEST(Fp32Backward, RejectsUnsupportedInputs) {
+  // Validation needs no device.
+  gpu::Fp32BackwardParams p;
+  p.head_dim = 96;
+  gpu::Status s = gpu::validate(p);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message.find("head_dim 96"), std::string::npos) << s.message;
+  p.head_dim = 64;
+  p.q_heads = 6;
+  p.kv_heads = 4;
+  s = gpu::validate(p);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message.find("GQA"), std::string::npos) << s.message;
+  p.q_heads = 4;
+  p.kv_heads = 2;
+  int32_t dummy = 0;
+  p.cu_seqlens_q = &dummy;
+  s = gpu::validate(p);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message.find("together"), std::string::npos) << s.message;
+  EXPECT_EQ(gpu::fp32_attention_backward(p, nullptr, 0, nullptr).cuda, cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace gaugewatch
