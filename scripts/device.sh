@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# Build and test gaugewatch on the GPU machine (H200, Ubuntu 24.04, torch
+# 2.11.0+cu130 in the image's python3, nvcc 13.0, CMake 4.4, no network, no
+# gRPC or -dev libraries). Runs there as root, from the repo root:
+#
+#   bash scripts/device.sh          (device tool: carry [".device"], see docs/device.md)
+#
+# Steps (each one logged and timed; a failed step does not stop the rest):
+#   env        GPU, driver, torch, nvcc, cmake, compiler versions
+#   deps       dpkg -x every .deb from .device/debs into /opt/gw-deps
+#   configure  CMake (Ninja, Release) against the image's torch; if the agent
+#              side (gRPC from the debs) fails to configure, again with
+#              GAUGEWATCH_ENABLE_AGENT=OFF, noted in results.json
+#   build      everything (ninja -k 0: as much as compiles)
+#   ctest      all registered tests, GPU tests included
+#   pytest     python3 -m pytest tests/python (GPU tests included)
+#   bench      every build/bin bench_* / *_bench binary and bench/*.py script
+# Output (flat, 8 files, under $OUT): device.log env.log build.log ctest.log
+# pytest.log bench.log bench.json results.json. A short table is printed last.
+#
+# Environment: OUT (default .device/out), GW_DEPS_PREFIX (/opt/gw-deps),
+# GW_DEBS_DIR (.device/debs), BUILD_DIR (build-device), GAUGEWATCH_PYTHON
+# (python3), GW_DEVICE_BUDGET_S (540: total seconds; each step is cut short so
+# that results.json is always written inside the device tool's 600 s limit),
+# CTEST_JOBS (8), CMAKE_EXTRA_ARGS, PYTEST_ARGS.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/.device/out}"
+PREFIX="${GW_DEPS_PREFIX:-/opt/gw-deps}"
+DEBS="${GW_DEBS_DIR:-$ROOT/.device/debs}"
+BUILD_DIR="${BUILD_DIR:-build-device}"
+PY="${GAUGEWATCH_PYTHON:-python3}"
+BUDGET="${GW_DEVICE_BUDGET_S:-540}"
+CTEST_JOBS="${CTEST_JOBS:-8}"
+JOBS="$(nproc)"
+ARCH_LIB="usr/lib/x86_64-linux-gnu"
+TMP="$(mktemp -d /tmp/gw-device.XXXXXX)"
+STEPS="$TMP/steps.tsv"        # name \t status \t rc \t seconds \t note
+: >"$STEPS"
+mkdir -p "$OUT"
+START=$(date +%s)
+
+LOG="$OUT/device.log"
+: >"$LOG"
+say() { printf '[device] %s\n' "$*" | tee -a "$LOG"; }
+elapsed() { echo $(( $(date +%s) - START )); }
+remaining() { echo $(( BUDGET - $(elapsed) )); }
+record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5//$'\t'/ }" >>"$STEPS"; write_results; }
+
+# run_step <name> <logfile> <reserve_s> <cmd...>: runs cmd with a timeout that
+# leaves reserve_s seconds for the later steps; appends output to logfile.
+# Sets STEP_RC. Never exits the script.
+run_step() {
+  local name="$1" logfile="$2" reserve="$3"; shift 3
+  local limit=$(( $(remaining) - reserve ))
+  if (( limit < 10 )); then
+    say "$name: skipped, no time left in the ${BUDGET}s budget"
+    STEP_RC=124
+    STEP_S=0
+    return
+  fi
+  say "$name: $* (limit ${limit}s, log $(basename "$logfile"))"
+  local t0=$(date +%s)
+  { echo "===== $name: $*"; } >>"$logfile"
+  timeout --kill-after=10 "$limit" "$@" >>"$logfile" 2>&1
+  STEP_RC=$?
+  STEP_S=$(( $(date +%s) - t0 ))
+  say "$name: exit $STEP_RC after ${STEP_S}s"
+}
+
+status_of() { case "$1" in 0) echo ok ;; 124|137) echo timeout ;; *) echo failed ;; esac; }
+
+# --- results.json (rewritten after every step so a cut-short run still has it) ----------
+AGENT_ENABLED=""; AGENT_FALLBACK=""; AGENT_FALLBACK_REASON=""
+write_results() {
+  GW_STEPS="$STEPS" GW_OUT="$OUT" GW_ELAPSED="$(elapsed)" GW_BUDGET="$BUDGET" \
+  GW_AGENT_ENABLED="$AGENT_ENABLED" GW_AGENT_FALLBACK="$AGENT_FALLBACK" \
+  GW_AGENT_FALLBACK_REASON="$AGENT_FALLBACK_REASON" GW_ENV_JSON="$TMP/env.json" \
+  GW_BUILD_DIR="$BUILD_DIR" \
+  "$SYS_PY" - <<'PY' || true
+import json, os, re
+out = os.environ["GW_OUT"]
+def read(p):
+    try:
+        with open(p, errors="replace") as f: return f.read()
+    except OSError: return ""
+steps = []
+for line in read(os.environ["GW_STEPS"]).splitlines():
+    name, status, rc, secs, note = (line.split("\t") + [""] * 5)[:5]
+    steps.append({"name": name, "status": status, "exit_code": int(rc or 0),
+                  "seconds": int(secs or 0), "note": note})
+env = {}
+try: env = json.loads(read(os.environ["GW_ENV_JSON"]) or "{}")
+except ValueError: pass
+ctest = {}
+m = re.findall(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)", read(os.path.join(out, "ctest.log")))
+if m:
+    _, failed, total = map(int, m[-1]); ctest = {"total": total, "passed": total - failed, "failed": failed}
+    ctest["failed_tests"] = re.findall(r"^\s*\d+ - (\S+) \(", read(os.path.join(out, "ctest.log")), re.M)[:50]
+pytest = {}
+lines = [l for l in read(os.path.join(out, "pytest.log")).splitlines()
+         if re.search(r"\d+ (passed|failed|error|errors|skipped)|no tests ran", l)]
+if lines:
+    last = lines[-1]
+    for key in ("passed", "failed", "skipped", "xfailed", "xpassed", "deselected"):
+        mm = re.search(r"(\d+) " + key, last); pytest[key] = int(mm.group(1)) if mm else 0
+    mm = re.search(r"(\d+) errors?", last); pytest["errors"] = int(mm.group(1)) if mm else 0
+    pytest["summary"] = last.strip("= ")
+bench = []
+try:
+    with open(os.path.join(out, "bench.json")) as f: bench = json.load(f)
+except (OSError, ValueError): pass
+res = {
+    "schema": "gaugewatch-device-results/1",
+    "elapsed_s": int(os.environ["GW_ELAPSED"]), "budget_s": int(os.environ["GW_BUDGET"]),
+    "build_dir": os.environ["GW_BUILD_DIR"],
+    **env,
+    "agent": {"enabled": os.environ["GW_AGENT_ENABLED"] == "ON",
+              "fallback_to_off": os.environ["GW_AGENT_FALLBACK"] == "1",
+              "fallback_reason": os.environ["GW_AGENT_FALLBACK_REASON"]},
+    "ctest": ctest, "pytest": pytest,
+    "bench": {"runs": len(bench), "items": [{k: b.get(k) for k in ("name", "status", "seconds")} for b in bench]},
+    "steps": steps,
+    "ok": bool(steps) and all(s["status"] in ("ok", "skipped") for s in steps),
+}
+with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(res, f, indent=2); f.write("\n")
+PY
+}
+
+# An interpreter for our own bookkeeping (the image's python3 has torch).
+SYS_PY="$(command -v python3 || command -v "$PY")"
+[[ -n "$SYS_PY" ]] || { echo "[device] ERROR: no python3 for results.json" >&2; exit 1; }
+
+say "start $(date -u +%FT%TZ) in $ROOT; OUT=$OUT; budget ${BUDGET}s; $JOBS cores"
+
+# --- env ------------------------------------------------------------------------------------
+t0=$(date +%s)
+{
+  echo "===== uname"; uname -a
+  echo "===== os"; grep PRETTY_NAME /etc/os-release
+  echo "===== nvidia-smi"; nvidia-smi 2>&1 || echo "nvidia-smi failed"
+  echo "===== nvcc"; (command -v nvcc && nvcc --version) 2>&1 || /usr/local/cuda/bin/nvcc --version 2>&1
+  echo "===== cmake"; cmake --version 2>&1 | head -1; command -v ninja && ninja --version
+  echo "===== c++"; c++ --version 2>&1 | head -1
+  echo "===== python"; command -v "$PY"; "$PY" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "available", torch.cuda.is_available())' 2>&1
+  echo "===== pip (selected)"; "$PY" -m pip list 2>/dev/null | grep -i -E '^(torch|numpy|safetensors|pytest|pytest-timeout|grpcio|protobuf|pyyaml|requests) ' || true
+} >"$OUT/env.log" 2>&1
+"$PY" - >"$TMP/env.json" 2>>"$OUT/env.log" <<'PY' || echo '{}' >"$TMP/env.json"
+import json, shutil, subprocess, sys
+def sh(cmd):
+    try: return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip()
+    except Exception: return ""
+env = {"python": sys.version.split()[0]}
+q = sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+if q:
+    parts = [p.strip() for p in q.splitlines()[0].split(",")]
+    env.update(gpu_name=parts[0], driver=parts[1] if len(parts) > 1 else "", gpu_memory=parts[2] if len(parts) > 2 else "",
+               gpu_count=len(q.splitlines()))
+try:
+    import torch
+    env.update(torch=torch.__version__, torch_cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+               cuda_available=torch.cuda.is_available())
+    if torch.cuda.is_available():
+        env["torch_device"] = torch.cuda.get_device_name(0)
+        env["compute_capability"] = "%d.%d" % torch.cuda.get_device_capability(0)
+except Exception as e:
+    env["torch_error"] = repr(e)
+nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+v = sh([nvcc, "--version"])
+env["nvcc"] = v.split("release ")[-1].split(",")[0] if "release" in v else ""
+env["cmake"] = sh(["cmake", "--version"]).splitlines()[0].split()[-1] if sh(["cmake", "--version"]) else ""
+print(json.dumps(env))
+PY
+record env ok 0 $(( $(date +%s) - t0 )) "$("$SYS_PY" -c 'import json,sys; e=json.load(open(sys.argv[1])); print(e.get("gpu_name","no GPU"), "/ driver", e.get("driver","?"), "/ torch", e.get("torch","?"))' "$TMP/env.json" 2>/dev/null)"
+
+# --- deps: unpack the carried .debs ---------------------------------------------------------
+# -dev packages that the image may already have: skipped when their header is there
+# (then the image's own runtime library matches its own headers).
+declare -A SYSTEM_HEADER=( [libssl-dev]=/usr/include/openssl/ssl.h [zlib1g-dev]=/usr/include/zlib.h
+                           [libsqlite3-dev]=/usr/include/sqlite3.h )
+t0=$(date +%s)
+deps_note=""
+if ls "$DEBS"/*.deb >/dev/null 2>&1; then
+  mkdir -p "$PREFIX"
+  n=0; skipped=()
+  for deb in "$DEBS"/*.deb; do
+    pkg="$(basename "$deb" | cut -d_ -f1)"
+    hdr="${SYSTEM_HEADER[$pkg]:-}"
+    if [[ -n "$hdr" && -e "$hdr" && -z "${GW_EXTRACT_ALL:-}" ]]; then skipped+=("$pkg"); continue; fi
+    dpkg -x "$deb" "$PREFIX" && n=$((n + 1)) || say "deps: dpkg -x $deb failed"
+  done
+  # A -dev package's libfoo.so -> libfoo.so.N.M link dangles when its runtime
+  # package is the image's own (not carried): point it at the image's library.
+  fixed=0
+  while IFS= read -r link; do
+    target="$(readlink "$link")"; name="$(basename "$link")"
+    major="$(sed -n 's/^.*\.so\.\([0-9]*\).*$/\1/p' <<<"$target")"
+    for cand in "/$ARCH_LIB/$(basename "$target")" "/$ARCH_LIB/$name.$major" "/$ARCH_LIB/$name"; do
+      if [[ -e "$cand" ]]; then ln -sf "$cand" "$link"; fixed=$((fixed + 1)); break; fi
+    done
+  done < <(find "$PREFIX/$ARCH_LIB" -maxdepth 1 -xtype l -name '*.so' 2>/dev/null)
+  dangling="$(find "$PREFIX/$ARCH_LIB" -maxdepth 1 -xtype l 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')"
+  deps_note="$n .debs unpacked into $PREFIX; skipped (image has them): ${skipped[*]:-none}; relinked $fixed; dangling: ${dangling:-none}"
+  export PATH="$PREFIX/usr/bin:$PATH"
+  export LD_LIBRARY_PATH="$PREFIX/$ARCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CMAKE_PREFIX_PATH="$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  {
+    echo "===== deps"; echo "$deps_note"
+    echo "protoc: $(command -v protoc) $(protoc --version 2>&1)"
+    echo "grpc_cpp_plugin: $(command -v grpc_cpp_plugin)"
+  } >>"$OUT/env.log" 2>&1
+  say "deps: $deps_note"
+  record deps ok 0 $(( $(date +%s) - t0 )) "$deps_note"
+else
+  say "deps: no .debs in $DEBS (run scripts/fetch-device-debs.sh here and carry .device); gRPC side will fall back"
+  record deps failed 1 0 "no .debs in $DEBS"
+fi
+
+# --- configure ------------------------------------------------------------------------------
+CMAKE_ARGS=(-S . -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAUGEWATCH_PYTHON="$(command -v "$PY")")
+[[ -n "${CMAKE_PREFIX_PATH:-}" ]] && CMAKE_ARGS+=(-DCMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH//:/;}")
+# shellcheck disable=SC2206
+[[ -n "${CMAKE_EXTRA_ARGS:-}" ]] && CMAKE_ARGS+=(${CMAKE_EXTRA_ARGS})
+rm -rf "$BUILD_DIR"
+t0=$(date +%s)
+run_step configure "$OUT/build.log" 420 cmake "${CMAKE_ARGS[@]}" -B "$BUILD_DIR" -DGAUGEWATCH_ENABLE_AGENT=ON
+if [[ $STEP_RC -eq 0 ]]; then
+  AGENT_ENABLED=ON
+  record configure ok 0 $(( $(date +%s) - t0 )) "agent ON"
+else
+  AGENT_FALLBACK=1
+  AGENT_FALLBACK_REASON="$(grep -A4 -m1 'CMake Error' "$OUT/build.log" | tr '\n' ' ' | tr -s ' ' | cut -c1-400)"
+  [[ -n "$AGENT_FALLBACK_REASON" ]] || AGENT_FALLBACK_REASON="configure exited $STEP_RC"
+  say "configure with the agent failed: $AGENT_FALLBACK_REASON"
+  say "configure: retrying with GAUGEWATCH_ENABLE_AGENT=OFF"
+  rm -rf "$BUILD_DIR"
+  run_step configure-no-agent "$OUT/build.log" 400 cmake "${CMAKE_ARGS[@]}" -B "$BUILD_DIR" -DGAUGEWATCH_ENABLE_AGENT=OFF
+  if [[ $STEP_RC -eq 0 ]]; then
+    AGENT_ENABLED=OFF
+    record configure ok 0 $(( $(date +%s) - t0 )) "agent OFF (fallback: gRPC side did not configure)"
+  else
+    record configure "$(status_of $STEP_RC)" "$STEP_RC" $(( $(date +%s) - t0 )) "failed with and without the agent; see build.log"
+  fi
+fi
+CONFIGURED=$STEP_RC
+
+# --- build ----------------------------------------------------------------------------------
+if [[ $CONFIGURED -eq 0 ]]; then
+  run_step build "$OUT/build.log" 200 cmake --build "$BUILD_DIR" -j "$JOBS" -- -k 0
+  note="$(grep -c '^FAILED:' "$OUT/build.log" 2>/dev/null) failed build edges"
+  record build "$(status_of $STEP_RC)" "$STEP_RC" "$STEP_S" "$note"
+else
+  record build skipped 0 0 "not configured"
+fi
+
+export GAUGEWATCH_BUILD_DIR="$ROOT/$BUILD_DIR"
+export GAUGEWATCH_REQUIRE_GPU=1      # GPU tests fail instead of skipping when CUDA is missing
+export PYTHONUNBUFFERED=1
+
+# --- ctest ----------------------------------------------------------------------------------
+if [[ $CONFIGURED -eq 0 ]]; then
+  : >"$OUT/ctest.log"
+  run_step ctest "$OUT/ctest.log" 120 ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$CTEST_JOBS" --timeout 300
+  record ctest "$(status_of $STEP_RC)" "$STEP_RC" "$STEP_S" "$(grep -E 'tests passed' "$OUT/ctest.log" | tail -1)"
+else
+  record ctest skipped 0 0 "not configured"
+fi
+
+# --- pytest ---------------------------------------------------------------------------------
+: >"$OUT/pytest.log"
+if find tests/python -name 'test_*.py' -o -name '*_test.py' 2>/dev/null | grep -q .; then
+  # shellcheck disable=SC2086
+  run_step pytest "$OUT/pytest.log" 60 "$PY" -m pytest tests/python -q -p no:cacheprovider -rs ${PYTEST_ARGS:-}
+  note="$(grep -E '[0-9]+ (passed|failed)|no tests ran' "$OUT/pytest.log" | tail -1 | tr -d '=')"
+  status="$(status_of $STEP_RC)"
+  [[ $STEP_RC -eq 5 ]] && note="no tests collected (exit 5) $note"
+  record pytest "$status" "$STEP_RC" "$STEP_S" "$note"
+else
+  say "pytest: no test files under tests/python"
+  record pytest skipped 0 0 "no test files under tests/python"
+fi
+
+# --- bench ----------------------------------------------------------------------------------
+: >"$OUT/bench.log"
+BENCH_JSON_DIR="$TMP/bench"; mkdir -p "$BENCH_JSON_DIR"
+export GAUGEWATCH_BENCH_OUT="$BENCH_JSON_DIR"     # bench scripts may write *.json here
+printf '' >"$TMP/bench.tsv"
+benches=()
+if [[ -d "$BUILD_DIR/bin" ]]; then
+  while IFS= read -r b; do benches+=("$b"); done < <(find "$BUILD_DIR/bin" -maxdepth 1 -type f -perm -u+x \( -name 'bench_*' -o -name '*_bench' \) | sort)
+fi
+while IFS= read -r s; do benches+=("$s"); done < <(find bench -maxdepth 1 -type f -name '*.py' ! -name '_*' 2>/dev/null | sort)
+t0=$(date +%s)
+if ((${#benches[@]} == 0)); then
+  say "bench: no benchmark binaries in $BUILD_DIR/bin and no bench/*.py scripts: skipped"
+  record bench skipped 0 0 "no benchmarks built or present"
+else
+  bench_fail=0
+  for b in "${benches[@]}"; do
+    name="$(basename "$b")"
+    if [[ "$b" == *.py ]]; then
+      run_step "bench $name" "$OUT/bench.log" 5 "$PY" "$b"
+    else
+      run_step "bench $name" "$OUT/bench.log" 5 "$b" --benchmark_out="$BENCH_JSON_DIR/$name.json" --benchmark_out_format=json
+    fi
+    printf '%s\t%s\t%s\n' "$name" "$(status_of $STEP_RC)" "${STEP_S:-0}" >>"$TMP/bench.tsv"
+    [[ $STEP_RC -eq 0 ]] || bench_fail=$((bench_fail + 1))
+  done
+  "$SYS_PY" - "$TMP/bench.tsv" "$BENCH_JSON_DIR" "$OUT/bench.json" <<'PY' || true
+import json, os, sys
+tsv, jdir, out = sys.argv[1:4]
+runs = []
+for line in open(tsv):
+    name, status, secs = line.rstrip("\n").split("\t")
+    item = {"name": name, "status": status, "seconds": int(secs or 0)}
+    stem = name[:-3] if name.endswith(".py") else name
+    for fn in sorted(os.listdir(jdir)):
+        if fn.startswith(stem) and fn.endswith(".json"):
+            try: item.setdefault("results", {})[fn] = json.load(open(os.path.join(jdir, fn)))
+            except ValueError: pass
+    runs.append(item)
+json.dump(runs, open(out, "w"), indent=1)
+PY
+  if ((bench_fail)); then st=failed; else st=ok; fi
+  record bench "$st" "$bench_fail" $(( $(date +%s) - t0 )) "${#benches[@]} run, $bench_fail failed"
+fi
+
+# --- summary --------------------------------------------------------------------------------
+write_results
+rm -rf "$TMP"
+say "done after $(elapsed)s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+{
+  echo
+  printf '%-12s %-8s %6s  %s\n' step status seconds note
+  printf '%-12s %-8s %6s  %s\n' ---- ------ ------- ----
+  "$SYS_PY" -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+for s in r["steps"]:
+    print("%-12s %-8s %6d  %s" % (s["name"], s["status"], s["seconds"], s["note"][:110]))
+print("agent:", "ON" if r["agent"]["enabled"] else "OFF", "(fallback)" if r["agent"]["fallback_to_off"] else "",
+      "| overall:", "OK" if r["ok"] else "FAILED")
+' "$OUT/results.json"
+} | tee -a "$LOG"
