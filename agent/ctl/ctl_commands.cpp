@@ -1,0 +1,398 @@
+#include "agent/ctl/ctl_commands.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+
+#include "agent/common/backend_names.h"
+#include "gaugewatch/v1/admin_service.grpc.pb.h"
+#include "kernels/reference/metric_catalogue.h"
+
+namespace gaugewatch::agent {
+
+namespace {
+
+namespace v1 = gaugewatch::v1;
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string command;
+  std::string socket = "/run/gaugewatch/agent.sock";
+  std::string address;
+  std::string tls_ca;
+  std::string token;
+  bool json = false;
+  double timeout_seconds = 10;
+  std::string run;
+  bool all_runs = false;
+  std::optional<std::uint32_t> rank;
+  std::vector<std::uint32_t> layers;
+  std::string backend;
+  std::string reason;
+  std::uint32_t limit = 20;
+  bool audit = false;
+};
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) throw UsageError(std::string(what) + ": cannot read '" + path + "'");
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+std::uint32_t parse_u32(const std::string& text, const std::string& what) {
+  try {
+    std::size_t used = 0;
+    const unsigned long value = std::stoul(text, &used);
+    if (used != text.size() || value > 0xffffffffUL) throw std::out_of_range(what);
+    return static_cast<std::uint32_t>(value);
+  } catch (const std::logic_error&) {
+    throw UsageError(what + ": expected a non-negative integer, got '" + text + "'");
+  }
+}
+
+Options parse(const std::vector<std::string>& args,
+              const std::function<const char*(const char*)>& env) {
+  Options o;
+  if (const char* s = env("GAUGEWATCH_SOCKET")) o.socket = s;
+  if (const char* a = env("GAUGEWATCH_ADDRESS")) o.address = a;
+  if (const char* t = env("GAUGEWATCH_TOKEN")) o.token = t;
+  if (const char* c = env("GAUGEWATCH_TLS_CA")) o.tls_ca = c;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw UsageError(arg + " needs a value");
+      return args[++i];
+    };
+    if (arg == "--json") {
+      o.json = true;
+    } else if (arg == "--all-runs") {
+      o.all_runs = true;
+    } else if (arg == "--audit") {
+      o.audit = true;
+    } else if (arg == "--socket") {
+      o.socket = value();
+    } else if (arg == "--address") {
+      o.address = value();
+    } else if (arg == "--tls-ca") {
+      o.tls_ca = value();
+    } else if (arg == "--token-file") {
+      o.token = read_file(value(), "--token-file");
+      while (!o.token.empty() && (o.token.back() == '\n' || o.token.back() == ' ')) o.token.pop_back();
+    } else if (arg == "--timeout") {
+      o.timeout_seconds = parse_u32(value(), "--timeout");
+    } else if (arg == "--run") {
+      o.run = value();
+    } else if (arg == "--rank") {
+      o.rank = parse_u32(value(), "--rank");
+    } else if (arg == "--layers") {
+      std::istringstream in(value());
+      std::string item;
+      while (std::getline(in, item, ',')) o.layers.push_back(parse_u32(item, "--layers"));
+    } else if (arg == "--backend") {
+      o.backend = value();
+    } else if (arg == "--reason") {
+      o.reason = value();
+    } else if (arg == "--limit") {
+      o.limit = parse_u32(value(), "--limit");
+    } else if (arg == "--help" || arg == "-h" || arg == "help") {
+      o.command = "help";
+    } else if (!arg.empty() && arg[0] == '-') {
+      throw UsageError("unknown flag " + arg);
+    } else if (o.command.empty()) {
+      o.command = arg;
+    } else {
+      throw UsageError("unexpected argument '" + arg + "'");
+    }
+  }
+  if (o.command.empty()) throw UsageError("no command given");
+  return o;
+}
+
+std::string fmt_time(std::int64_t unix_ns) {
+  if (unix_ns == 0) return "-";
+  const std::time_t seconds = static_cast<std::time_t>(unix_ns / 1000000000);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buffer;
+}
+
+std::string fmt_metric(const v1::LayerMetrics& metrics, const char* field_name) {
+  const auto* field = v1::LayerMetrics::descriptor()->FindFieldByName(field_name);
+  if (field == nullptr || !metrics.GetReflection()->HasField(metrics, field)) return "-";
+  std::ostringstream out;
+  out << std::setprecision(4) << metrics.GetReflection()->GetDouble(metrics, field);
+  return out.str();
+}
+
+std::string target_text(const v1::Target& t) {
+  std::string out = t.all_runs() ? "all runs" : "run " + t.run_id();
+  if (t.has_rank()) out += " rank " + std::to_string(t.rank());
+  if (t.layers().empty()) {
+    out += " all layers";
+  } else {
+    out += " layers";
+    for (int i = 0; i < t.layers_size(); ++i) out += (i ? "," : " ") + std::to_string(t.layers(i));
+  }
+  return out;
+}
+
+std::string to_json(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+std::string_view source_name(v1::DecisionSource source) {
+  switch (source) {
+    case v1::DECISION_SOURCE_ADMIN: return "admin";
+    case v1::DECISION_SOURCE_RULE: return "rule";
+    case v1::DECISION_SOURCE_PROMQL_RULE: return "promql";
+    default: return "?";
+  }
+}
+
+std::string_view audit_name(v1::AuditKind kind) {
+  switch (kind) {
+    case v1::AUDIT_KIND_RULE_FIRED: return "rule_fired";
+    case v1::AUDIT_KIND_COMMAND_SENT: return "command_sent";
+    case v1::AUDIT_KIND_COMMAND_ACKED: return "command_acked";
+    case v1::AUDIT_KIND_COMMAND_REJECTED: return "command_rejected";
+    case v1::AUDIT_KIND_ADMIN: return "admin";
+    default: return "?";
+  }
+}
+
+class Client {
+ public:
+  explicit Client(const Options& o) : options_(o) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
+    if (!o.address.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      if (!o.tls_ca.empty()) ssl.pem_root_certs = read_file(o.tls_ca, "--tls-ca");
+      credentials = grpc::SslCredentials(ssl);
+      target_ = o.address;
+    } else {
+      credentials = grpc::InsecureChannelCredentials();
+      target_ = "unix:" + o.socket;
+    }
+    stub_ = v1::AdminService::NewStub(grpc::CreateChannel(target_, credentials));
+  }
+
+  void prepare(grpc::ClientContext& context) const {
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(static_cast<long>(options_.timeout_seconds * 1000)));
+    if (!options_.token.empty()) context.AddMetadata("authorization", "Bearer " + options_.token);
+  }
+
+  void check(const grpc::Status& status) const {
+    if (status.ok()) return;
+    std::string hint;
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      hint = " (is gaugewatch-agent running and is the socket readable by you? see --socket/--address)";
+    } else if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      hint = " (pass --token-file or GAUGEWATCH_TOKEN)";
+    } else if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      hint = " (no answer within --timeout)";
+    }
+    throw std::runtime_error("agent at " + target_ + ": " + status.error_message() + hint);
+  }
+
+  v1::AdminService::Stub& stub() { return *stub_; }
+
+ private:
+  const Options& options_;
+  std::string target_;
+  std::unique_ptr<v1::AdminService::Stub> stub_;
+};
+
+int cmd_status(Client& client, const Options& o, std::ostream& out) {
+  grpc::ClientContext context;
+  client.prepare(context);
+  v1::GetStatusResponse response;
+  client.check(client.stub().GetStatus(&context, {}, &response));
+  if (o.json) {
+    out << to_json(response) << "\n";
+    return kCtlOk;
+  }
+  out << "agent version     " << response.agent_version() << "\n"
+      << "started           " << fmt_time(response.start_unix_time_ns()) << "\n"
+      << "runs              " << response.runs() << "\n"
+      << "ranks connected   " << response.ranks_connected() << "\n"
+      << "ranks expired     " << response.ranks_expired() << "\n"
+      << "samples received  " << response.samples_received_total() << "\n"
+      << "samples rejected  " << response.samples_rejected_total() << "\n"
+      << "decisions         " << response.decisions_total() << "\n"
+      << "rules             " << response.rules() << "\n"
+      << "grpc              " << response.grpc_listen() << "\n"
+      << "http              " << response.http_listen() << "\n"
+      << "database          " << response.database() << "\n";
+  return kCtlOk;
+}
+
+int cmd_layers(Client& client, const Options& o, std::ostream& out) {
+  grpc::ClientContext context;
+  client.prepare(context);
+  v1::ListRunsRequest request;
+  request.set_run_id(o.run);
+  request.set_include_layers(true);
+  v1::ListRunsResponse response;
+  client.check(client.stub().ListRuns(&context, request, &response));
+  if (o.json) {
+    out << to_json(response) << "\n";
+    return kCtlOk;
+  }
+  const auto& dq = reference::metric_spec(reference::MetricId::kLiveDqDiscrepancy).name;
+  const auto& gv = reference::metric_spec(reference::MetricId::kLiveGaugeViolation).name;
+  const auto& ratio = reference::metric_spec(reference::MetricId::kKeyOffsetSpreadRatioMax).name;
+  out << std::left << std::setw(20) << "RUN" << std::setw(6) << "RANK" << std::setw(8) << "STATE"
+      << std::setw(7) << "LAYER" << std::setw(24) << "NAME" << std::setw(8) << "BACKEND"
+      << std::setw(8) << "DESIRED" << std::setw(10) << "STEP" << std::setw(12) << "DQ_DISCR"
+      << std::setw(12) << "GAUGE_VIOL" << "OFFSET/SPREAD\n";
+  std::size_t rows = 0;
+  for (const auto& run : response.runs()) {
+    for (const auto& rank : run.ranks()) {
+      const char* state = rank.expired() ? "expired" : rank.connected() ? "live" : "gone";
+      for (const auto& layer : rank.layers()) {
+        ++rows;
+        out << std::left << std::setw(20) << run.run_id() << std::setw(6) << rank.rank()
+            << std::setw(8) << state << std::setw(7) << layer.index() << std::setw(24)
+            << layer.name().substr(0, 23) << std::setw(8) << backend_name(layer.backend())
+            << std::setw(8)
+            << (layer.desired_backend() == v1::BACKEND_UNSPECIFIED
+                    ? std::string_view("-")
+                    : backend_name(layer.desired_backend()))
+            << std::setw(10) << layer.last_step() << std::setw(12)
+            << fmt_metric(layer.latest(), std::string(dq).c_str()) << std::setw(12)
+            << fmt_metric(layer.latest(), std::string(gv).c_str())
+            << fmt_metric(layer.latest(), std::string(ratio).c_str()) << "\n";
+      }
+    }
+  }
+  if (rows == 0) out << "(no layers" << (o.run.empty() ? "" : " for run " + o.run) << ")\n";
+  return kCtlOk;
+}
+
+int cmd_switch(Client& client, const Options& o, std::ostream& out) {
+  if (o.all_runs == !o.run.empty()) throw UsageError("switch needs exactly one of --run and --all-runs");
+  auto backend = parse_backend(o.backend);
+  if (!backend) throw UsageError("switch needs --backend stock|gproj|pivot|fp32");
+  v1::SetBackendRequest request;
+  request.mutable_target()->set_run_id(o.run);
+  request.mutable_target()->set_all_runs(o.all_runs);
+  if (o.rank) request.mutable_target()->set_rank(*o.rank);
+  for (auto layer : o.layers) request.mutable_target()->add_layers(layer);
+  request.set_backend(*backend);
+  request.set_reason(o.reason);
+  grpc::ClientContext context;
+  client.prepare(context);
+  v1::SetBackendResponse response;
+  client.check(client.stub().SetBackend(&context, request, &response));
+  if (o.json) {
+    out << to_json(response) << "\n";
+  } else {
+    out << "decision " << response.decision_id() << ": " << target_text(request.target()) << " -> "
+        << o.backend << "; sent to " << response.commands_sent() << " connected trainer(s)\n";
+  }
+  return kCtlOk;
+}
+
+int cmd_history(Client& client, const Options& o, std::ostream& out) {
+  v1::ListDecisionsRequest request;
+  request.set_run_id(o.run);
+  request.set_limit(o.limit);
+  request.set_include_audit(o.audit);
+  grpc::ClientContext context;
+  client.prepare(context);
+  v1::ListDecisionsResponse response;
+  client.check(client.stub().ListDecisions(&context, request, &response));
+  if (o.json) {
+    out << to_json(response) << "\n";
+    return kCtlOk;
+  }
+  out << std::left << std::setw(6) << "ID" << std::setw(22) << "TIME" << std::setw(8) << "SOURCE"
+      << std::setw(8) << "BACKEND" << std::setw(34) << "TARGET" << "RULE / REASON\n";
+  for (const auto& d : response.decisions()) {
+    out << std::left << std::setw(6) << d.decision_id() << std::setw(22) << fmt_time(d.unix_time_ns())
+        << std::setw(8) << source_name(d.source()) << std::setw(8) << backend_name(d.backend())
+        << std::setw(34) << target_text(d.target()) << d.rule() << ": " << d.reason() << "\n";
+  }
+  if (response.decisions().empty()) out << "(no decisions)\n";
+  if (o.audit) {
+    out << "\n" << std::left << std::setw(6) << "ID" << std::setw(22) << "TIME" << std::setw(18)
+        << "KIND" << std::setw(20) << "RUN" << std::setw(6) << "RANK" << std::setw(9) << "COMMAND"
+        << "DETAIL\n";
+    for (const auto& a : response.audit()) {
+      out << std::left << std::setw(6) << a.audit_id() << std::setw(22) << fmt_time(a.unix_time_ns())
+          << std::setw(18) << audit_name(a.kind()) << std::setw(20) << a.run_id() << std::setw(6)
+          << (a.has_rank() ? std::to_string(a.rank()) : "-") << std::setw(9) << a.command_id()
+          << a.detail() << "\n";
+    }
+  }
+  return kCtlOk;
+}
+
+}  // namespace
+
+std::string ctl_help() {
+  return "Usage: gaugewatchctl <command> [flags]\n\n"
+         "Commands:\n"
+         "  status                                   agent version, counts, endpoints\n"
+         "  layers  [--run R]                        runs > ranks > layers, latest metrics\n"
+         "  switch  (--run R | --all-runs) [--rank N] [--layers 0,3] --backend B [--reason T]\n"
+         "                                           set a backend (stock|gproj|pivot|fp32)\n"
+         "  history [--run R] [--limit N] [--audit]  switch decisions (and the audit log)\n\n"
+         "Connection:\n"
+         "  --socket PATH      unix socket [GAUGEWATCH_SOCKET] (default /run/gaugewatch/agent.sock)\n"
+         "  --address H:P      TCP with TLS instead [GAUGEWATCH_ADDRESS]\n"
+         "  --tls-ca FILE      CA certificate for --address [GAUGEWATCH_TLS_CA]\n"
+         "  --token-file FILE  bearer token for --address [GAUGEWATCH_TOKEN holds the token]\n"
+         "  --timeout SECONDS  per call (default 10)\n"
+         "  --json             JSON instead of tables\n\n"
+         "Exit status: 0 success, 1 the agent answered with an error or is unreachable,\n"
+         "2 usage error.\n";
+}
+
+int run_ctl(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+            const std::function<const char*(const char*)>& env) {
+  try {
+    const Options options = parse(args, env);
+    if (options.command == "help") {
+      out << ctl_help();
+      return kCtlOk;
+    }
+    Client client(options);
+    if (options.command == "status") return cmd_status(client, options, out);
+    if (options.command == "layers") return cmd_layers(client, options, out);
+    if (options.command == "switch") return cmd_switch(client, options, out);
+    if (options.command == "history") return cmd_history(client, options, out);
+    throw UsageError("unknown command '" + options.command + "'");
+  } catch (const UsageError& e) {
+    err << "gaugewatchctl: " << e.what() << "\n(see gaugewatchctl --help)\n";
+    return kCtlUsage;
+  } catch (const std::exception& e) {
+    err << "gaugewatchctl: " << e.what() << "\n";
+    return kCtlRpcError;
+  }
+}
+
+}  // namespace gaugewatch::agent

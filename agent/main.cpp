@@ -1,0 +1,81 @@
+// gaugewatch-agent: the per-node daemon. Wires the configuration into an
+// Agent and waits for SIGTERM or SIGINT, then shuts down cleanly.
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "agent/common/backend_names.h"
+#include "agent/config/agent_config.h"
+#include "agent/server/agent.h"
+
+namespace {
+
+std::string describe(const gaugewatch::agent::AgentConfig& config) {
+  std::string out = "gaugewatch-agent " + std::string(gaugewatch::agent::kAgentVersion) + "\n";
+  out += "  config file: " + (config.config_file.empty() ? "(none, embedded defaults)" : config.config_file) + "\n";
+  out += "  grpc socket: " + config.grpc_socket + "\n";
+  out += "  tcp:         " + (config.tcp_listen.empty() ? "(off)" : config.tcp_listen) + "\n";
+  out += "  http:        " + config.http_listen + "\n";
+  out += "  database:    " + config.database + "\n";
+  out += "  rules:       " + std::to_string(gaugewatch::agent::effective_rules(config).size()) +
+         " threshold, " + std::to_string(config.promql_rules.size()) + " PromQL\n";
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace gaugewatch::agent;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  CommandLine command_line;
+  AgentConfig config;
+  try {
+    config = load_config(args, [](const char* name) -> const char* { return std::getenv(name); },
+                         command_line);
+    if (command_line.help) {
+      std::cout << help_text();
+      return 0;
+    }
+    if (command_line.version) {
+      std::cout << "gaugewatch-agent " << kAgentVersion << "\n";
+      return 0;
+    }
+    check_config(config);
+    if (command_line.check_config) {
+      std::cout << describe(config) << "configuration OK\n";
+      return 0;
+    }
+  } catch (const ConfigError& e) {
+    std::cerr << "gaugewatch-agent: configuration error: " << e.what() << "\n";
+    return 2;
+  }
+
+  // Block the signals in every thread; this thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  try {
+    Agent agent(config);
+    std::cerr << describe(config) << "  http port:   " << agent.http_port() << "\n";
+    if (agent.tcp_port() != 0) std::cerr << "  tcp port:    " << agent.tcp_port() << "\n";
+    std::cerr << "gaugewatch-agent: ready\n";
+    int received = 0;
+    sigwait(&signals, &received);
+    std::cerr << "gaugewatch-agent: " << (received == SIGTERM ? "SIGTERM" : "SIGINT")
+              << ", shutting down\n";
+    agent.shutdown();
+  } catch (const std::exception& e) {
+    std::cerr << "gaugewatch-agent: cannot start: " << e.what() << "\n";
+    return 1;
+  }
+  std::cerr << "gaugewatch-agent: stopped\n";
+  return 0;
+}

@@ -1,0 +1,108 @@
+#include "agent/server/admin_service.h"
+
+#include "agent/common/backend_names.h"
+
+namespace gaugewatch::agent {
+
+namespace v1 = gaugewatch::v1;
+
+namespace {
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+grpc::Status AdminServiceImpl::authorize(const grpc::ServerContext& context) const {
+  if (context.peer().rfind("unix:", 0) == 0) return grpc::Status::OK;
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            "admin calls over TCP need 'authorization: Bearer <token>'"};
+  }
+  const std::string_view value(it->second.data(), it->second.size());
+  if (token_.empty() || !constant_time_equal(value, "Bearer " + token_)) {
+    return {grpc::StatusCode::UNAUTHENTICATED, "bearer token does not match"};
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* context,
+                                         const v1::GetStatusRequest* /*request*/,
+                                         v1::GetStatusResponse* response) {
+  if (auto s = authorize(*context); !s.ok()) return s;
+  controller_.status(*response);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::ListRuns(grpc::ServerContext* context,
+                                        const v1::ListRunsRequest* request,
+                                        v1::ListRunsResponse* response) {
+  if (auto s = authorize(*context); !s.ok()) return s;
+  controller_.list_runs(*request, *response);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::SetBackend(grpc::ServerContext* context,
+                                          const v1::SetBackendRequest* request,
+                                          v1::SetBackendResponse* response) {
+  if (auto s = authorize(*context); !s.ok()) return s;
+  const auto& target = request->target();
+  const auto& limits = controller_.config().limits;
+  if (!parse_backend(backend_name(request->backend()))) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "backend must be stock, gproj, pivot or fp32"};
+  }
+  if (target.all_runs() == !target.run_id().empty()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "give exactly one of run_id and all_runs"};
+  }
+  if (!target.all_runs() && !is_label_safe(target.run_id(), limits.max_run_id_bytes)) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "run_id must match [A-Za-z0-9_.:-]{1,128}"};
+  }
+  if (static_cast<std::uint32_t>(target.layers_size()) > limits.max_layers) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "too many layers"};
+  }
+  for (auto layer : target.layers()) {
+    if (layer >= limits.max_layers) {
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              "layer " + std::to_string(layer) + " exceeds max_layers"};
+    }
+  }
+  if (request->reason().size() > 1024) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "reason longer than 1024 bytes"};
+  }
+  try {
+    auto result = controller_.decide(v1::DECISION_SOURCE_ADMIN, "admin " + context->peer(), target,
+                                     request->backend(),
+                                     request->reason().empty() ? "set by operator" : request->reason());
+    response->set_decision_id(result.decision_id);
+    response->set_commands_sent(result.commands_sent);
+  } catch (const StoreError& e) {
+    controller_.counters().store_errors_total.fetch_add(1);
+    return {grpc::StatusCode::UNAVAILABLE, std::string("decision not stored: ") + e.what()};
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::ListDecisions(grpc::ServerContext* context,
+                                             const v1::ListDecisionsRequest* request,
+                                             v1::ListDecisionsResponse* response) {
+  if (auto s = authorize(*context); !s.ok()) return s;
+  if (request->limit() > 10000) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "limit must be <= 10000"};
+  }
+  try {
+    controller_.list_decisions(*request, *response);
+  } catch (const StoreError& e) {
+    return {grpc::StatusCode::UNAVAILABLE, e.what()};
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace gaugewatch::agent

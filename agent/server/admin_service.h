@@ -1,0 +1,35 @@
+#pragma once
+// gRPC AdminService. Calls over the unix socket are trusted (file
+// permissions guard it); calls over TCP must carry
+// "authorization: Bearer <token>".
+
+#include <string>
+
+#include "agent/server/controller.h"
+#include "gaugewatch/v1/admin_service.grpc.pb.h"
+
+namespace gaugewatch::agent {
+
+class AdminServiceImpl final : public gaugewatch::v1::AdminService::Service {
+ public:
+  AdminServiceImpl(Controller& controller, std::string token)
+      : controller_(controller), token_(std::move(token)) {}
+
+  grpc::Status GetStatus(grpc::ServerContext* context, const gaugewatch::v1::GetStatusRequest* request,
+                         gaugewatch::v1::GetStatusResponse* response) override;
+  grpc::Status ListRuns(grpc::ServerContext* context, const gaugewatch::v1::ListRunsRequest* request,
+                        gaugewatch::v1::ListRunsResponse* response) override;
+  grpc::Status SetBackend(grpc::ServerContext* context,
+                          const gaugewatch::v1::SetBackendRequest* request,
+                          gaugewatch::v1::SetBackendResponse* response) override;
+  grpc::Status ListDecisions(grpc::ServerContext* context,
+                             const gaugewatch::v1::ListDecisionsRequest* request,
+                             gaugewatch::v1::ListDecisionsResponse* response) override;
+
+ private:
+  grpc::Status authorize(const grpc::ServerContext& context) const;
+  Controller& controller_;
+  const std::string token_;
+};
+
+}  // namespace gaugewatch::agent

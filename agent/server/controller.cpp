@@ -1,0 +1,406 @@
+#include "agent/server/controller.h"
+
+#include <cstdio>
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "agent/common/backend_names.h"
+#include "agent/common/clock.h"
+#include "agent/rules/threshold_rule.h"
+
+namespace gaugewatch::agent {
+
+namespace v1 = gaugewatch::v1;
+
+Controller::Controller(const AgentConfig& config, DecisionStore& store, AgentCounters& counters)
+    : config_(config),
+      rules_(effective_rules(config)),
+      store_(store),
+      counters_(counters),
+      registry_(config.max_series, rules_.size()),
+      start_unix_ns_(unix_now_ns()),
+      next_command_id_(store.max_command_id() + 1) {
+  for (const auto& decision : store_.all_decisions()) book_.add(decision);
+}
+
+std::shared_ptr<Session> Controller::open_session() {
+  auto session = std::make_shared<Session>(next_session_id_.fetch_add(1));
+  counters_.connections_total.fetch_add(1);
+  return session;
+}
+
+Verdict Controller::count(Verdict verdict, std::size_t samples) {
+  if (!verdict.ok()) {
+    counters_.messages_rejected_total[static_cast<std::size_t>(verdict.reason)].fetch_add(1);
+    counters_.samples_rejected_total.fetch_add(samples);
+  }
+  return verdict;
+}
+
+Verdict Controller::handle(const std::shared_ptr<Session>& shared, const v1::TrainerMessage& message) {
+  Session& session = *shared;
+  switch (message.payload_case()) {
+    case v1::TrainerMessage::kHello:
+      if (session.hello_done) {
+        return count({RejectReason::kOutOfOrder, "second hello on one stream"}, 0);
+      }
+      return on_hello(shared, message.hello());
+    case v1::TrainerMessage::kSamples:
+      if (!session.hello_done) {
+        return count({RejectReason::kOutOfOrder, "samples before hello"},
+                     static_cast<std::size_t>(message.samples().samples_size()));
+      }
+      return on_batch(session, message.samples());
+    case v1::TrainerMessage::kAck:
+      if (!session.hello_done) return count({RejectReason::kOutOfOrder, "ack before hello"}, 0);
+      return on_ack(session, message.ack());
+    default:
+      return count({RejectReason::kOutOfOrder, "empty trainer message"}, 0);
+  }
+}
+
+Verdict Controller::on_hello(const std::shared_ptr<Session>& shared, const v1::Hello& hello) {
+  Session& session = *shared;
+  if (Verdict v = validate_hello(hello, config_.limits); !v.ok()) return count(v, 0);
+  session.hello_done = true;
+  session.run_id = hello.run_id();
+  session.rank_index = hello.rank();
+  session.layer_count = static_cast<std::uint32_t>(hello.layers_size());
+  session.rank = registry_.connect(hello, session.id());
+
+  v1::AgentMessage ack;
+  auto* hello_ack = ack.mutable_hello_ack();
+  hello_ack->set_protocol_version(v1::PROTOCOL_VERSION_1);
+  hello_ack->set_agent_version(std::string(kAgentVersion));
+  hello_ack->set_session_id(session.id());
+  *hello_ack->mutable_sampling() = config_.sampling;
+  session.push(std::move(ack));
+  {
+    std::lock_guard lock(sessions_mu_);
+    sessions_[session.id()] = shared;
+  }
+  counters_.trainers_connected.fetch_add(1);
+
+  // Restore the decisions that cover this trainer: re-send every switch
+  // whose backend differs from what the layer runs now.
+  std::map<v1::Backend, std::pair<std::vector<std::uint32_t>, std::uint64_t>> resend;
+  {
+    std::lock_guard lock(session.rank->mu);
+    for (std::uint32_t i = 0; i < session.layer_count; ++i) {
+      const auto desired = book_.desired(hello.run_id(), hello.rank(), i);
+      auto& layer = session.rank->layers[i];
+      layer.desired = desired.backend;
+      if (desired.backend != v1::BACKEND_UNSPECIFIED && desired.backend != layer.backend) {
+        auto& group = resend[desired.backend];
+        group.first.push_back(i);
+        group.second = std::max(group.second, desired.decision_id);
+      }
+    }
+  }
+  for (auto& [backend, group] : resend) {
+    send_switch(session, std::move(group.first), backend, group.second,
+                "restored decision on reconnect");
+  }
+  return {};
+}
+
+Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
+  const auto samples = static_cast<std::size_t>(batch.samples_size());
+  if (Verdict v = validate_batch(batch, session.layer_count, config_.limits); !v.ok()) {
+    return count(v, samples);
+  }
+  std::vector<Firing> firings;
+  RankEntry& rank = *session.rank;
+  {
+    std::lock_guard lock(rank.mu);
+    if (rank.session_id != session.id()) {
+      return count({RejectReason::kOutOfOrder,
+                    "stream superseded by a newer connection of the same run and rank"},
+                   samples);
+    }
+    rank.last_seen_steady_ns = steady_now_ns();
+    rank.last_seen_unix_ns = unix_now_ns();
+    rank.expired = false;
+    rank.samples += samples;
+    if (batch.dropped_total() > rank.hook_dropped) {
+      counters_.hook_dropped_total.fetch_add(batch.dropped_total() - rank.hook_dropped);
+      rank.hook_dropped = batch.dropped_total();
+    }
+    std::uint64_t evaluations = 0;
+    for (const auto& sample : batch.samples()) {
+      LayerEntry& layer = rank.layers[sample.layer()];
+      layer.latest = to_values(sample.metrics());
+      layer.backend = sample.backend();
+      layer.last_step = sample.step();
+      layer.last_unix_ns = sample.unix_time_ns() != 0 ? sample.unix_time_ns() : rank.last_seen_unix_ns;
+      ++layer.samples;
+      registry_.admit(layer);
+      for (std::size_t r = 0; r < rules_.size(); ++r) {
+        const ThresholdRule& rule = rules_[r];
+        const auto metric = static_cast<std::size_t>(rule.metric);
+        if (!layer.latest.present.test(metric) || !rule_applies(rule, rank.run_id, sample.layer())) {
+          continue;
+        }
+        ++evaluations;
+        const double value = layer.latest.value[metric];
+        if (step_rule(rule, layer.rules[r], value)) {
+          if (rule.backend != v1::BACKEND_UNSPECIFIED && layer.desired == rule.backend) continue;
+          firings.push_back({r, sample.layer(), value, sample.step()});
+        }
+      }
+    }
+    counters_.rule_evaluations_total.fetch_add(evaluations);
+  }
+  counters_.samples_received_total.fetch_add(samples);
+  for (const auto& firing : firings) fire(session, firing);
+  return {};
+}
+
+void Controller::fire(const Session& session, const Firing& firing) {
+  const ThresholdRule& rule = rules_[firing.rule];
+  counters_.rule_firings_total.fetch_add(1);
+  char detail[256];
+  std::snprintf(detail, sizeof detail, "rule %s: %s = %.6g at step %llu (threshold %.6g x%u)",
+                rule.name.c_str(),
+                std::string(reference::metric_spec(rule.metric).name).c_str(), firing.value,
+                static_cast<unsigned long long>(firing.step), rule.threshold, rule.for_samples);
+  try {
+    if (rule.backend != v1::BACKEND_UNSPECIFIED) {
+      v1::Target target;
+      target.set_run_id(session.run_id);
+      if (rule.decision_scope == DecisionScope::kRank) target.set_rank(session.rank_index);
+      target.add_layers(firing.layer);
+      decide(v1::DECISION_SOURCE_RULE, rule.name, target, rule.backend, detail);
+    }
+    if (rule.capture_count > 0) {
+      audit(v1::AUDIT_KIND_RULE_FIRED, session.run_id, &session.rank_index, 0, 0, detail);
+      std::shared_ptr<Session> live;
+      {
+        std::lock_guard lock(sessions_mu_);
+        auto it = sessions_.find(session.id());
+        if (it != sessions_.end()) live = it->second;
+      }
+      if (live) {
+        v1::AgentMessage message;
+        auto* command = message.mutable_command();
+        const std::uint64_t id = next_command_id_.fetch_add(1);
+        command->set_command_id(id);
+        command->mutable_capture()->set_layer(firing.layer);
+        command->mutable_capture()->set_count(rule.capture_count);
+        command->set_reason(rule.name);
+        if (live->push(std::move(message))) {
+          counters_.commands_sent_total.fetch_add(1);
+          audit(v1::AUDIT_KIND_COMMAND_SENT, session.run_id, &session.rank_index, id, 0,
+                "capture layer " + std::to_string(firing.layer));
+        } else {
+          counters_.commands_dropped_total.fetch_add(1);
+        }
+      }
+    }
+  } catch (const StoreError& e) {
+    counters_.store_errors_total.fetch_add(1);
+    std::fprintf(stderr, "gaugewatch-agent: rule %s fired but could not be stored: %s\n",
+                 rule.name.c_str(), e.what());
+  }
+}
+
+Controller::DecisionResult Controller::decide(v1::DecisionSource source, const std::string& rule,
+                                              const v1::Target& target, v1::Backend backend,
+                                              const std::string& reason) {
+  v1::Decision decision;
+  decision.set_unix_time_ns(unix_now_ns());
+  decision.set_source(source);
+  decision.set_rule(rule);
+  *decision.mutable_target() = target;
+  decision.set_backend(backend);
+  decision.set_reason(reason);
+  store_.add_decision(decision);
+  book_.add(decision);
+  counters_.decisions_total[static_cast<std::size_t>(source) & 3].fetch_add(1);
+  const std::uint32_t target_rank = target.rank();
+  const std::uint32_t* rank = target.has_rank() ? &target_rank : nullptr;
+  audit(source == v1::DECISION_SOURCE_ADMIN ? v1::AUDIT_KIND_ADMIN : v1::AUDIT_KIND_RULE_FIRED,
+        target.all_runs() ? "*" : target.run_id(), rank, 0, decision.decision_id(),
+        std::string(backend_name(backend)) + ": " + reason);
+
+  for (const auto& entry : registry_.ranks()) {
+    std::lock_guard lock(entry->mu);
+    if (!target_covers_rank(target, entry->run_id, entry->rank)) continue;
+    for (std::uint32_t i = 0; i < entry->layers.size(); ++i) {
+      if (target_covers(target, entry->run_id, entry->rank, i)) entry->layers[i].desired = backend;
+    }
+  }
+  DecisionResult result;
+  result.decision_id = decision.decision_id();
+  for (const auto& session : sessions()) {
+    if (!target_covers_rank(target, session->run_id, session->rank_index)) continue;
+    std::vector<std::uint32_t> layers;
+    for (std::uint32_t i = 0; i < session->layer_count; ++i) {
+      if (target_covers(target, session->run_id, session->rank_index, i)) layers.push_back(i);
+    }
+    if (layers.empty()) continue;
+    if (send_switch(*session, std::move(layers), backend, decision.decision_id(), reason)) {
+      ++result.commands_sent;
+    }
+  }
+  return result;
+}
+
+bool Controller::send_switch(Session& session, std::vector<std::uint32_t> layers,
+                             v1::Backend backend, std::uint64_t decision_id,
+                             const std::string& reason) {
+  const std::uint64_t id = next_command_id_.fetch_add(1);
+  v1::AgentMessage message;
+  auto* command = message.mutable_command();
+  command->set_command_id(id);
+  command->set_decision_id(decision_id);
+  command->set_reason(reason);
+  auto* sw = command->mutable_switch_backend();
+  sw->set_backend(backend);
+  std::string detail = "switch to " + std::string(backend_name(backend)) + " layers";
+  for (auto layer : layers) {
+    sw->add_layers(layer);
+    detail += " " + std::to_string(layer);
+  }
+  {
+    std::lock_guard lock(session.pending_mu);
+    session.pending[id] = *sw;
+  }
+  if (!session.push(std::move(message))) {
+    counters_.commands_dropped_total.fetch_add(1);
+    std::lock_guard lock(session.pending_mu);
+    session.pending.erase(id);
+    return false;
+  }
+  counters_.commands_sent_total.fetch_add(1);
+  counters_.switch_commands_total.fetch_add(1);
+  try {
+    audit(v1::AUDIT_KIND_COMMAND_SENT, session.run_id, &session.rank_index, id, decision_id,
+          detail);
+  } catch (const StoreError& e) {
+    counters_.store_errors_total.fetch_add(1);
+  }
+  return true;
+}
+
+Verdict Controller::on_ack(Session& session, const v1::CommandAck& ack) {
+  if (Verdict v = validate_ack(ack); !v.ok()) return count(v, 0);
+  std::optional<v1::SwitchBackend> command;
+  {
+    std::lock_guard lock(session.pending_mu);
+    auto it = session.pending.find(ack.command_id());
+    if (it != session.pending.end()) {
+      command = it->second;
+      session.pending.erase(it);
+    }
+  }
+  const bool applied = ack.status() == v1::ACK_STATUS_APPLIED;
+  if (!command) counters_.acks_unknown_total.fetch_add(1);
+  (applied ? counters_.acks_applied_total : counters_.acks_rejected_total).fetch_add(1);
+  if (command && applied) {
+    std::lock_guard lock(session.rank->mu);
+    for (auto layer : command->layers()) {
+      if (layer < session.rank->layers.size()) session.rank->layers[layer].backend = command->backend();
+    }
+  }
+  try {
+    audit(applied ? v1::AUDIT_KIND_COMMAND_ACKED : v1::AUDIT_KIND_COMMAND_REJECTED, session.run_id,
+          &session.rank_index, ack.command_id(), 0,
+          (command ? "" : "unknown command; ") + std::string("step ") +
+              std::to_string(ack.applied_step()) + (ack.detail().empty() ? "" : ": " + ack.detail()));
+  } catch (const StoreError&) {
+    counters_.store_errors_total.fetch_add(1);
+  }
+  return {};
+}
+
+void Controller::close_session(Session& session) {
+  const std::size_t dropped = session.close();
+  counters_.commands_dropped_total.fetch_add(dropped);
+  bool was_registered = false;
+  {
+    std::lock_guard lock(sessions_mu_);
+    was_registered = sessions_.erase(session.id()) > 0;
+  }
+  if (was_registered) {
+    counters_.trainers_connected.fetch_sub(1);
+    registry_.disconnect(*session.rank, session.id());
+  }
+}
+
+std::vector<std::shared_ptr<Session>> Controller::sessions() const {
+  std::lock_guard lock(sessions_mu_);
+  std::vector<std::shared_ptr<Session>> out;
+  out.reserve(sessions_.size());
+  for (const auto& [id, session] : sessions_) out.push_back(session);
+  return out;
+}
+
+void Controller::audit(v1::AuditKind kind, const std::string& run_id, const std::uint32_t* rank,
+                       std::uint64_t command_id, std::uint64_t decision_id, std::string detail) {
+  v1::AuditRecord record;
+  record.set_unix_time_ns(unix_now_ns());
+  record.set_kind(kind);
+  record.set_run_id(run_id);
+  if (rank != nullptr) record.set_rank(*rank);
+  record.set_command_id(command_id);
+  record.set_decision_id(decision_id);
+  record.set_detail(std::move(detail));
+  store_.add_audit(record);
+}
+
+void Controller::expire_ranks() {
+  const auto expiry_ns = static_cast<std::int64_t>(config_.rank_expiry_seconds * 1e9);
+  counters_.ranks_expired_total.fetch_add(registry_.expire(steady_now_ns(), expiry_ns));
+}
+
+void Controller::status(v1::GetStatusResponse& out) const {
+  out.set_agent_version(std::string(kAgentVersion));
+  out.set_start_unix_time_ns(start_unix_ns_);
+  std::string last_run;
+  std::uint32_t runs = 0;
+  std::uint32_t connected = 0;
+  std::uint32_t expired = 0;
+  for (const auto& entry : registry_.ranks()) {
+    std::lock_guard lock(entry->mu);
+    if (entry->run_id != last_run) {
+      ++runs;
+      last_run = entry->run_id;
+    }
+    connected += entry->connected ? 1 : 0;
+    expired += entry->expired ? 1 : 0;
+  }
+  out.set_runs(runs);
+  out.set_ranks_connected(connected);
+  out.set_ranks_expired(expired);
+  out.set_samples_received_total(counters_.samples_received_total.load());
+  out.set_samples_rejected_total(counters_.samples_rejected_total.load());
+  out.set_decisions_total(book_.size());
+  out.set_rules(static_cast<std::uint32_t>(rules_.size()));
+  out.set_grpc_listen(config_.grpc_socket.empty() ? config_.tcp_listen
+                                                  : "unix:" + config_.grpc_socket +
+                                                        (config_.tcp_listen.empty()
+                                                             ? ""
+                                                             : " tcp:" + config_.tcp_listen));
+  out.set_http_listen(config_.http_listen);
+  out.set_database(config_.database);
+}
+
+void Controller::list_runs(const v1::ListRunsRequest& request, v1::ListRunsResponse& out) const {
+  registry_.list(request, out);
+}
+
+void Controller::list_decisions(const v1::ListDecisionsRequest& request,
+                                v1::ListDecisionsResponse& out) const {
+  for (auto& decision : store_.decisions(request.run_id(), request.limit())) {
+    *out.add_decisions() = std::move(decision);
+  }
+  if (request.include_audit()) {
+    for (auto& record : store_.audit(request.run_id(), request.limit())) {
+      *out.add_audit() = std::move(record);
+    }
+  }
+}
+
+}  // namespace gaugewatch::agent

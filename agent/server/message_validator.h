@@ -1,0 +1,53 @@
+#pragma once
+// Validation of every message a trainer sends. A message either passes or
+// yields a reason (exported as a counter label) and a human-readable detail
+// that goes back to the trainer in the gRPC status.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "agent/config/agent_config.h"
+#include "gaugewatch/v1/hook_service.pb.h"
+
+namespace gaugewatch::agent {
+
+enum class RejectReason : std::uint8_t {
+  kNone,
+  kProtocolVersion,
+  kOutOfOrder,  // no Hello first, a second Hello, an empty message
+  kRunId,
+  kRank,
+  kString,
+  kLayers,
+  kBatchSize,
+  kLayerIndex,
+  kBackend,
+  kMetric,
+  kShape,
+  kTiming,
+  kAck,
+  kCount,
+};
+
+inline constexpr std::size_t kRejectReasonCount = static_cast<std::size_t>(RejectReason::kCount);
+
+std::string_view reject_reason_name(RejectReason reason);
+
+struct Verdict {
+  RejectReason reason = RejectReason::kNone;
+  std::string detail;
+  bool ok() const { return reason == RejectReason::kNone; }
+};
+
+// [A-Za-z0-9_.:-]{1,max}
+bool is_label_safe(std::string_view text, std::size_t max_bytes);
+
+Verdict validate_hello(const gaugewatch::v1::Hello& hello, const Limits& limits);
+Verdict validate_sample(const gaugewatch::v1::Sample& sample, std::uint32_t layer_count,
+                        const Limits& limits);
+Verdict validate_batch(const gaugewatch::v1::SampleBatch& batch, std::uint32_t layer_count,
+                       const Limits& limits);
+Verdict validate_ack(const gaugewatch::v1::CommandAck& ack);
+
+}  // namespace gaugewatch::agent

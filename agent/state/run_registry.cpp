@@ -1,0 +1,137 @@
+#include "agent/state/run_registry.h"
+
+#include "agent/common/clock.h"
+
+namespace gaugewatch::agent {
+
+RunRegistry::RunRegistry(std::uint64_t max_series, std::size_t rule_count)
+    : max_series_(max_series), rule_count_(rule_count) {}
+
+std::shared_ptr<RankEntry> RunRegistry::connect(const gaugewatch::v1::Hello& hello,
+                                                std::uint64_t session_id) {
+  std::shared_ptr<RankEntry> entry;
+  {
+    std::lock_guard lock(mu_);
+    auto& slot = ranks_[{hello.run_id(), hello.rank()}];
+    if (!slot) slot = std::make_shared<RankEntry>();
+    entry = slot;
+  }
+  std::lock_guard lock(entry->mu);
+  release(*entry);
+  entry->run_id = hello.run_id();
+  entry->rank = hello.rank();
+  entry->hello = hello;
+  entry->hello.clear_layers();
+  entry->connected = true;
+  entry->expired = false;
+  entry->session_id = session_id;
+  entry->last_seen_steady_ns = steady_now_ns();
+  entry->last_seen_unix_ns = unix_now_ns();
+  entry->layers.clear();
+  entry->layers.resize(static_cast<std::size_t>(hello.layers_size()));
+  for (int i = 0; i < hello.layers_size(); ++i) {
+    auto& layer = entry->layers[static_cast<std::size_t>(i)];
+    layer.name = hello.layers(i).name();
+    layer.backend = hello.layers(i).backend();
+    layer.rules.resize(rule_count_);
+  }
+  return entry;
+}
+
+void RunRegistry::disconnect(RankEntry& rank, std::uint64_t session_id) {
+  std::lock_guard lock(rank.mu);
+  if (rank.session_id == session_id) rank.connected = false;
+}
+
+bool RunRegistry::admit(LayerEntry& layer) {
+  if (layer.exported) return true;
+  std::uint64_t current = exported_series_.load();
+  while (true) {
+    if (current + kSeriesPerLayer > max_series_) {
+      series_refused_.fetch_add(1);
+      return false;
+    }
+    if (exported_series_.compare_exchange_weak(current, current + kSeriesPerLayer)) break;
+  }
+  layer.exported = true;
+  return true;
+}
+
+void RunRegistry::release(RankEntry& rank) {
+  for (auto& layer : rank.layers) {
+    if (layer.exported) {
+      layer.exported = false;
+      exported_series_.fetch_sub(kSeriesPerLayer);
+    }
+  }
+}
+
+std::size_t RunRegistry::expire(std::int64_t steady_now, std::int64_t expiry_ns) {
+  std::size_t changed = 0;
+  for (const auto& rank : ranks()) {
+    std::lock_guard lock(rank->mu);
+    if (!rank->expired && steady_now - rank->last_seen_steady_ns > expiry_ns) {
+      rank->expired = true;
+      release(*rank);
+      ++changed;
+    }
+  }
+  return changed;
+}
+
+std::vector<std::shared_ptr<RankEntry>> RunRegistry::ranks() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::shared_ptr<RankEntry>> out;
+  out.reserve(ranks_.size());
+  for (const auto& [key, entry] : ranks_) out.push_back(entry);
+  return out;
+}
+
+std::shared_ptr<RankEntry> RunRegistry::find(const std::string& run_id, std::uint32_t rank) const {
+  std::lock_guard lock(mu_);
+  auto it = ranks_.find({run_id, rank});
+  return it == ranks_.end() ? nullptr : it->second;
+}
+
+void RunRegistry::list(const gaugewatch::v1::ListRunsRequest& request,
+                       gaugewatch::v1::ListRunsResponse& response) const {
+  gaugewatch::v1::RunState* run = nullptr;
+  for (const auto& entry : ranks()) {
+    std::lock_guard lock(entry->mu);
+    if (!request.run_id().empty() && entry->run_id != request.run_id()) continue;
+    if (run == nullptr || run->run_id() != entry->run_id) {
+      run = response.add_runs();
+      run->set_run_id(entry->run_id);
+    }
+    auto* rank = run->add_ranks();
+    const auto& hello = entry->hello;
+    rank->set_rank(entry->rank);
+    rank->set_local_rank(hello.local_rank());
+    rank->set_world_size(hello.world_size());
+    rank->set_host(hello.host());
+    rank->set_pid(hello.pid());
+    rank->set_torch_version(hello.torch_version());
+    rank->set_cuda_version(hello.cuda_version());
+    rank->set_driver_version(hello.driver_version());
+    rank->set_connected(entry->connected);
+    rank->set_expired(entry->expired);
+    rank->set_last_seen_unix_time_ns(entry->last_seen_unix_ns);
+    rank->set_samples(entry->samples);
+    rank->set_hook_dropped_total(entry->hook_dropped);
+    if (!request.include_layers()) continue;
+    for (std::size_t i = 0; i < entry->layers.size(); ++i) {
+      const auto& layer = entry->layers[i];
+      auto* out = rank->add_layers();
+      out->set_index(static_cast<std::uint32_t>(i));
+      out->set_name(layer.name);
+      out->set_backend(layer.backend);
+      out->set_desired_backend(layer.desired);
+      out->set_last_step(layer.last_step);
+      out->set_samples(layer.samples);
+      out->set_last_unix_time_ns(layer.last_unix_ns);
+      to_proto(layer.latest, *out->mutable_latest());
+    }
+  }
+}
+
+}  // namespace gaugewatch::agent

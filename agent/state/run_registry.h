@@ -1,0 +1,97 @@
+#pragma once
+// Runs > ranks > layers, with each layer's latest metrics and backend. One
+// RankEntry per (run, rank); its mutex guards everything in it, so trainers
+// of different ranks never contend. The registry's own mutex guards only the
+// map. Ranks that send nothing for the expiry time are marked expired and
+// give their exported series back to the cardinality guard.
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agent/state/metric_fields.h"
+#include "gaugewatch/v1/admin_service.pb.h"
+#include "gaugewatch/v1/hook_service.pb.h"
+
+namespace gaugewatch::agent {
+
+struct RuleState {
+  std::uint32_t consecutive = 0;
+  bool firing = false;
+};
+
+struct LayerEntry {
+  std::string name;
+  gaugewatch::v1::Backend backend = gaugewatch::v1::BACKEND_UNSPECIFIED;
+  gaugewatch::v1::Backend desired = gaugewatch::v1::BACKEND_UNSPECIFIED;
+  std::uint64_t last_step = 0;
+  std::uint64_t samples = 0;
+  std::int64_t last_unix_ns = 0;
+  MetricValues latest;
+  bool exported = false;  // admitted by the cardinality guard
+  std::vector<RuleState> rules;
+};
+
+struct RankEntry {
+  mutable std::mutex mu;
+  std::string run_id;
+  std::uint32_t rank = 0;
+  gaugewatch::v1::Hello hello;  // without layers
+  bool connected = false;
+  bool expired = false;
+  std::uint64_t session_id = 0;
+  std::int64_t last_seen_steady_ns = 0;
+  std::int64_t last_seen_unix_ns = 0;
+  std::uint64_t samples = 0;
+  std::uint64_t hook_dropped = 0;
+  std::vector<LayerEntry> layers;
+};
+
+class RunRegistry {
+ public:
+  // Series each exported layer may occupy: its metrics, backend info, samples.
+  static constexpr std::uint64_t kSeriesPerLayer = reference::kMetricCount + 2;
+
+  RunRegistry(std::uint64_t max_series, std::size_t rule_count);
+
+  // Registers (or re-registers) the rank of `hello` for a new session. The
+  // layer list is replaced by the Hello's.
+  std::shared_ptr<RankEntry> connect(const gaugewatch::v1::Hello& hello, std::uint64_t session_id);
+  // Marks the rank disconnected if `session_id` is still its session.
+  void disconnect(RankEntry& rank, std::uint64_t session_id);
+
+  // Caller holds rank.mu. Admits the layer's series if the guard allows;
+  // returns false (and counts a refusal) when the limit is reached.
+  bool admit(LayerEntry& layer);
+  // Caller holds rank.mu. Releases every exported series of the rank.
+  void release(RankEntry& rank);
+
+  // Marks ranks silent for longer than `expiry_ns` expired; returns how many
+  // ranks changed state.
+  std::size_t expire(std::int64_t steady_now_ns, std::int64_t expiry_ns);
+
+  std::vector<std::shared_ptr<RankEntry>> ranks() const;  // sorted by (run, rank)
+  std::shared_ptr<RankEntry> find(const std::string& run_id, std::uint32_t rank) const;
+
+  std::uint64_t exported_series() const { return exported_series_.load(); }
+  std::uint64_t series_refused() const { return series_refused_.load(); }
+  std::uint64_t max_series() const { return max_series_; }
+
+  void list(const gaugewatch::v1::ListRunsRequest& request,
+            gaugewatch::v1::ListRunsResponse& response) const;
+
+ private:
+  const std::uint64_t max_series_;
+  const std::size_t rule_count_;
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, std::uint32_t>, std::shared_ptr<RankEntry>> ranks_;
+  std::atomic<std::uint64_t> exported_series_{0};
+  std::atomic<std::uint64_t> series_refused_{0};
+};
+
+}  // namespace gaugewatch::agent

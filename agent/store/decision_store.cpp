@@ -1,0 +1,231 @@
+#include "agent/store/decision_store.h"
+
+#include <sqlite3.h>
+
+#include <sstream>
+
+namespace gaugewatch::agent {
+
+namespace {
+
+class Statement {
+ public:
+  Statement(sqlite3* db, const std::string& sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr) != SQLITE_OK) {
+      throw StoreError(std::string("sqlite prepare: ") + sqlite3_errmsg(db));
+    }
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  void bind(int index, std::int64_t value) { sqlite3_bind_int64(stmt_, index, value); }
+  void bind(int index, const std::string& value) {
+    sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
+  }
+  void bind_null(int index) { sqlite3_bind_null(stmt_, index); }
+  bool step() {
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    throw StoreError(std::string("sqlite step: ") + sqlite3_errmsg(db_));
+  }
+  std::int64_t integer(int column) { return sqlite3_column_int64(stmt_, column); }
+  bool is_null(int column) { return sqlite3_column_type(stmt_, column) == SQLITE_NULL; }
+  std::string text(int column) {
+    const auto* data = sqlite3_column_text(stmt_, column);
+    return data ? std::string(reinterpret_cast<const char*>(data),
+                              static_cast<std::size_t>(sqlite3_column_bytes(stmt_, column)))
+                : std::string();
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+std::string join_layers(const google::protobuf::RepeatedField<std::uint32_t>& layers) {
+  std::ostringstream out;
+  for (int i = 0; i < layers.size(); ++i) out << (i ? "," : "") << layers.Get(i);
+  return out.str();
+}
+
+void split_layers(const std::string& text, gaugewatch::v1::Target& target) {
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) target.add_layers(static_cast<std::uint32_t>(std::stoul(item)));
+  }
+}
+
+constexpr const char* kDecisionColumns =
+    "SELECT id, time_ns, source, rule, run_id, all_runs, rank, layers, backend, reason "
+    "FROM decisions ";
+
+}  // namespace
+
+DecisionStore::DecisionStore(const std::string& path) {
+  if (sqlite3_open_v2(path.c_str(), &db_,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    std::string message = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw StoreError("cannot open database '" + path + "': " + message);
+  }
+  sqlite3_busy_timeout(db_, 5000);
+  try {
+    exec("PRAGMA journal_mode=WAL");
+    exec("PRAGMA synchronous=NORMAL");
+    exec(
+        "CREATE TABLE IF NOT EXISTS decisions ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ns INTEGER NOT NULL,"
+        " source INTEGER NOT NULL, rule TEXT NOT NULL, run_id TEXT NOT NULL,"
+        " all_runs INTEGER NOT NULL, rank INTEGER, layers TEXT NOT NULL,"
+        " backend INTEGER NOT NULL, reason TEXT NOT NULL)");
+    exec(
+        "CREATE TABLE IF NOT EXISTS audit ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT, time_ns INTEGER NOT NULL,"
+        " kind INTEGER NOT NULL, run_id TEXT NOT NULL, rank INTEGER,"
+        " command_id INTEGER NOT NULL, decision_id INTEGER NOT NULL, detail TEXT NOT NULL)");
+    exec("CREATE INDEX IF NOT EXISTS audit_run ON audit(run_id)");
+  } catch (...) {
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw;
+  }
+}
+
+DecisionStore::~DecisionStore() { sqlite3_close(db_); }
+
+void DecisionStore::exec(const char* sql) {
+  char* error = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
+    std::string message = error ? error : "unknown error";
+    sqlite3_free(error);
+    throw StoreError(std::string("sqlite: ") + message + " in: " + sql);
+  }
+}
+
+std::string DecisionStore::journal_mode() const {
+  std::lock_guard lock(mu_);
+  Statement stmt(db_, "PRAGMA journal_mode");
+  return stmt.step() ? stmt.text(0) : std::string();
+}
+
+void DecisionStore::add_decision(gaugewatch::v1::Decision& decision) {
+  std::lock_guard lock(mu_);
+  Statement stmt(db_,
+                 "INSERT INTO decisions (time_ns, source, rule, run_id, all_runs, rank, layers,"
+                 " backend, reason) VALUES (?,?,?,?,?,?,?,?,?)");
+  const auto& target = decision.target();
+  stmt.bind(1, decision.unix_time_ns());
+  stmt.bind(2, decision.source());
+  stmt.bind(3, decision.rule());
+  stmt.bind(4, target.run_id());
+  stmt.bind(5, target.all_runs() ? 1 : 0);
+  if (target.has_rank()) {
+    stmt.bind(6, target.rank());
+  } else {
+    stmt.bind_null(6);
+  }
+  stmt.bind(7, join_layers(target.layers()));
+  stmt.bind(8, decision.backend());
+  stmt.bind(9, decision.reason());
+  stmt.step();
+  decision.set_decision_id(static_cast<std::uint64_t>(sqlite3_last_insert_rowid(db_)));
+}
+
+void DecisionStore::add_audit(gaugewatch::v1::AuditRecord& record) {
+  std::lock_guard lock(mu_);
+  Statement stmt(db_,
+                 "INSERT INTO audit (time_ns, kind, run_id, rank, command_id, decision_id, detail)"
+                 " VALUES (?,?,?,?,?,?,?)");
+  stmt.bind(1, record.unix_time_ns());
+  stmt.bind(2, record.kind());
+  stmt.bind(3, record.run_id());
+  if (record.has_rank()) {
+    stmt.bind(4, record.rank());
+  } else {
+    stmt.bind_null(4);
+  }
+  stmt.bind(5, static_cast<std::int64_t>(record.command_id()));
+  stmt.bind(6, static_cast<std::int64_t>(record.decision_id()));
+  stmt.bind(7, record.detail());
+  stmt.step();
+  record.set_audit_id(static_cast<std::uint64_t>(sqlite3_last_insert_rowid(db_)));
+}
+
+std::vector<gaugewatch::v1::Decision> DecisionStore::query_decisions(const std::string& sql,
+                                                                     const std::string& run_id,
+                                                                     std::int64_t limit) const {
+  std::lock_guard lock(mu_);
+  Statement stmt(db_, sql);
+  int index = 1;
+  if (!run_id.empty()) stmt.bind(index++, run_id);
+  if (limit > 0) stmt.bind(index++, limit);
+  std::vector<gaugewatch::v1::Decision> out;
+  while (stmt.step()) {
+    gaugewatch::v1::Decision decision;
+    decision.set_decision_id(static_cast<std::uint64_t>(stmt.integer(0)));
+    decision.set_unix_time_ns(stmt.integer(1));
+    decision.set_source(static_cast<gaugewatch::v1::DecisionSource>(stmt.integer(2)));
+    decision.set_rule(stmt.text(3));
+    auto* target = decision.mutable_target();
+    target->set_run_id(stmt.text(4));
+    target->set_all_runs(stmt.integer(5) != 0);
+    if (!stmt.is_null(6)) target->set_rank(static_cast<std::uint32_t>(stmt.integer(6)));
+    split_layers(stmt.text(7), *target);
+    decision.set_backend(static_cast<gaugewatch::v1::Backend>(stmt.integer(8)));
+    decision.set_reason(stmt.text(9));
+    out.push_back(std::move(decision));
+  }
+  return out;
+}
+
+std::vector<gaugewatch::v1::Decision> DecisionStore::all_decisions() const {
+  return query_decisions(std::string(kDecisionColumns) + "ORDER BY id ASC", "", 0);
+}
+
+std::vector<gaugewatch::v1::Decision> DecisionStore::decisions(const std::string& run_id,
+                                                               std::uint32_t limit) const {
+  std::string sql = kDecisionColumns;
+  if (!run_id.empty()) sql += "WHERE run_id = ? OR all_runs = 1 ";
+  sql += "ORDER BY id DESC LIMIT ?";
+  return query_decisions(sql, run_id, limit == 0 ? 100 : limit);
+}
+
+std::vector<gaugewatch::v1::AuditRecord> DecisionStore::audit(const std::string& run_id,
+                                                              std::uint32_t limit) const {
+  std::lock_guard lock(mu_);
+  std::string sql =
+      "SELECT id, time_ns, kind, run_id, rank, command_id, decision_id, detail FROM audit ";
+  if (!run_id.empty()) sql += "WHERE run_id = ? ";
+  sql += "ORDER BY id DESC LIMIT ?";
+  Statement stmt(db_, sql);
+  int index = 1;
+  if (!run_id.empty()) stmt.bind(index++, run_id);
+  stmt.bind(index, static_cast<std::int64_t>(limit == 0 ? 100 : limit));
+  std::vector<gaugewatch::v1::AuditRecord> out;
+  while (stmt.step()) {
+    gaugewatch::v1::AuditRecord record;
+    record.set_audit_id(static_cast<std::uint64_t>(stmt.integer(0)));
+    record.set_unix_time_ns(stmt.integer(1));
+    record.set_kind(static_cast<gaugewatch::v1::AuditKind>(stmt.integer(2)));
+    record.set_run_id(stmt.text(3));
+    if (!stmt.is_null(4)) record.set_rank(static_cast<std::uint32_t>(stmt.integer(4)));
+    record.set_command_id(static_cast<std::uint64_t>(stmt.integer(5)));
+    record.set_decision_id(static_cast<std::uint64_t>(stmt.integer(6)));
+    record.set_detail(stmt.text(7));
+    out.push_back(std::move(record));
+  }
+  return out;
+}
+
+std::uint64_t DecisionStore::max_command_id() const {
+  std::lock_guard lock(mu_);
+  Statement stmt(db_, "SELECT COALESCE(MAX(command_id), 0) FROM audit");
+  return stmt.step() ? static_cast<std::uint64_t>(stmt.integer(0)) : 0;
+}
+
+}  // namespace gaugewatch::agent
