@@ -32,6 +32,8 @@ PREFIX="${GW_DEPS_PREFIX:-/opt/gw-deps}"
 DEBS="${GW_DEBS_DIR:-$ROOT/.device/debs}"
 BUILD_DIR="${BUILD_DIR:-build-device}"
 PY="${GAUGEWATCH_PYTHON:-python3}"
+# An absolute path without resolving symlinks (a venv's python is a symlink).
+if [[ "$PY" == */* ]]; then PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"; else PY="$(command -v "$PY" || echo "$PY")"; fi
 BUDGET="${GW_DEVICE_BUDGET_S:-540}"
 CTEST_JOBS="${CTEST_JOBS:-8}"
 JOBS="$(nproc)"
@@ -220,7 +222,7 @@ else
 fi
 
 # --- configure ------------------------------------------------------------------------------
-CMAKE_ARGS=(-S . -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAUGEWATCH_PYTHON="$(command -v "$PY")")
+CMAKE_ARGS=(-S . -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAUGEWATCH_PYTHON="$PY")
 [[ -n "${CMAKE_PREFIX_PATH:-}" ]] && CMAKE_ARGS+=(-DCMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH//:/;}")
 # shellcheck disable=SC2206
 [[ -n "${CMAKE_EXTRA_ARGS:-}" ]] && CMAKE_ARGS+=(${CMAKE_EXTRA_ARGS})
