@@ -20,8 +20,9 @@ struct ExactAttention {
   std::vector<double> dq;   // (B, Hq, N, d)
   std::vector<double> dk;   // (B, Hkv, M, d)
   std::vector<double> dv;   // (B, Hkv, M, d)
-  // Largest |sum_j g_ij| over rows, relative to sum_j |g_ij|: the conservation
-  // law holds to FP64 rounding (~1e-16) in the exact gradient.
+  // Largest |sum_j g_ij| over rows, relative to sum_j p_ij |a_ij| (the size of
+  // the terms that cancel): the conservation law holds to FP64 rounding
+  // (~1e-16) in the exact gradient.
   double max_relative_row_sum = 0.0;
 };
 

@@ -52,9 +52,20 @@ struct FusedBackward {
   RowDiagnostics rows;  // (B, Hq, N)
 };
 
+// Where delta_i = u_i.o_i comes from.
+enum class DeltaSource {
+  // rowsum(dO * O) over the saved BF16 output: FlashAttention, cuDNN and the
+  // efficient kernel. The output's rounding then adds row mass of its own
+  // (the "second channel" of NUMERICS.md).
+  kSavedOutput,
+  // sum_j P_ij dP_ij in FP32: isolates the BF16 rounding of dS.
+  kProbabilities,
+};
+
 struct FusedBackwardOptions {
   // Round the final dQ, dK, dV to BF16 as a BF16 kernel's outputs are.
   bool round_outputs = true;
+  DeltaSource delta_source = DeltaSource::kSavedOutput;
 };
 
 FusedBackward backward_fused_bf16(const AttentionInputs& in, const SavedForward& saved,
