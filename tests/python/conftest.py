@@ -46,3 +46,20 @@ def audit_json(run_cli):
         return json.loads(run_cli("audit", *args, "--json").stdout)
 
     return run
+
+
+_RECORDS: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def record_line():
+    """Lines printed in the terminal summary (measured numbers worth keeping
+    in the device log even when every test passes)."""
+    return _RECORDS.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _RECORDS:
+        terminalreporter.section("gaugewatch measurements")
+        for line in _RECORDS:
+            terminalreporter.write_line(line)
