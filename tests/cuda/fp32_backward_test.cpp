@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -110,6 +111,9 @@ struct Case {
   float key_offset = 0.0f;          // common offset added to every key (RMS per coordinate)
   uint64_t seed = 1;
 };
+
+// gtest prints a parameter with this (the test list shows the case name).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 // BF16-valued normal inputs, as a BF16 training run hands them over.
 ref::AttentionInputs make_inputs(const Case& c) {

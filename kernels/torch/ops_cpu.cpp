@@ -1,0 +1,201 @@
+// CPU implementations of the gaugewatch ops: every backend delegates to the
+// CPU reference (kernels/reference), so the same op tests run in CI without a
+// GPU. Schemas and semantics: kernels/torch/registration.cpp.
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kernels/reference/attention_problem.h"
+#include "kernels/reference/exact_attention.h"
+#include "kernels/reference/fp32_backward.h"
+#include "kernels/reference/fused_backward_bf16.h"
+#include "kernels/reference/metrics.h"
+#include "kernels/torch/attention_call.h"
+
+namespace gaugewatch::torch_ops {
+namespace {
+
+using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// Reference errors (std::invalid_argument) become TORCH_CHECK errors.
+template <typename Fn>
+auto guarded(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "gaugewatch: ", e.what());
+  }
+}
+
+std::vector<float> to_floats(const at::Tensor& t) {
+  const at::Tensor f = t.to(at::kFloat).contiguous();
+  const float* p = f.data_ptr<float>();
+  return std::vector<float>(p, p + f.numel());
+}
+
+std::vector<int64_t> to_offsets(const at::Tensor& t) {
+  const at::Tensor l = t.to(at::kLong).contiguous();
+  const int64_t* p = l.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + l.numel());
+}
+
+void check_cpu(const at::Tensor& q, const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k) {
+  TORCH_CHECK(q.device().is_cpu(), "gaugewatch: CPU kernel called with q on ", q.device());
+  if (cu_q.has_value()) {
+    TORCH_CHECK(cu_q->device().is_cpu() && cu_k->device().is_cpu(),
+                "gaugewatch: cu_seqlens must be CPU tensors for CPU inputs");
+  }
+}
+
+reference::AttentionInputs make_inputs(const AttentionCall& call, const at::Tensor& grad_out, const at::Tensor& q,
+                                       const at::Tensor& k, const at::Tensor& v,
+                                       const std::optional<at::Tensor>& cu_q,
+                                       const std::optional<at::Tensor>& cu_k) {
+  reference::AttentionInputs in;
+  in.shape = call.shape;
+  in.causal = call.causal;
+  in.scale = call.scale;
+  in.q = to_floats(q);
+  in.k = to_floats(k);
+  in.v = to_floats(v);
+  in.grad_out = to_floats(grad_out);
+  if (call.packed) {
+    in.cu_seqlens_q = to_offsets(*cu_q);
+    in.cu_seqlens_k = to_offsets(*cu_k);
+  }
+  guarded([&] {
+    in.validate();
+    return 0;
+  });
+  return in;
+}
+
+reference::SavedForward make_saved(const at::Tensor& out, const at::Tensor& lse) {
+  return reference::SavedForward{to_floats(out), to_floats(lse)};
+}
+
+template <typename T>
+at::Tensor to_tensor(const std::vector<T>& values, at::IntArrayRef sizes, c10::ScalarType dtype) {
+  const auto source = std::is_same_v<T, double> ? at::kDouble : at::kFloat;
+  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(source));
+  TORCH_INTERNAL_ASSERT(t.numel() == static_cast<int64_t>(values.size()));
+  std::copy(values.begin(), values.end(), t.data_ptr<T>());
+  return t.to(dtype);
+}
+
+Grads attention_backward_cpu(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool is_causal,
+                             std::optional<double> scale, c10::string_view backend_name_arg,
+                             c10::string_view causal_alignment, const std::optional<at::Tensor>& cu_seqlens_q,
+                             const std::optional<at::Tensor>& cu_seqlens_k, bool /*deterministic*/,
+                             bool center_keys) {
+  const AttentionCall call = check_attention_call(grad_out, q, k, v, out, lse, is_causal, scale, causal_alignment,
+                                                  cu_seqlens_q, cu_seqlens_k);
+  const Backend backend = parse_backend(backend_name_arg);
+  check_cpu(q, cu_seqlens_q, cu_seqlens_k);
+  const reference::AttentionInputs in = make_inputs(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k);
+  const c10::ScalarType dtype = backend_dtype(backend);
+  // The reference is deterministic already: `deterministic` changes nothing here.
+  switch (backend) {
+    case Backend::kFp64: {
+      const reference::ExactAttention e = guarded([&] { return reference::attention_fp64(in); });
+      return {to_tensor(e.dq, q.sizes(), dtype), to_tensor(e.dk, k.sizes(), dtype), to_tensor(e.dv, k.sizes(), dtype)};
+    }
+    case Backend::kFp32: {
+      const reference::Gradients g =
+          guarded([&] { return reference::backward_fp32(in, reference::Fp32BackwardOptions{center_keys}); });
+      return {to_tensor(g.dq, q.sizes(), dtype), to_tensor(g.dk, k.sizes(), dtype), to_tensor(g.dv, k.sizes(), dtype)};
+    }
+    default: {
+      const reference::SavedForward saved = make_saved(out, lse);
+      const reference::FusedBackward fused = guarded([&] { return reference::backward_fused_bf16(in, saved); });
+      const reference::Gradients& g =
+          backend == Backend::kGproj ? fused.gproj : (backend == Backend::kPivot ? fused.pivot : fused.plain);
+      return {to_tensor(g.dq, q.sizes(), dtype), to_tensor(g.dk, k.sizes(), dtype), to_tensor(g.dv, k.sizes(), dtype)};
+    }
+  }
+}
+
+// dq of a chosen row depends only on that row's grad_out, and a row whose
+// grad_out is zero adds nothing to dk or dv (a_ij = delta_i = 0): so the FP32
+// reference on grad_out masked to the chosen rows gives both the chosen rows'
+// dq and the chosen rows' share of dk and dv.
+Grads attention_backward_rows_cpu(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                  const at::Tensor& slices, const at::Tensor& rows, bool is_causal,
+                                  std::optional<double> scale, c10::string_view causal_alignment,
+                                  const std::optional<at::Tensor>& cu_seqlens_q,
+                                  const std::optional<at::Tensor>& cu_seqlens_k, bool /*deterministic*/,
+                                  bool center_keys) {
+  const AttentionCall call = check_attention_call(grad_out, q, k, v, out, lse, is_causal, scale, causal_alignment,
+                                                  cu_seqlens_q, cu_seqlens_k);
+  check_cpu(q, cu_seqlens_q, cu_seqlens_k);
+  check_row_subset(call, slices, rows, q);
+  reference::AttentionInputs in = make_inputs(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k);
+  const auto& sh = in.shape;
+  const std::vector<int64_t> chosen_slices = to_offsets(slices);
+  const std::vector<int64_t> chosen_rows = to_offsets(rows);
+  std::vector<char> keep(static_cast<size_t>(sh.q_rows()), 0);
+  for (int64_t s : chosen_slices) {
+    for (int64_t n : chosen_rows) keep[static_cast<size_t>(s * sh.q_len + n)] = 1;
+  }
+  for (int64_t r = 0; r < sh.q_rows(); ++r) {
+    if (!keep[static_cast<size_t>(r)]) {
+      std::fill_n(in.grad_out.begin() + r * sh.head_dim, sh.head_dim, 0.0f);
+    }
+  }
+  const reference::Gradients g =
+      guarded([&] { return reference::backward_fp32(in, reference::Fp32BackwardOptions{center_keys}); });
+  std::vector<float> dq;
+  dq.reserve(chosen_slices.size() * chosen_rows.size() * static_cast<size_t>(sh.head_dim));
+  for (int64_t s : chosen_slices) {
+    for (int64_t n : chosen_rows) {
+      const auto first = g.dq.begin() + (s * sh.q_len + n) * sh.head_dim;
+      dq.insert(dq.end(), first, first + sh.head_dim);
+    }
+  }
+  const int64_t dq_sizes[] = {static_cast<int64_t>(chosen_slices.size()), static_cast<int64_t>(chosen_rows.size()),
+                              sh.head_dim};
+  return {to_tensor(dq, dq_sizes, at::kFloat), to_tensor(g.dk, k.sizes(), at::kFloat),
+          to_tensor(g.dv, k.sizes(), at::kFloat)};
+}
+
+at::Tensor attention_metrics_cpu(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool is_causal,
+                                 std::optional<double> scale, c10::string_view causal_alignment,
+                                 const std::optional<at::Tensor>& cu_seqlens_q,
+                                 const std::optional<at::Tensor>& cu_seqlens_k) {
+  const AttentionCall call = check_attention_call(grad_out, q, k, v, out, lse, is_causal, scale, causal_alignment,
+                                                  cu_seqlens_q, cu_seqlens_k);
+  check_cpu(q, cu_seqlens_q, cu_seqlens_k);
+  const reference::AttentionInputs in = make_inputs(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k);
+  const reference::SavedForward saved = make_saved(out, lse);
+  const reference::AttentionMetrics metrics = guarded([&] {
+    const reference::FusedBackward fused = reference::backward_fused_bf16(in, saved);
+    const reference::Gradients fp32 = reference::backward_fp32(in);
+    return reference::compute_metrics(in, saved, fused, fp32);
+  });
+  const std::vector<double> values(metrics.values.begin(), metrics.values.end());
+  const int64_t sizes[] = {static_cast<int64_t>(values.size())};
+  return to_tensor(values, sizes, at::kDouble);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(gaugewatch, CPU, m) {
+  m.impl("attention_backward", &attention_backward_cpu);
+  m.impl("attention_backward_rows", &attention_backward_rows_cpu);
+  m.impl("attention_metrics", &attention_metrics_cpu);
+}
+
+}  // namespace gaugewatch::torch_ops

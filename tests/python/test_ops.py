@@ -1,0 +1,302 @@
+"""Tests of the gaugewatch torch ops (kernels/torch) from Python.
+
+The library is loaded with torch.ops.load_library from $GAUGEWATCH_OPS_LIB, else
+from $GAUGEWATCH_BUILD_DIR (default build/) lib/ or kernels/torch/; the module is
+skipped with a message when it is not built.
+
+Run:  .venv/bin/python -m pytest tests/python/test_ops.py -q
+CPU cases run everywhere (the ops delegate to the CPU reference); CUDA cases
+(fp32 kernel) skip without a GPU.
+
+Ground truth is float64 autograd of F.scaled_dot_product_attention (math
+backend) on the upcast BF16 operands, with the same mask as the op.
+"""
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _find_library():
+    env = os.environ.get("GAUGEWATCH_OPS_LIB")
+    if env:
+        return env if Path(env).is_file() else None
+    build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
+    for path in (build / "lib" / "libgaugewatch_ops.so", build / "kernels" / "torch" / "libgaugewatch_ops.so"):
+        if path.is_file():
+            return str(path)
+    return None
+
+
+_LIB = _find_library()
+if _LIB is None:
+    pytest.skip(
+        "libgaugewatch_ops.so is not built (set GAUGEWATCH_OPS_LIB, or build target gaugewatch_ops into build/)",
+        allow_module_level=True,
+    )
+torch.ops.load_library(_LIB)
+ops = torch.ops.gaugewatch
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+# --- problems -------------------------------------------------------------------------------------
+
+
+class Problem:
+    """BF16 operands of one attention call plus the saved forward (out, lse)."""
+
+    def __init__(self, B=1, Hq=2, Hkv=2, N=48, M=48, d=64, causal=False, alignment="top_left",
+                 cu_q=None, cu_k=None, scale=None, key_offset=0.0, q_gain=1.0, seed=0, device="cpu"):
+        g = torch.Generator().manual_seed(seed)
+        self.q = (q_gain * torch.randn(B, Hq, N, d, generator=g)).bfloat16()
+        k = torch.randn(B, Hkv, M, d, generator=g)
+        if key_offset:
+            k = k + key_offset * torch.randn(d, generator=g)
+        self.k = k.bfloat16()
+        self.v = torch.randn(B, Hkv, M, d, generator=g).bfloat16()
+        self.grad_out = torch.randn(B, Hq, N, d, generator=g).bfloat16()
+        self.causal, self.alignment, self.scale = causal, alignment, scale
+        self.cu_q = None if cu_q is None else torch.tensor(cu_q, dtype=torch.int32)
+        self.cu_k = None if cu_k is None else torch.tensor(cu_k, dtype=torch.int32)
+        self.mask = visible_mask(N, M, causal, alignment, cu_q, cu_k)
+        self.alpha = scale if scale is not None else 1.0 / math.sqrt(d)
+        self._forward()
+        if device != "cpu":
+            for name in ("q", "k", "v", "grad_out", "out", "lse"):
+                setattr(self, name, getattr(self, name).to(device))
+
+    def _forward(self):
+        q, k, v = (t.double() for t in (self.q, self.k, self.v))
+        group = q.shape[1] // k.shape[1]
+        kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        s = self.alpha * q @ kk.transpose(-1, -2)
+        s = s.masked_fill(~self.mask, -math.inf)
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+        self.out = (p @ vv).bfloat16()
+        self.lse = lse.float()  # +inf... logsumexp of an empty row is -inf; the reference uses +inf
+        self.lse[torch.isneginf(self.lse)] = math.inf
+
+    def kwargs(self, **extra):
+        kw = dict(is_causal=self.causal, scale=self.scale, causal_alignment=self.alignment)
+        if self.cu_q is not None:
+            kw.update(cu_seqlens_q=self.cu_q.to(self.q.device), cu_seqlens_k=self.cu_k.to(self.q.device))
+        kw.update(extra)
+        return kw
+
+    def args(self):
+        return (self.grad_out, self.q, self.k, self.v, self.out, self.lse)
+
+    def exact(self, grad_out=None):
+        """float64 dq, dk, dv from autograd of SDPA's math backend."""
+        q, k, v = (t.detach().cpu().double().requires_grad_() for t in (self.q, self.k, self.v))
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=self.alpha,
+                                           enable_gqa=q.shape[1] != k.shape[1])
+        u = (self.grad_out if grad_out is None else grad_out).cpu().double()
+        o.backward(u)
+        return q.grad, k.grad, v.grad
+
+
+def visible_mask(N, M, causal, alignment, cu_q, cu_k):
+    """(N, M) bool: kernels/reference/attention_problem.cpp visible_keys()."""
+    segments = [(0, N, 0, M)] if cu_q is None else list(zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:]))
+    mask = torch.zeros(N, M, dtype=torch.bool)
+    for q0, q1, k0, k1 in segments:
+        rows, keys = q1 - q0, k1 - k0
+        for i in range(rows):
+            last = keys
+            if causal:
+                last = min(keys, i + 1) if alignment == "top_left" else max(0, min(keys, i + 1 + keys - rows))
+            mask[q0 + i, k0:k0 + last] = True
+    return mask
+
+
+def rel(x, ref):
+    x, ref = x.detach().cpu().double(), ref.detach().cpu().double()
+    norm = ref.norm()
+    return ((x - ref).norm() / norm).item() if norm > 0 else (x - ref).norm().item()
+
+
+CASES = {
+    "noncausal": dict(N=40, M=56),
+    "top_left_tall": dict(N=50, M=30, causal=True),
+    "top_left_wide_d128": dict(N=30, M=70, d=128, causal=True),
+    "bottom_right_tall": dict(N=50, M=30, causal=True, alignment="bottom_right"),
+    "bottom_right_wide": dict(N=20, M=64, causal=True, alignment="bottom_right"),
+    "gqa": dict(B=2, Hq=4, Hkv=2, N=33, M=33, causal=True),
+    "mqa": dict(Hq=4, Hkv=1, N=17, M=40),
+    "packed_top_left": dict(Hq=2, Hkv=1, N=40, M=50, causal=True, cu_q=[0, 15, 15, 40], cu_k=[0, 20, 22, 50]),
+    "packed_bottom_right": dict(N=40, M=50, causal=True, alignment="bottom_right", cu_q=[0, 25, 40], cu_k=[0, 10, 50]),
+    "custom_scale": dict(N=24, M=24, scale=0.3),
+    "single_row_key": dict(N=1, M=1),
+    "d32_cpu_only": dict(N=20, M=20, d=32),
+}
+
+
+# --- catalogue and schema checks ----------------------------------------------------------------
+
+
+def test_metric_names_match_metric_vector():
+    names = ops.metric_names()
+    assert len(names) == len(set(names)) == 20
+    assert names[0] == "row_mass_abs_max" and "gproj_dq_discrepancy" in names
+    p = Problem(N=16, M=16, causal=True)
+    metrics = ops.attention_metrics(*p.args(), **p.kwargs())
+    assert metrics.dtype == torch.float64 and metrics.shape == (len(names),)
+    assert torch.isfinite(metrics).all()
+
+
+@pytest.mark.parametrize("backend", ["fp32", "bf16", "gproj", "pivot", "fp64"])
+def test_opcheck_attention_backward(backend):
+    p = Problem(Hq=4, Hkv=2, N=12, M=20, causal=True, alignment="bottom_right")
+    torch.library.opcheck(ops.attention_backward.default, p.args(), p.kwargs(backend=backend))
+
+
+def test_opcheck_packed_rows_and_metrics():
+    p = Problem(N=20, M=24, causal=True, cu_q=[0, 8, 20], cu_k=[0, 10, 24])
+    torch.library.opcheck(ops.attention_backward.default, p.args(), p.kwargs(backend="fp32"))
+    slices, rows = torch.tensor([1, 0]), torch.tensor([0, 7, 19])
+    torch.library.opcheck(ops.attention_backward_rows.default, p.args() + (slices, rows), p.kwargs())
+    torch.library.opcheck(ops.attention_metrics.default, p.args(), p.kwargs())
+
+
+# --- gradients against float64 autograd ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fp32_backend_matches_float64_autograd(name):
+    p = Problem(seed=hash(name) % 1000, **CASES[name])
+    want = p.exact()
+    got = ops.attention_backward(*p.args(), **p.kwargs(backend="fp32"))
+    assert all(t.dtype == torch.float32 for t in got)
+    for label, x, ref in zip("qkv", got, want):
+        assert rel(x, ref) < 1e-5, f"{name}: d{label} rel err {rel(x, ref):.3e}"
+    exact = ops.attention_backward(*p.args(), **p.kwargs(backend="fp64"))
+    for label, x, ref in zip("qkv", exact, want):
+        assert rel(x, ref) < 1e-12, f"{name}: fp64 d{label} rel err {rel(x, ref):.3e}"
+
+
+@pytest.mark.parametrize("name", ["noncausal", "gqa", "packed_top_left", "bottom_right_tall"])
+def test_projected_backends_within_bf16_tolerance(name):
+    # The tolerance is measured, not guessed: the plain fused BF16 backward's
+    # own error on the same inputs (FA2 test_flash_attn.py style).
+    p = Problem(seed=7, **CASES[name])
+    want = p.exact()
+    plain = ops.attention_backward(*p.args(), **p.kwargs(backend="bf16"))
+    for backend in ("gproj", "pivot"):
+        got = ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
+        assert all(t.dtype == torch.bfloat16 for t in got)
+        for label, x, y, ref in zip("qkv", got, plain, want):
+            err, base = rel(x, ref), rel(y, ref)
+            assert err <= 2.0 * base + 1e-6, f"{name} {backend}: d{label} err {err:.3e} vs bf16 {base:.3e}"
+            assert err < 2e-2, f"{name} {backend}: d{label} err {err:.3e}"
+
+
+def test_gproj_repairs_common_key_offset():
+    # Keys sharing a large offset: the plain BF16 backward leaks the mean key into
+    # dq (NUMERICS.md); GProj and pivot keep the conservation law.
+    p = Problem(N=64, M=64, causal=True, key_offset=200.0, q_gain=1.0, seed=3)
+    want = p.exact()
+    errs = {b: rel(ops.attention_backward(*p.args(), **p.kwargs(backend=b))[0], want[0])
+            for b in ("bf16", "gproj", "pivot", "fp32")}
+    assert errs["gproj"] < 1e-2 and errs["pivot"] < 2e-2, errs
+    assert errs["bf16"] > 10 * errs["gproj"], errs
+    assert errs["fp32"] < 1e-5, errs
+
+
+def test_rows_op_matches_float64_autograd():
+    p = Problem(B=2, Hq=4, Hkv=2, N=40, M=50, causal=True, seed=11)
+    slices, rows = torch.tensor([1, 6], dtype=torch.int32), torch.tensor([0, 3, 21, 39], dtype=torch.int32)
+    masked = torch.zeros_like(p.grad_out)
+    flat = p.grad_out.reshape(-1, *p.grad_out.shape[2:])
+    masked.view(-1, *p.grad_out.shape[2:])[slices.long()[:, None], rows.long()[None, :]] = \
+        flat[slices.long()[:, None], rows.long()[None, :]]
+    dq_full, dk_part, dv_part = p.exact(grad_out=masked)
+    dq, dk, dv = ops.attention_backward_rows(*p.args(), slices, rows, **p.kwargs())
+    assert dq.shape == (2, 4, 64) and dk.shape == p.k.shape
+    want_dq = dq_full.reshape(-1, *dq_full.shape[2:])[slices.long()[:, None], rows.long()[None, :]]
+    assert rel(dq, want_dq) < 1e-5
+    assert rel(dk, dk_part) < 1e-5
+    assert rel(dv, dv_part) < 1e-5
+
+
+# --- errors ---------------------------------------------------------------------------------------------
+
+
+def test_preconditions_are_checked_with_reasons():
+    p = Problem(N=8, M=8)
+    args = list(p.args())
+    with pytest.raises(RuntimeError, match="q must be BFloat16"):
+        ops.attention_backward(args[0], p.q.float(), *args[2:], backend="fp32")
+    with pytest.raises(RuntimeError, match="lse must be Float"):
+        ops.attention_backward(*args[:5], p.lse.double(), backend="fp32")
+    with pytest.raises(RuntimeError, match="unknown backend 'flash'"):
+        ops.attention_backward(*args, backend="flash")
+    with pytest.raises(RuntimeError, match="causal_alignment"):
+        ops.attention_backward(*args, is_causal=True, causal_alignment="diagonal")
+    with pytest.raises(RuntimeError, match="both cu_seqlens_q and cu_seqlens_k"):
+        ops.attention_backward(*args, cu_seqlens_q=torch.tensor([0, 8]))
+    with pytest.raises(RuntimeError, match="must start at 0 and end at"):
+        ops.attention_backward(*args, cu_seqlens_q=torch.tensor([0, 7]), cu_seqlens_k=torch.tensor([0, 8]))
+    g = Problem(Hq=3, Hkv=3, N=8, M=8)
+    with pytest.raises(RuntimeError, match="GQA"):
+        ops.attention_backward(g.grad_out, g.q, g.k[:, :2], g.v[:, :2], g.out, g.lse, backend="fp32")
+    with pytest.raises(RuntimeError, match="rows are query rows"):
+        ops.attention_backward_rows(*args, torch.tensor([0]), torch.tensor([8]))
+
+
+# --- CUDA: the fused FP32 kernel --------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", sorted(set(CASES) - {"d32_cpu_only"}))
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_cuda_fp32_matches_float64_autograd(name, deterministic):
+    p = Problem(seed=hash(name) % 1000, device="cuda", **CASES[name])
+    want = p.exact()
+    got = ops.attention_backward(*p.args(), **p.kwargs(backend="fp32", deterministic=deterministic))
+    assert all(t.is_cuda and t.dtype == torch.float32 for t in got)
+    for label, x, ref in zip("qkv", got, want):
+        assert rel(x, ref) < 1e-5, f"{name}: d{label} rel err {rel(x, ref):.3e}"
+
+
+@requires_cuda
+def test_cuda_fp32_deterministic_is_bitwise_repeatable_and_matches_cpu():
+    p = Problem(B=2, Hq=4, Hkv=2, N=200, M=190, d=128, causal=True, seed=5, device="cuda")
+    a = ops.attention_backward(*p.args(), **p.kwargs(backend="fp32", deterministic=True))
+    b = ops.attention_backward(*p.args(), **p.kwargs(backend="fp32", deterministic=True))
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    cpu_args = [t.cpu() for t in p.args()]
+    ref = ops.attention_backward(*cpu_args, **p.kwargs(backend="fp32"))
+    for x, y in zip(a, ref):
+        assert rel(x, y) < 1e-5
+
+
+@requires_cuda
+def test_cuda_rows_op_matches_cpu():
+    p = Problem(B=2, Hq=4, Hkv=2, N=70, M=80, causal=True, seed=13, device="cuda")
+    slices, rows = torch.tensor([0, 5, 7]), torch.tensor([1, 2, 40, 69])
+    got = ops.attention_backward_rows(*p.args(), slices.cuda(), rows.cuda(), **p.kwargs())
+    want = ops.attention_backward_rows(*[t.cpu() for t in p.args()], slices, rows, **p.kwargs())
+    for x, y in zip(got, want):
+        assert rel(x, y) < 1e-5
+
+
+@requires_cuda
+def test_cuda_opcheck_and_unbuilt_backends():
+    p = Problem(Hq=4, Hkv=2, N=24, M=40, causal=True, device="cuda")
+    torch.library.opcheck(ops.attention_backward.default, p.args(), p.kwargs(backend="fp32"))
+    for backend in ("gproj", "pivot", "bf16"):
+        with pytest.raises(RuntimeError, match="not built yet"):
+            ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
+    with pytest.raises(RuntimeError, match="head dims 64, 128 and 256"):
+        q = Problem(N=8, M=8, d=32, device="cuda")
+        ops.attention_backward(*q.args(), backend="fp32")
