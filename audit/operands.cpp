@@ -20,7 +20,9 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return out.str();
 }
 
-const SafetensorsTensor& require(const SafetensorsFile& file, const std::string& path,
+// Returns a pointer, not a reference: GCC 13's -Wdangling-reference flags a
+// reference returned from a function taking a temporary-looking argument.
+const SafetensorsTensor* require(const SafetensorsFile& file, const std::string& path,
                                  const std::string& name, const std::string& dtype, size_t rank) {
   const auto it = file.tensors.find(name);
   if (it == file.tensors.end()) {
@@ -38,7 +40,7 @@ const SafetensorsTensor& require(const SafetensorsFile& file, const std::string&
     throw std::runtime_error(path + ": tensor '" + name + "' has shape " + shape_text(t.shape) +
                              ", expected " + std::to_string(rank) + " dimensions");
   }
-  return t;
+  return &t;
 }
 
 void expect_shape(const std::string& path, const std::string& name, const SafetensorsTensor& t,
@@ -53,12 +55,12 @@ void expect_shape(const std::string& path, const std::string& name, const Safete
 
 CapturedOperands load_operands(const std::string& path) {
   const SafetensorsFile file = read_safetensors(path);
-  const auto& q = require(file, path, "q", "BF16", 4);
-  const auto& k = require(file, path, "k", "BF16", 4);
-  const auto& v = require(file, path, "v", "BF16", 4);
-  const auto& out = require(file, path, "out", "BF16", 4);
-  const auto& grad_out = require(file, path, "grad_out", "BF16", 4);
-  const auto& lse = require(file, path, "lse", "F32", 3);
+  const SafetensorsTensor& q = *require(file, path, "q", "BF16", 4);
+  const SafetensorsTensor& k = *require(file, path, "k", "BF16", 4);
+  const SafetensorsTensor& v = *require(file, path, "v", "BF16", 4);
+  const SafetensorsTensor& out = *require(file, path, "out", "BF16", 4);
+  const SafetensorsTensor& grad_out = *require(file, path, "grad_out", "BF16", 4);
+  const SafetensorsTensor& lse = *require(file, path, "lse", "F32", 3);
 
   CapturedOperands ops;
   auto& in = ops.inputs;
