@@ -25,6 +25,12 @@ set(GAUGEWATCH_CXX_WARNINGS
 # ("style of line directive is a GCC extension").
 set(GAUGEWATCH_CUDA_HOST_WARNINGS
   -Wall -Wextra -Wshadow -Wnon-virtual-dtor -Wformat=2 -Wimplicit-fallthrough)
+# GCC 12/13 at -O2/-O3 report -Wrestrict inside libstdc++ for `"literal" +
+# std::string&&` (GCC bugs 105329 and 105651, false positives in <string>).
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 14)
+  list(APPEND GAUGEWATCH_CXX_WARNINGS -Wno-restrict)
+  list(APPEND GAUGEWATCH_CUDA_HOST_WARNINGS -Wno-restrict)
+endif()
 list(JOIN GAUGEWATCH_CUDA_HOST_WARNINGS "," _gw_cuda_host_warnings)
 
 add_library(gaugewatch_warnings_relaxed INTERFACE)
