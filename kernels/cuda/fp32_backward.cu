@@ -31,14 +31,15 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 Status invalid(std::string message) { return Status{cudaErrorInvalidValue, std::move(message)}; }
 
 struct WorkspaceLayout {
-  size_t lse = 0, delta = 0, mu = 0, total = 0;
+  size_t row_max = 0, row_sum = 0, delta = 0, mu = 0, total = 0;
 };
 
 WorkspaceLayout layout_of(const Fp32BackwardParams& p) {
   WorkspaceLayout w;
   const size_t rows = static_cast<size_t>(p.slice_count()) * static_cast<size_t>(p.row_count());
-  w.lse = 0;
-  w.delta = round_up(rows * sizeof(float));
+  w.row_max = 0;
+  w.row_sum = round_up(rows * sizeof(float));
+  w.delta = w.row_sum + round_up(rows * sizeof(float));
   w.mu = w.delta + round_up(rows * sizeof(float));
   const size_t mu_bytes =
       p.center_keys ? static_cast<size_t>(p.batch * p.kv_heads * p.head_dim) * sizeof(float) : 0;
@@ -108,7 +109,8 @@ Status fp32_attention_backward(const Fp32BackwardParams& p, void* workspace, siz
   a.dq = p.dq;
   a.dk = p.dk;
   a.dv = p.dv;
-  a.lse = reinterpret_cast<float*>(ws + w.lse);
+  a.row_max = reinterpret_cast<float*>(ws + w.row_max);
+  a.row_sum = reinterpret_cast<float*>(ws + w.row_sum);
   a.delta = reinterpret_cast<float*>(ws + w.delta);
   a.mu = p.center_keys ? reinterpret_cast<float*>(ws + w.mu) : nullptr;
   a.cu_q = p.cu_seqlens_q;

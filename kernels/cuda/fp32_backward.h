@@ -7,8 +7,8 @@
 // head h / (Hq / Hkv)); every operand, product and sum is FP32, no TF32:
 //   s_ij    = alpha q_i.(k_j - mu)         mu = mean key of the head (center_keys),
 //                                          or 0; exact gradients do not change
-//   lse_i   = log sum_j exp(s_ij)          (row max and sum in a pre-pass)
-//   p_ij    = exp(s_ij - lse_i)
+//   m_i     = max_j s_ij,  l_i = sum_j exp(s_ij - m_i)   (a pre-pass)
+//   p_ij    = exp(s_ij - m_i) / l_i        (rows of P sum to 1 to FP32 rounding)
 //   a_ij    = u_i.v_j                      (u = dO)
 //   delta_i = sum_j p_ij a_ij              (recomputed: the saved BF16 output
 //                                          and saved lse are not used)

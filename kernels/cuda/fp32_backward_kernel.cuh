@@ -7,7 +7,10 @@
 //   row kernel,  grid (ceil(R / Br), S):   one query tile of Br chosen rows.
 //     Pass A over the tile's key tiles: S = Q K^T and dP = dO V^T (Br x Bc),
 //     online row max m, sum l = sum_j exp(s - m) and sum_j exp(s - m) dP;
-//     writes lse = m + log l and delta = sum_j p dP / l to the workspace.
+//     writes m, l and delta = sum_j p dP / l to the workspace. P is later
+//     exp(s - m) / l, not exp(s - lse): a rounded lse (|s| ~ 1e4 gives ~1e-3
+//     absolute error) would scale every P of the row alike, leave a row mass
+//     sum_j g_ij = O(lse error * delta), and leak the mean key into dQ.
 //     Pass B (deterministic mode only): dQ = sum over key tiles of dS K_j in
 //     registers, one plain store per element.
 //   dkdv kernel, grid (ceil(M / Bc), B * Hkv): one key tile, K and V on chip.
@@ -42,7 +45,8 @@ struct Args {
   float* dq;
   float* dk;
   float* dv;
-  float* lse;          // (S, R) workspace
+  float* row_max;      // (S, R) workspace: m = max_j alpha s_ij
+  float* row_sum;      // (S, R) workspace: l = sum_j exp(alpha s_ij - m)
   float* delta;        // (S, R) workspace
   const float* mu;     // (B, Hkv, D) workspace, or null: no key centering
   const int32_t* cu_q;  // (segments + 1) or null
@@ -81,13 +85,17 @@ struct Config {
   static_assert(BR % 16 == 0 && BC % 16 == 0, "score tiles are 16 x 16 threads");
   static_assert(kThreads % kTk == 0 && kCpt >= 4 && kCpt % 4 == 0 && kRpt >= 1,
                 "accumulator layout needs float4 reads of P and dS");
-  // Shared memory in floats: Q, dO, K, V, P, dS, lse, delta, row begin, row end.
-  static constexpr int kSmemFloats = 2 * BR * kLd + 2 * BC * kLd + 2 * BR * kLdp + 4 * BR;
+  // Shared memory in floats: Q, dO, K, V, P, dS, m, l, delta, row begin, row end.
+  static constexpr int kSmemFloats = 2 * BR * kLd + 2 * BC * kLd + 2 * BR * kLdp + 5 * BR;
   static constexpr size_t kSmemBytes = sizeof(float) * static_cast<size_t>(kSmemFloats);
 };
 
-// alpha * s: the one place a logit is scaled, so both passes see the same bits.
-__device__ __forceinline__ float scale_logit(float scale, float s) { return scale * s; }
+// alpha * s, rounded once: the one place a logit is scaled. __fmul_rn is never
+// contracted into an FMA, so the pre-pass (row max, sum, delta) and the main
+// pass see the same bits of every logit. With |alpha s| ~ 1e4 one ulp is ~1e-3:
+// a logit that rounds differently in the two passes changes its P by ~1e-3
+// relative, gives the row a nonzero sum of dS, and leaks the mean key into dQ.
+__device__ __forceinline__ float scale_logit(float scale, float s) { return __fmul_rn(scale, s); }
 
 struct KeyRange {
   int begin;
@@ -254,7 +262,8 @@ struct Smem {
   float* v;
   float* p;
   float* ds;
-  float* lse;
+  float* row_max;
+  float* row_sum;
   float* delta;
   int* row_begin;
   int* row_end;
@@ -265,15 +274,16 @@ struct Smem {
     v = k + Cfg::kBc * Cfg::kLd;
     p = v + Cfg::kBc * Cfg::kLd;
     ds = p + Cfg::kBr * Cfg::kLdp;
-    lse = ds + Cfg::kBr * Cfg::kLdp;
-    delta = lse + Cfg::kBr;
+    row_max = ds + Cfg::kBr * Cfg::kLdp;
+    row_sum = row_max + Cfg::kBr;
+    delta = row_sum + Cfg::kBr;
     row_begin = reinterpret_cast<int*>(delta + Cfg::kBr);
     row_end = row_begin + Cfg::kBr;
   }
 };
 
 // P and dS of one (query tile, key tile) pair from the scores, written to
-// shared memory: P = exp(alpha s - lse) on visible pairs, dS = alpha P (dP - delta).
+// shared memory: P = exp(alpha s - m) / l on visible pairs, dS = alpha P (dP - delta).
 template <class Cfg>
 __device__ inline void softmax_grad_tile(const Smem<Cfg>& sm, const float (&s)[Cfg::kRa][Cfg::kCb],
                                          const float (&dp)[Cfg::kRa][Cfg::kCb], int64_t j0,
@@ -281,14 +291,14 @@ __device__ inline void softmax_grad_tile(const Smem<Cfg>& sm, const float (&s)[C
 #pragma unroll
   for (int i = 0; i < Cfg::kRa; ++i) {
     const int r = ty + 16 * i;
-    const float lse = sm.lse[r], delta = sm.delta[r];
+    const float row_max = sm.row_max[r], row_sum = sm.row_sum[r], delta = sm.delta[r];
     const int64_t begin = sm.row_begin[r], end = sm.row_end[r];
 #pragma unroll
     for (int j = 0; j < Cfg::kCb; ++j) {
       const int c = tx + 16 * j;
       const int64_t key = j0 + c;
       const bool visible = key >= begin && key < end;
-      const float p = visible ? expf(scale_logit(scale, s[i][j]) - lse) : 0.f;
+      const float p = visible ? expf(scale_logit(scale, s[i][j]) - row_max) / row_sum : 0.f;
       if (store_p) sm.p[r * Cfg::kLdp + c] = p;
       sm.ds[r * Cfg::kLdp + c] = scale * (p * (dp[i][j] - delta));
     }
@@ -396,18 +406,22 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_backward_rows_kernel(const A
       run_max[i] = new_max;
     }
   }
-  // Row statistics: lse = +inf, delta = 0 for rows with no visible key.
+  // Row statistics: m = 0, l = 1, delta = 0 for rows with no visible key
+  // (never read: such rows have no visible pair).
 #pragma unroll
   for (int i = 0; i < Cfg::kRa; ++i) {
     const int r = ty + 16 * i;
     const bool any = run_sum[i] > 0.f;
-    const float lse = any ? run_max[i] + logf(run_sum[i]) : INFINITY;
+    const float row_max = any ? run_max[i] : 0.f;
+    const float row_sum = any ? run_sum[i] : 1.f;
     const float delta = any ? run_pdp[i] / run_sum[i] : 0.f;
     if (tx == 0) {
-      sm.lse[r] = lse;
+      sm.row_max[r] = row_max;
+      sm.row_sum[r] = row_sum;
       sm.delta[r] = delta;
       if (ri0 + r < a.num_rows) {
-        a.lse[s * a.num_rows + ri0 + r] = lse;
+        a.row_max[s * a.num_rows + ri0 + r] = row_max;
+        a.row_sum[s * a.num_rows + ri0 + r] = row_sum;
         a.delta[s * a.num_rows + ri0 + r] = delta;
       }
     }
@@ -491,7 +505,8 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_backward_dkdv_kernel(const A
         sm.row_end[tid] = range.end;
         sees = range.begin < j1 && range.end > j0 && range.end > range.begin;
         const int64_t ri = ri0 + tid;
-        sm.lse[tid] = n < 0 ? 0.f : a.lse[s * a.num_rows + ri];
+        sm.row_max[tid] = n < 0 ? 0.f : a.row_max[s * a.num_rows + ri];
+        sm.row_sum[tid] = n < 0 ? 1.f : a.row_sum[s * a.num_rows + ri];
         sm.delta[tid] = n < 0 ? 0.f : a.delta[s * a.num_rows + ri];
       }
       if (!__syncthreads_or(sees)) continue;

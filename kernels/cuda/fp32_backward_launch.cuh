@@ -13,13 +13,17 @@ namespace gaugewatch::gpu::detail {
 // Tile sizes per head dim: shared memory Q, dO, K, V, P, dS must fit one SM
 // (227 KB); dK and dV stay in registers (Bc * D * 2 / 256 floats per thread).
 template <int D> struct TileConfig;
-template <> struct TileConfig<64> { using type = Config<64, 64, 64>; };    // 104 KB
-template <> struct TileConfig<128> { using type = Config<128, 64, 64>; };  // 166 KB
-template <> struct TileConfig<256> { using type = Config<256, 32, 32>; };  // 139 KB
+template <> struct TileConfig<64> { using type = Config<64, 64, 64>; };    // 103 KiB shared
+template <> struct TileConfig<128> { using type = Config<128, 64, 64>; };  // 167 KiB
+template <> struct TileConfig<256> { using type = Config<256, 32, 32>; };  // 140 KiB
+
+// Hopper: at most 227 KiB of shared memory per block.
+inline constexpr size_t kMaxSmemPerBlock = 227 * 1024;
 
 template <int D>
 cudaError_t launch_fp32_backward(const Args& args, cudaStream_t stream) {
   using Cfg = typename TileConfig<D>::type;
+  static_assert(Cfg::kSmemBytes <= kMaxSmemPerBlock, "tile does not fit one SM's shared memory");
   constexpr int kSmem = static_cast<int>(Cfg::kSmemBytes);
   cudaError_t err = cudaFuncSetAttribute(fp32_backward_rows_kernel<Cfg>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
