@@ -77,6 +77,7 @@ class Writer {
       case MetricType::kGauge: out_ += " gauge\n"; break;
       case MetricType::kCounter: out_ += " counter\n"; break;
       case MetricType::kInfo: out_ += openmetrics_ ? " info\n" : " gauge\n"; break;
+      case MetricType::kHistogram: out_ += " histogram\n"; break;
     }
     if (openmetrics_ && !metric.unit.empty()) {
       out_ += "# UNIT ";
@@ -109,6 +110,21 @@ class Writer {
     }
     out_ += ' ';
     append_uint(out_, value);
+    out_ += '\n';
+  }
+
+  // name_suffix{labels} value, for histogram parts.
+  void sample_suffix(const ExportedMetric& metric, std::string_view suffix, std::string_view labels,
+                     double value) {
+    out_ += metric.name;
+    out_ += suffix;
+    if (!labels.empty()) {
+      out_ += '{';
+      out_ += labels;
+      out_ += '}';
+    }
+    out_ += ' ';
+    append_number(out_, value);
     out_ += '\n';
   }
 
@@ -278,6 +294,24 @@ std::string render_metrics(const ExpositionInput& input, ExpositionFormat format
   single_u(AgentMetric::kRanksExpired, c.ranks_expired_total.load());
   single_u(AgentMetric::kScrapes, c.scrapes_total.load());
   single(AgentMetric::kScrapeDuration, static_cast<double>(c.last_scrape_duration_ns.load()) / 1e9);
+  {
+    const auto& metric = agent_metric(AgentMetric::kSampleAge);
+    w.header(metric);
+    std::uint64_t cumulative = 0;
+    for (std::size_t i = 0; i <= kSampleAgeBuckets.size(); ++i) {
+      cumulative += c.sample_age_bucket[i].load();
+      std::string le = "le=\"";
+      if (i == kSampleAgeBuckets.size()) {
+        le += "+Inf";
+      } else {
+        append_number(le, kSampleAgeBuckets[i]);
+      }
+      le += '"';
+      w.sample_suffix(metric, "_bucket", le, static_cast<double>(cumulative));
+    }
+    w.sample_suffix(metric, "_sum", "", static_cast<double>(c.sample_age_sum_ns.load()) / 1e9);
+    w.sample_suffix(metric, "_count", "", static_cast<double>(cumulative));
+  }
   w.finish();
   return out;
 }

@@ -79,6 +79,8 @@ std::vector<ExportedMetric> build() {
       {"gaugewatch_agent_scrapes_total", MetricType::kCounter, "", "Scrapes of /metrics.", ""},
       {"gaugewatch_agent_scrape_duration_seconds", MetricType::kGauge, "seconds",
        "Time the previous /metrics rendering took.", ""},
+      {"gaugewatch_agent_sample_age_seconds", MetricType::kHistogram, "seconds",
+       "Time from a trainer stamping a sample to the agent applying it.", "le"},
   };
   if (agent.size() != kAgentMetricCount) throw std::logic_error("agent metric table size");
   out.insert(out.end(), agent.begin(), agent.end());

@@ -14,7 +14,7 @@
 
 namespace gaugewatch::agent {
 
-enum class MetricType { kGauge, kCounter, kInfo };
+enum class MetricType { kGauge, kCounter, kInfo, kHistogram };
 
 // Metrics after the per-layer NUMERICS.md ones, in catalogue order.
 enum class AgentMetric : std::size_t {
@@ -48,6 +48,7 @@ enum class AgentMetric : std::size_t {
   kRanksExpired,
   kScrapes,
   kScrapeDuration,
+  kSampleAge,
   kCount,
 };
 

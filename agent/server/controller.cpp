@@ -128,7 +128,9 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
       rank.hook_dropped = batch.dropped_total();
     }
     std::uint64_t evaluations = 0;
+    const std::int64_t now_unix = rank.last_seen_unix_ns;
     for (const auto& sample : batch.samples()) {
+      if (sample.unix_time_ns() != 0) counters_.observe_sample_age(now_unix - sample.unix_time_ns());
       LayerEntry& layer = rank.layers[sample.layer()];
       layer.latest = to_values(sample.metrics());
       layer.backend = sample.backend();

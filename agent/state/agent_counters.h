@@ -9,7 +9,28 @@
 
 namespace gaugewatch::agent {
 
+// Upper bounds (seconds) of the sample-age histogram: time from the trainer
+// stamping a sample (Sample.unix_time_ns) to the agent applying it.
+inline constexpr std::array<double, 16> kSampleAgeBuckets = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+    0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,   10.0};
+
 struct AgentCounters {
+  // Cumulative counts are computed at exposition; here each bucket counts
+  // the observations that fall in it (last one: above 10 s).
+  std::array<std::atomic<std::uint64_t>, kSampleAgeBuckets.size() + 1> sample_age_bucket{};
+  std::atomic<std::uint64_t> sample_age_count{0};
+  std::atomic<std::uint64_t> sample_age_sum_ns{0};
+  void observe_sample_age(std::int64_t age_ns) {
+    if (age_ns < 0) age_ns = 0;
+    const double seconds = static_cast<double>(age_ns) / 1e9;
+    std::size_t i = 0;
+    while (i < kSampleAgeBuckets.size() && seconds > kSampleAgeBuckets[i]) ++i;
+    sample_age_bucket[i].fetch_add(1, std::memory_order_relaxed);
+    sample_age_count.fetch_add(1, std::memory_order_relaxed);
+    sample_age_sum_ns.fetch_add(static_cast<std::uint64_t>(age_ns), std::memory_order_relaxed);
+  }
+
   std::atomic<std::uint64_t> connections_total{0};
   std::atomic<std::int64_t> trainers_connected{0};
   std::atomic<std::uint64_t> samples_received_total{0};

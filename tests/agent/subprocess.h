@@ -42,6 +42,7 @@ class Subprocess {
   Subprocess& operator=(const Subprocess&) = delete;
 
   bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
   bool running() const { return pid_ > 0 && !exit_code_; }
   std::string log() const {
     std::ifstream in(log_);
