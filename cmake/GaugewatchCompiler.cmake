@@ -31,6 +31,13 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_L
   list(APPEND GAUGEWATCH_CXX_WARNINGS -Wno-restrict)
   list(APPEND GAUGEWATCH_CUDA_HOST_WARNINGS -Wno-restrict)
 endif()
+# GCC 13 (the GPU machine's Ubuntu 24.04) adds -Wdangling-reference to -Wall,
+# with false positives on functions returning references (GCC bug 107532).
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 13
+   AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 14)
+  list(APPEND GAUGEWATCH_CXX_WARNINGS -Wno-dangling-reference)
+  list(APPEND GAUGEWATCH_CUDA_HOST_WARNINGS -Wno-dangling-reference)
+endif()
 list(JOIN GAUGEWATCH_CUDA_HOST_WARNINGS "," _gw_cuda_host_warnings)
 
 add_library(gaugewatch_warnings_relaxed INTERFACE)
