@@ -14,7 +14,7 @@
 #   build      everything (ninja -k 0: as much as compiles)
 #   ctest      all registered tests, GPU tests included
 #   pytest     python3 -m pytest tests/python (GPU tests included)
-#   bench      every build/bin bench_* / *_bench binary and bench/*.py script
+#   bench      every build/bin bench_* / *_bench binary and bench/**/*.py script
 # Output (flat, 8 files, under $OUT): device.log env.log build.log ctest.log
 # pytest.log bench.log bench.json results.json. A short table is printed last.
 #
@@ -294,7 +294,7 @@ benches=()
 if [[ -d "$BUILD_DIR/bin" ]]; then
   while IFS= read -r b; do benches+=("$b"); done < <(find "$BUILD_DIR/bin" -maxdepth 1 -type f -perm -u+x \( -name 'bench_*' -o -name '*_bench' \) | sort)
 fi
-while IFS= read -r s; do benches+=("$s"); done < <(find bench -maxdepth 1 -type f -name '*.py' ! -name '_*' 2>/dev/null | sort)
+while IFS= read -r s; do benches+=("$s"); done < <(find bench -type f -name '*.py' ! -name '_*' ! -path '*/results/*' ! -path '*/__pycache__/*' 2>/dev/null | sort)
 t0=$(date +%s)
 if ((${#benches[@]} == 0)); then
   say "bench: no benchmark binaries in $BUILD_DIR/bin and no bench/*.py scripts: skipped"
