@@ -2,6 +2,10 @@
 // Kernel bodies of the fused FP32 attention backward (math and layouts:
 // kernels/cuda/fp32_backward.h). Plain FP32 FFMA on CUDA cores: no tensor
 // cores, since TF32 would round the operands.
+// Build: instantiated per head dim in fp32_backward_d{64,128,256}.cu (target
+// gaugewatch_cuda, sm_90a; `nvcc -Xptxas -v` for registers, spills are errors).
+// Run: build/bin/gaugewatch_cuda_tests on an sm_90 GPU; the same source also
+// runs on the CPU under tests/cuda/emulation (gaugewatch_cuda_emulation_tests).
 //
 // Tiling (per (batch, head); `Cfg` fixes head dim D and tile sizes):
 //   row kernel,  grid (ceil(R / Br), S):   one query tile of Br chosen rows.
@@ -90,12 +94,28 @@ struct Config {
   static constexpr size_t kSmemBytes = sizeof(float) * static_cast<size_t>(kSmemFloats);
 };
 
+// Tile sizes per head dim: shared memory Q, dO, K, V, P, dS must fit one SM
+// (227 KB); dK and dV stay in registers (Bc * D * 2 / 256 floats per thread).
+template <int D> struct TileConfig;
+template <> struct TileConfig<64> { using type = Config<64, 64, 64>; };    // 103 KiB shared
+template <> struct TileConfig<128> { using type = Config<128, 64, 64>; };  // 167 KiB
+template <> struct TileConfig<256> { using type = Config<256, 32, 32>; };  // 140 KiB
+
+// Hopper: at most 227 KiB of shared memory per block.
+inline constexpr size_t kMaxSmemPerBlock = 227 * 1024;
+
 // alpha * s, rounded once: the one place a logit is scaled. __fmul_rn is never
 // contracted into an FMA, so the pre-pass (row max, sum, delta) and the main
 // pass see the same bits of every logit. With |alpha s| ~ 1e4 one ulp is ~1e-3:
 // a logit that rounds differently in the two passes changes its P by ~1e-3
 // relative, gives the row a nonzero sum of dS, and leaks the mean key into dQ.
 __device__ __forceinline__ float scale_logit(float scale, float s) { return __fmul_rn(scale, s); }
+
+// The block's dynamic shared memory. A macro so that the CPU emulation
+// (tests/cuda/emulation/cuda_runtime.h) can supply its own block storage.
+#ifndef GAUGEWATCH_DYNAMIC_SMEM
+#define GAUGEWATCH_DYNAMIC_SMEM(name) extern __shared__ float4 name[]
+#endif
 
 struct KeyRange {
   int begin;
@@ -307,7 +327,7 @@ __device__ inline void softmax_grad_tile(const Smem<Cfg>& sm, const float (&s)[C
 
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1) fp32_backward_rows_kernel(const Args a) {
-  extern __shared__ float4 smem_raw[];
+  GAUGEWATCH_DYNAMIC_SMEM(smem_raw);
   const Smem<Cfg> sm(reinterpret_cast<float*>(smem_raw));
   __shared__ int key_lo, key_hi;
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
@@ -459,7 +479,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_backward_rows_kernel(const A
 
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1) fp32_backward_dkdv_kernel(const Args a) {
-  extern __shared__ float4 smem_raw[];
+  GAUGEWATCH_DYNAMIC_SMEM(smem_raw);
   const Smem<Cfg> sm(reinterpret_cast<float*>(smem_raw));
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int tc = tid / Cfg::kTk, tk = tid % Cfg::kTk;

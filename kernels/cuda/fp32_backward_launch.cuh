@@ -3,22 +3,13 @@
 // the row kernel (row statistics; dQ in deterministic mode), then the dK/dV
 // kernel (dQ atomics otherwise). Instantiated once per head dim in
 // fp32_backward_d{64,128,256}.cu so each translation unit stays small.
+// Build: target gaugewatch_cuda (sm_90a). Run: build/bin/gaugewatch_cuda_tests.
 
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/fp32_backward_kernel.cuh"
 
 namespace gaugewatch::gpu::detail {
-
-// Tile sizes per head dim: shared memory Q, dO, K, V, P, dS must fit one SM
-// (227 KB); dK and dV stay in registers (Bc * D * 2 / 256 floats per thread).
-template <int D> struct TileConfig;
-template <> struct TileConfig<64> { using type = Config<64, 64, 64>; };    // 103 KiB shared
-template <> struct TileConfig<128> { using type = Config<128, 64, 64>; };  // 167 KiB
-template <> struct TileConfig<256> { using type = Config<256, 32, 32>; };  // 140 KiB
-
-// Hopper: at most 227 KiB of shared memory per block.
-inline constexpr size_t kMaxSmemPerBlock = 227 * 1024;
 
 template <int D>
 cudaError_t launch_fp32_backward(const Args& args, cudaStream_t stream) {

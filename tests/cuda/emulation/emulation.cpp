@@ -1,0 +1,184 @@
+// CPU emulation of CUDA blocks for the fp32 backward kernels (see
+// cuda_runtime.h beside this file): one std::thread per CUDA thread, blocks
+// one after another, and the launch templates of fp32_backward_launch.cuh
+// re-expressed as loops over the grid.
+
+#include <atomic>
+#include <barrier>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kernels/cuda/fp32_backward_kernel.cuh"
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+
+namespace gaugewatch_emulation {
+namespace {
+
+constexpr int kWarp = 32;
+
+struct Block {
+  explicit Block(int threads, size_t smem_bytes)
+      : all(threads), shuffle(static_cast<size_t>(threads), 0.0f), smem(smem_bytes / sizeof(float4) + 1) {
+    for (int w = 0; w < threads / kWarp; ++w) warps.push_back(std::make_unique<std::barrier<>>(kWarp));
+    // Shared memory starts as NaN: a read before a write poisons the result.
+    for (auto& v : smem) v = make_float4(NAN, NAN, NAN, NAN);
+  }
+  std::barrier<> all;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<float> shuffle;
+  std::atomic<int> any{0};
+  std::vector<float4> smem;
+};
+
+thread_local Block* current = nullptr;
+std::mutex atomic_mutex;
+
+template <class Body>
+void run_grid(dim3 grid, int threads, size_t smem_bytes, Body body) {
+  for (unsigned by = 0; by < grid.y; ++by) {
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+      Block block(threads, smem_bytes);
+      std::vector<std::thread> pool;
+      pool.reserve(static_cast<size_t>(threads));
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&block, &body, t, bx, by] {
+          threadIdx.x = static_cast<unsigned>(t);
+          blockIdx.x = bx;
+          blockIdx.y = by;
+          current = &block;
+          body();
+        });
+      }
+      for (auto& thread : pool) thread.join();
+    }
+  }
+}
+
+}  // namespace
+
+float4* dynamic_smem() { return current->smem.data(); }
+
+}  // namespace gaugewatch_emulation
+
+using gaugewatch_emulation::current;
+
+void __syncthreads() { current->all.arrive_and_wait(); }
+
+int __syncthreads_or(int predicate) {
+  current->all.arrive_and_wait();
+  if (predicate) current->any = 1;
+  current->all.arrive_and_wait();
+  const int result = current->any.load();
+  current->all.arrive_and_wait();
+  if (threadIdx.x == 0) current->any = 0;  // ordered before the next use by its first barrier
+  return result;
+}
+
+float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
+  const int t = static_cast<int>(threadIdx.x);
+  const int warp = t / gaugewatch_emulation::kWarp, lane = t % gaugewatch_emulation::kWarp;
+  current->shuffle[static_cast<size_t>(t)] = value;
+  current->warps[static_cast<size_t>(warp)]->arrive_and_wait();
+  const float result =
+      current->shuffle[static_cast<size_t>(warp * gaugewatch_emulation::kWarp + (lane ^ lane_mask))];
+  current->warps[static_cast<size_t>(warp)]->arrive_and_wait();
+  return result;
+}
+
+int atomicMin(int* address, int value) {
+  const std::lock_guard lock(gaugewatch_emulation::atomic_mutex);
+  const int old = *address;
+  if (value < old) *address = value;
+  return old;
+}
+
+int atomicMax(int* address, int value) {
+  const std::lock_guard lock(gaugewatch_emulation::atomic_mutex);
+  const int old = *address;
+  if (value > old) *address = value;
+  return old;
+}
+
+float4 atomicAdd(float4* address, float4 value) {
+  const std::lock_guard lock(gaugewatch_emulation::atomic_mutex);
+  const float4 old = *address;
+  address->x += value.x;
+  address->y += value.y;
+  address->z += value.z;
+  address->w += value.w;
+  return old;
+}
+
+float __fmul_rn(float a, float b) {
+  volatile float product = a * b;  // rounded once, never fused
+  return product;
+}
+
+const char* cudaGetErrorString(cudaError_t error) { return error == cudaSuccess ? "no error" : "emulated error"; }
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int /*device*/) {
+  *prop = cudaDeviceProp{};
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  *ptr = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  return *ptr == nullptr ? cudaErrorMemoryAllocation : cudaSuccess;
+}
+cudaError_t cudaFree(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind /*kind*/) {
+  std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
+  std::memset(ptr, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t /*stream*/) {
+  return cudaMemset(ptr, value, bytes);
+}
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+
+namespace gaugewatch::gpu::detail {
+
+template <int D>
+cudaError_t launch_fp32_backward(const Args& args, cudaStream_t /*stream*/) {
+  using Cfg = typename TileConfig<D>::type;
+  const dim3 row_grid(static_cast<unsigned>((args.num_rows + Cfg::kBr - 1) / Cfg::kBr),
+                      static_cast<unsigned>(args.num_slices));
+  gaugewatch_emulation::run_grid(row_grid, kThreads, Cfg::kSmemBytes,
+                                 [&args] { fp32_backward_rows_kernel<Cfg>(args); });
+  const dim3 key_grid(static_cast<unsigned>((args.m + Cfg::kBc - 1) / Cfg::kBc),
+                      static_cast<unsigned>(args.batch * args.hkv));
+  gaugewatch_emulation::run_grid(key_grid, kThreads, Cfg::kSmemBytes,
+                                 [&args] { fp32_backward_dkdv_kernel<Cfg>(args); });
+  return cudaSuccess;
+}
+
+template <int D>
+cudaError_t launch_mean_key(const float* k, float* mu, int64_t heads, int64_t m, cudaStream_t /*stream*/) {
+  gaugewatch_emulation::run_grid(dim3(static_cast<unsigned>(heads)), kThreads, 0,
+                                 [k, mu, m] { mean_key_kernel<D>(k, mu, m); });
+  return cudaSuccess;
+}
+
+template cudaError_t launch_fp32_backward<64>(const Args&, cudaStream_t);
+template cudaError_t launch_fp32_backward<128>(const Args&, cudaStream_t);
+template cudaError_t launch_fp32_backward<256>(const Args&, cudaStream_t);
+template cudaError_t launch_mean_key<64>(const float*, float*, int64_t, int64_t, cudaStream_t);
+template cudaError_t launch_mean_key<128>(const float*, float*, int64_t, int64_t, cudaStream_t);
+template cudaError_t launch_mean_key<256>(const float*, float*, int64_t, int64_t, cudaStream_t);
+
+}  // namespace gaugewatch::gpu::detail
