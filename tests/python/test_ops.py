@@ -14,6 +14,7 @@ backend) on the upcast BF16 operands, with the same mask as the op.
 
 import math
 import os
+import zlib
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,7 @@ class Problem:
         lse = torch.logsumexp(s, -1)
         p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
         self.out = (p @ vv).bfloat16()
-        self.lse = lse.float()  # +inf... logsumexp of an empty row is -inf; the reference uses +inf
+        self.lse = lse.float()  # an empty row: logsumexp gives -inf, SDPA / the reference save +inf
         self.lse[torch.isneginf(self.lse)] = math.inf
 
     def kwargs(self, **extra):
@@ -172,7 +173,7 @@ def test_opcheck_packed_rows_and_metrics():
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fp32_backend_matches_float64_autograd(name):
-    p = Problem(seed=hash(name) % 1000, **CASES[name])
+    p = Problem(seed=zlib.crc32(name.encode()) % 1000, **CASES[name])
     want = p.exact()
     got = ops.attention_backward(*p.args(), **p.kwargs(backend="fp32"))
     assert all(t.dtype == torch.float32 for t in got)
@@ -259,7 +260,7 @@ def test_preconditions_are_checked_with_reasons():
 @pytest.mark.parametrize("name", sorted(set(CASES) - {"d32_cpu_only"}))
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_cuda_fp32_matches_float64_autograd(name, deterministic):
-    p = Problem(seed=hash(name) % 1000, device="cuda", **CASES[name])
+    p = Problem(seed=zlib.crc32(name.encode()) % 1000, device="cuda", **CASES[name])
     want = p.exact()
     got = ops.attention_backward(*p.args(), **p.kwargs(backend="fp32", deterministic=deterministic))
     assert all(t.is_cuda and t.dtype == torch.float32 for t in got)
