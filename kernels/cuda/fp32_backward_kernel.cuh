@@ -12,9 +12,9 @@
 //     Pass A over the tile's key tiles: S = Q K^T and dP = dO V^T (Br x Bc),
 //     online row max m, sum l = sum_j exp(s - m) and sum_j exp(s - m) dP;
 //     writes m, l and delta = sum_j p dP / l to the workspace. P is later
-//     exp(s - m) / l, not exp(s - lse): a rounded lse (|s| ~ 1e4 gives ~1e-3
-//     absolute error) would scale every P of the row alike, leave a row mass
-//     sum_j g_ij = O(lse error * delta), and leak the mean key into dQ.
+//     exp(s - m) / l, not exp(s - lse): with |s| ~ 1e4, lse = m + log l
+//     rounds to ~1e-3 absolute, which would scale the row's P, and its
+//     gradients, by up to ~1e-3 relative.
 //     Pass B (deterministic mode only): dQ = sum over key tiles of dS K_j in
 //     registers, one plain store per element.
 //   dkdv kernel, grid (ceil(M / Bc), B * Hkv): one key tile, K and V on chip.
