@@ -6,7 +6,7 @@
 // Build: target gaugewatch_cuda_tests (tests/cuda/CMakeLists.txt).
 // Run:   build/bin/gaugewatch_cuda_tests          (needs an sm_90 GPU; without one
 //        every test is skipped with the reason)
-//        GAUGEWATCH_TEST_VERBOSE=1 prints each case's errors.
+//        Each case prints its relative errors (vs backward_fp32 and attention_fp64).
 
 #include <gtest/gtest.h>
 
@@ -52,11 +52,6 @@ std::string gpu_unavailable_reason() {
       GTEST_SKIP() << reason;                                      \
     }                                                              \
   } while (0)
-
-bool verbose() {
-  const char* env = std::getenv("GAUGEWATCH_TEST_VERBOSE");
-  return env != nullptr && std::strcmp(env, "0") != 0;
-}
 
 // Owns one device allocation; the test fails (not aborts) on CUDA errors.
 template <typename T>
@@ -248,7 +243,7 @@ TEST_P(Fp32BackwardCase, MatchesReference) {
   const double dk64 = ref::relative_error(got.grads.dk, exact.dk);
   const double dv64 = ref::relative_error(got.grads.dv, exact.dv);
   const double ref_dq64 = ref::relative_error(to_double(want.dq), exact.dq);
-  if (verbose()) {
+  {
     std::printf("[%s] %s\n  vs fp32 ref: dq %.3e dk %.3e dv %.3e\n  vs fp64:     dq %.3e dk %.3e dv %.3e"
                 "  (cpu fp32 ref dq vs fp64 %.3e)\n",
                 c.name.c_str(), describe(in).c_str(), dq32, dk32, dv32, dq64, dk64, dv64, ref_dq64);
@@ -404,7 +399,7 @@ void check_subset(const Case& c, const std::vector<int32_t>& slices, const std::
   const double dq = ref::relative_error(got.grads.dq, want_dq);
   const double dk = ref::relative_error(got.grads.dk, part.dk);
   const double dv = ref::relative_error(got.grads.dv, part.dv);
-  if (verbose()) {
+  {
     std::printf("[%s subset%s] %s: dq %.3e dk %.3e dv %.3e\n", c.name.c_str(), deterministic ? " det" : "",
                 describe(in).c_str(), dq, dk, dv);
   }

@@ -292,6 +292,20 @@ def test_cuda_rows_op_matches_cpu():
 
 
 @requires_cuda
+def test_cuda_packed_offsets_from_cpu_are_checked():
+    # cu_seqlens may stay on the CPU: then the op checks them before copying.
+    p = Problem(N=40, M=50, causal=True, cu_q=[0, 15, 40], cu_k=[0, 20, 50], device="cuda")
+    kw = p.kwargs(backend="fp32")
+    kw.update(cu_seqlens_q=p.cu_q, cu_seqlens_k=p.cu_k)
+    want = p.exact()
+    for x, ref in zip(ops.attention_backward(*p.args(), **kw), want):
+        assert rel(x, ref) < 1e-5
+    kw.update(cu_seqlens_k=torch.tensor([0, 30, 20], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="end at 50"):
+        ops.attention_backward(*p.args(), **kw)
+
+
+@requires_cuda
 def test_cuda_opcheck_and_unbuilt_backends():
     p = Problem(Hq=4, Hkv=2, N=24, M=40, causal=True, device="cuda")
     # deterministic: opcheck compares repeated runs, dQ atomics would reorder sums
