@@ -10,6 +10,7 @@
 
 #include "agent/common/backend_names.h"
 #include "agent/config/agent_config.h"
+#include "agent/export/metric_catalogue.h"
 #include "agent/server/agent.h"
 
 namespace {
@@ -31,6 +32,24 @@ std::string describe(const gaugewatch::agent::AgentConfig& config) {
 int main(int argc, char** argv) {
   using namespace gaugewatch::agent;
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 1 && args[0] == "--print-catalogue") {
+    // The exported metric catalogue as a Markdown table (docs/agent.md).
+    std::cout << "| name | type | unit | labels | help |\n|---|---|---|---|---|\n";
+    for (const auto& m : exported_catalogue()) {
+      const char* type = m.type == MetricType::kGauge     ? "gauge"
+                         : m.type == MetricType::kCounter ? "counter"
+                         : m.type == MetricType::kInfo    ? "info"
+                                                          : "histogram";
+      std::string help;
+      for (char ch : m.help) {
+        if (ch == '|') help += '\\';
+        help += ch;
+      }
+      std::cout << "| `" << m.name << "` | " << type << " | " << m.unit << " | " << m.labels
+                << " | " << help << " |\n";
+    }
+    return 0;
+  }
   CommandLine command_line;
   AgentConfig config;
   try {

@@ -430,6 +430,7 @@ std::string help_text() {
         << "]\n      " << option.help << " (default: '" << option.get(defaults) << "')\n";
   }
   out << "  --check-config\n      validate the configuration, print it, exit\n"
+         "  --print-catalogue\n      print the exported metric catalogue (Markdown) and exit\n"
          "  --version\n      print the version and exit\n"
          "  --help\n      print this text and exit\n";
   return out.str();

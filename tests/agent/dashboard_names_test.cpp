@@ -53,5 +53,16 @@ TEST(DashboardNames, EveryMetricNameIsInTheCatalogue) {
   EXPECT_GE(uses, 20u);
 }
 
+TEST(DashboardNames, DocsListEveryCatalogueMetric) {
+  std::ifstream in(std::filesystem::path(GAUGEWATCH_SOURCE_DIR) / "docs" / "agent.md");
+  ASSERT_TRUE(in) << "docs/agent.md missing";
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const auto& metric : exported_catalogue()) {
+    EXPECT_NE(text.str().find("`" + metric.name + "`"), std::string::npos)
+        << metric.name << " is not in docs/agent.md (regenerate: gaugewatch-agent --print-catalogue)";
+  }
+}
+
 }  // namespace
 }  // namespace gaugewatch::agent
