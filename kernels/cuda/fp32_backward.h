@@ -32,11 +32,13 @@
 //
 // Row-subset mode (the monitor's sampling): `slices` lists S chosen
 // (batch, query head) pairs as flat indices b * Hq + h, `rows` lists R chosen
-// query rows (strictly increasing indices along N, the same rows for every
+// query rows (distinct indices along N, in any order, the same rows for every
 // slice). Then dq holds only those rows, (S, R, d); dk and dv hold the
 // contributions of only those rows (sum over chosen i of g_ij q_i and p_ij u_i),
 // not the full key gradients; the softmax statistics of a chosen row still see
-// every key the row sees. Cost is proportional to S * R * M * d.
+// every key the row sees. Cost is proportional to S * R * M * d. A repeated
+// slice or row counts twice in dk and dv; an out-of-range one is treated as a
+// row with no visible key (zero dq, no contribution).
 //
 // Passes: (1) mean key per key/value head (center_keys only); (2) per query
 // tile, a pass over the row's key tiles for row max, sum and delta (and, in
@@ -90,7 +92,7 @@ struct Fp32BackwardParams {
   // Row subset: both null (full mode), or both set (device arrays).
   const int32_t* slices = nullptr;  // (S,) flat b * Hq + h
   int64_t num_slices = 0;
-  const int32_t* rows = nullptr;  // (R,) strictly increasing, in [0, N)
+  const int32_t* rows = nullptr;  // (R,) distinct, in [0, N)
   int64_t num_rows = 0;
 
   bool center_keys = true;

@@ -152,6 +152,9 @@ void check_row_subset(const AttentionCall& call, const at::Tensor& slices, const
                 "gaugewatch: slices are flat b * Hq + h indices in [0, ", slice_limit, ")");
     TORCH_CHECK(r.numel() == 0 || (r.min().item<int64_t>() >= 0 && r.max().item<int64_t>() < call.shape.q_len),
                 "gaugewatch: rows are query rows in [0, N = ", call.shape.q_len, ")");
+    // A repeated slice or row would count its dk/dv contribution twice.
+    TORCH_CHECK(std::get<0>(at::_unique(s)).numel() == s.numel(), "gaugewatch: slices must be distinct");
+    TORCH_CHECK(std::get<0>(at::_unique(r)).numel() == r.numel(), "gaugewatch: rows must be distinct");
   }
 }
 

@@ -56,8 +56,9 @@ AttentionCall check_attention_call(const at::Tensor& grad_out, const at::Tensor&
 // Row-subset arguments of attention_backward_rows: 1-D integer tensors on q's
 // device (symbolic-shape safe).
 void check_row_subset_operands(const at::Tensor& slices, const at::Tensor& rows, const at::Tensor& q);
-// The same, plus values: slices in [0, B * Hq), rows in [0, N) (for CPU tensors;
-// device values are not read back, the kernel treats out-of-range ones as empty).
+// The same, plus values: slices in [0, B * Hq), rows in [0, N), both distinct
+// (for CPU tensors; device values are not read back: the kernel treats
+// out-of-range ones as empty, and a repeated one counts twice in dk and dv).
 void check_row_subset(const AttentionCall& call, const at::Tensor& slices, const at::Tensor& rows,
                       const at::Tensor& q);
 

@@ -251,6 +251,8 @@ def test_preconditions_are_checked_with_reasons():
         ops.attention_backward(g.grad_out, g.q, g.k[:, :2], g.v[:, :2], g.out, g.lse, backend="fp32")
     with pytest.raises(RuntimeError, match="rows are query rows"):
         ops.attention_backward_rows(*args, torch.tensor([0]), torch.tensor([8]))
+    with pytest.raises(RuntimeError, match="rows must be distinct"):
+        ops.attention_backward_rows(*args, torch.tensor([0]), torch.tensor([3, 3]))
 
 
 # --- CUDA: the fused FP32 kernel --------------------------------------------------------------------
