@@ -43,6 +43,12 @@ struct Options {
   std::string reason;
   std::uint32_t limit = 20;
   bool audit = false;
+  std::uint32_t every = 0;
+  double layer_fraction = 0;
+  std::uint32_t max_heads = 0;
+  std::uint32_t max_rows = 0;
+  std::optional<std::uint32_t> layer;
+  std::uint32_t count = 1;
 };
 
 std::string read_file(const std::string& path, const char* what) {
@@ -106,6 +112,23 @@ Options parse(const std::vector<std::string>& args,
       o.backend = value();
     } else if (arg == "--reason") {
       o.reason = value();
+    } else if (arg == "--every") {
+      o.every = parse_u32(value(), "--every");
+    } else if (arg == "--layer-fraction") {
+      const std::string text = value();
+      char* end = nullptr;
+      o.layer_fraction = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != 0 || !(o.layer_fraction > 0 && o.layer_fraction <= 1)) {
+        throw UsageError("--layer-fraction: expected a number in (0, 1], got '" + text + "'");
+      }
+    } else if (arg == "--max-heads") {
+      o.max_heads = parse_u32(value(), "--max-heads");
+    } else if (arg == "--max-rows") {
+      o.max_rows = parse_u32(value(), "--max-rows");
+    } else if (arg == "--layer") {
+      o.layer = parse_u32(value(), "--layer");
+    } else if (arg == "--count") {
+      o.count = parse_u32(value(), "--count");
     } else if (arg == "--limit") {
       o.limit = parse_u32(value(), "--limit");
     } else if (arg == "--help" || arg == "-h" || arg == "help") {
@@ -316,6 +339,59 @@ int cmd_switch(Client& client, const Options& o, std::ostream& out) {
   return kCtlOk;
 }
 
+v1::Target command_target(const Options& o, const char* command) {
+  if (o.all_runs == !o.run.empty()) {
+    throw UsageError(std::string(command) + " needs exactly one of --run and --all-runs");
+  }
+  v1::Target target;
+  target.set_run_id(o.run);
+  target.set_all_runs(o.all_runs);
+  if (o.rank) target.set_rank(*o.rank);
+  return target;
+}
+
+int cmd_sampling(Client& client, const Options& o, std::ostream& out) {
+  v1::SetSamplingRequest request;
+  *request.mutable_target() = command_target(o, "sampling");
+  auto* p = request.mutable_sampling();
+  p->set_every_n_steps(o.every);
+  p->set_layer_fraction(o.layer_fraction);
+  p->set_max_heads(o.max_heads);
+  p->set_max_rows(o.max_rows);
+  if (o.every == 0 && o.layer_fraction == 0 && o.max_heads == 0 && o.max_rows == 0) {
+    throw UsageError("sampling needs at least one of --every, --layer-fraction, --max-heads, --max-rows");
+  }
+  grpc::ClientContext context;
+  client.prepare(context);
+  v1::CommandResponse response;
+  client.check(client.stub().SetSampling(&context, request, &response));
+  if (o.json) {
+    out << to_json(response) << "\n";
+  } else {
+    out << "sampling sent to " << response.commands_sent() << " connected trainer(s)\n";
+  }
+  return kCtlOk;
+}
+
+int cmd_capture(Client& client, const Options& o, std::ostream& out) {
+  v1::CaptureOperandsRequest request;
+  *request.mutable_target() = command_target(o, "capture");
+  if (!o.layer) throw UsageError("capture needs --layer");
+  request.mutable_target()->add_layers(*o.layer);
+  request.set_count(o.count);
+  grpc::ClientContext context;
+  client.prepare(context);
+  v1::CommandResponse response;
+  client.check(client.stub().CaptureOperands(&context, request, &response));
+  if (o.json) {
+    out << to_json(response) << "\n";
+  } else {
+    out << "capture of layer " << *o.layer << " sent to " << response.commands_sent()
+        << " connected trainer(s)\n";
+  }
+  return kCtlOk;
+}
+
 int cmd_history(Client& client, const Options& o, std::ostream& out) {
   v1::ListDecisionsRequest request;
   request.set_run_id(o.run);
@@ -360,7 +436,11 @@ std::string ctl_help() {
          "  layers  [--run R]                        runs > ranks > layers, latest metrics\n"
          "  switch  (--run R | --all-runs) [--rank N] [--layers 0,3] --backend B [--reason T]\n"
          "                                           set a backend (stock|gproj|pivot|fp32)\n"
-         "  history [--run R] [--limit N] [--audit]  switch decisions (and the audit log)\n\n"
+         "  history [--run R] [--limit N] [--audit]  switch decisions (and the audit log)\n"
+         "  sampling (--run R | --all-runs) [--rank N] [--every N] [--layer-fraction F]\n"
+         "           [--max-heads N] [--max-rows N]  change connected trainers' sampling\n"
+         "  capture (--run R | --all-runs) [--rank N] --layer L [--count N]\n"
+         "                                           capture a layer's operands\n\n"
          "Connection:\n"
          "  --socket PATH      unix socket [GAUGEWATCH_SOCKET] (default /run/gaugewatch/agent.sock)\n"
          "  --address H:P      TCP with TLS instead [GAUGEWATCH_ADDRESS]\n"
@@ -385,6 +465,8 @@ int run_ctl(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (options.command == "layers") return cmd_layers(client, options, out);
     if (options.command == "switch") return cmd_switch(client, options, out);
     if (options.command == "history") return cmd_history(client, options, out);
+    if (options.command == "sampling") return cmd_sampling(client, options, out);
+    if (options.command == "capture") return cmd_capture(client, options, out);
     throw UsageError("unknown command '" + options.command + "'");
   } catch (const UsageError& e) {
     err << "gaugewatchctl: " << e.what() << "\n(see gaugewatchctl --help)\n";

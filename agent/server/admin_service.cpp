@@ -54,11 +54,29 @@ grpc::Status AdminServiceImpl::SetBackend(grpc::ServerContext* context,
                                           const v1::SetBackendRequest* request,
                                           v1::SetBackendResponse* response) {
   if (auto s = authorize(*context); !s.ok()) return s;
-  const auto& target = request->target();
-  const auto& limits = controller_.config().limits;
   if (!parse_backend(backend_name(request->backend()))) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "backend must be stock, gproj, pivot or fp32"};
   }
+  if (auto s = check_target(request->target()); !s.ok()) return s;
+  const auto& target = request->target();
+  if (request->reason().size() > 1024) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "reason longer than 1024 bytes"};
+  }
+  try {
+    auto result = controller_.decide(v1::DECISION_SOURCE_ADMIN, "admin " + context->peer(), target,
+                                     request->backend(),
+                                     request->reason().empty() ? "set by operator" : request->reason());
+    response->set_decision_id(result.decision_id);
+    response->set_commands_sent(result.commands_sent);
+  } catch (const StoreError& e) {
+    controller_.counters().store_errors_total.fetch_add(1);
+    return {grpc::StatusCode::UNAVAILABLE, std::string("decision not stored: ") + e.what()};
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::check_target(const v1::Target& target) const {
+  const auto& limits = controller_.config().limits;
   if (target.all_runs() == !target.run_id().empty()) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "give exactly one of run_id and all_runs"};
   }
@@ -74,18 +92,56 @@ grpc::Status AdminServiceImpl::SetBackend(grpc::ServerContext* context,
               "layer " + std::to_string(layer) + " exceeds max_layers"};
     }
   }
-  if (request->reason().size() > 1024) {
-    return {grpc::StatusCode::INVALID_ARGUMENT, "reason longer than 1024 bytes"};
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::SetSampling(grpc::ServerContext* context,
+                                           const v1::SetSamplingRequest* request,
+                                           v1::CommandResponse* response) {
+  if (auto s = authorize(*context); !s.ok()) return s;
+  if (auto s = check_target(request->target()); !s.ok()) return s;
+  const auto& p = request->sampling();
+  for (double fraction : {p.layer_fraction(), p.overhead_budget()}) {
+    if (!(fraction >= 0.0 && fraction <= 1.0)) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "layer_fraction and overhead_budget must be in [0, 1]"};
+    }
   }
+  if (p.every_n_steps() == 0 && p.layer_fraction() == 0 && p.max_heads() == 0 && p.max_rows() == 0 &&
+      p.overhead_budget() == 0) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "sampling policy sets nothing"};
+  }
+  v1::Command command;
+  *command.mutable_set_sampling() = p;
+  command.set_reason("admin");
   try {
-    auto result = controller_.decide(v1::DECISION_SOURCE_ADMIN, "admin " + context->peer(), target,
-                                     request->backend(),
-                                     request->reason().empty() ? "set by operator" : request->reason());
-    response->set_decision_id(result.decision_id);
-    response->set_commands_sent(result.commands_sent);
+    response->set_commands_sent(controller_.send_command(request->target(), command, context->peer()));
   } catch (const StoreError& e) {
     controller_.counters().store_errors_total.fetch_add(1);
-    return {grpc::StatusCode::UNAVAILABLE, std::string("decision not stored: ") + e.what()};
+    return {grpc::StatusCode::UNAVAILABLE, std::string("not audited, not sent: ") + e.what()};
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::CaptureOperands(grpc::ServerContext* context,
+                                               const v1::CaptureOperandsRequest* request,
+                                               v1::CommandResponse* response) {
+  if (auto s = authorize(*context); !s.ok()) return s;
+  if (auto s = check_target(request->target()); !s.ok()) return s;
+  if (request->target().layers_size() != 1) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "capture needs exactly one layer"};
+  }
+  if (request->count() == 0 || request->count() > 1000) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "count must be in [1, 1000]"};
+  }
+  v1::Command command;
+  command.mutable_capture()->set_layer(request->target().layers(0));
+  command.mutable_capture()->set_count(request->count());
+  command.set_reason("admin");
+  try {
+    response->set_commands_sent(controller_.send_command(request->target(), command, context->peer()));
+  } catch (const StoreError& e) {
+    controller_.counters().store_errors_total.fetch_add(1);
+    return {grpc::StatusCode::UNAVAILABLE, std::string("not audited, not sent: ") + e.what()};
   }
   return grpc::Status::OK;
 }

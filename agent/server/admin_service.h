@@ -25,9 +25,16 @@ class AdminServiceImpl final : public gaugewatch::v1::AdminService::Service {
   grpc::Status ListDecisions(grpc::ServerContext* context,
                              const gaugewatch::v1::ListDecisionsRequest* request,
                              gaugewatch::v1::ListDecisionsResponse* response) override;
+  grpc::Status SetSampling(grpc::ServerContext* context,
+                           const gaugewatch::v1::SetSamplingRequest* request,
+                           gaugewatch::v1::CommandResponse* response) override;
+  grpc::Status CaptureOperands(grpc::ServerContext* context,
+                               const gaugewatch::v1::CaptureOperandsRequest* request,
+                               gaugewatch::v1::CommandResponse* response) override;
 
  private:
   grpc::Status authorize(const grpc::ServerContext& context) const;
+  grpc::Status check_target(const gaugewatch::v1::Target& target) const;
   Controller& controller_;
   const std::string token_;
 };

@@ -249,6 +249,34 @@ Controller::DecisionResult Controller::decide(v1::DecisionSource source, const s
   return result;
 }
 
+std::uint32_t Controller::send_command(const v1::Target& target, const v1::Command& command,
+                                       const std::string& who) {
+  const bool capture = command.has_capture();
+  const std::string what = capture ? "capture layer " + std::to_string(command.capture().layer()) +
+                                         " x" + std::to_string(command.capture().count())
+                                   : std::string("set sampling");
+  const std::uint32_t target_rank = target.rank();
+  audit(v1::AUDIT_KIND_ADMIN, target.all_runs() ? "*" : target.run_id(),
+        target.has_rank() ? &target_rank : nullptr, 0, 0, what + " by " + who);
+  std::uint32_t sent = 0;
+  for (const auto& session : sessions()) {
+    if (!target_covers_rank(target, session->run_id, session->rank_index)) continue;
+    if (capture && command.capture().layer() >= session->layer_count) continue;
+    v1::AgentMessage message;
+    *message.mutable_command() = command;
+    const std::uint64_t id = next_command_id_.fetch_add(1);
+    message.mutable_command()->set_command_id(id);
+    if (!session->push(std::move(message))) {
+      counters_.commands_dropped_total.fetch_add(1);
+      continue;
+    }
+    counters_.commands_sent_total.fetch_add(1);
+    ++sent;
+    audit(v1::AUDIT_KIND_COMMAND_SENT, session->run_id, &session->rank_index, id, 0, what);
+  }
+  return sent;
+}
+
 bool Controller::send_switch(Session& session, std::vector<std::uint32_t> layers,
                              v1::Backend backend, std::uint64_t decision_id,
                              const std::string& reason) {

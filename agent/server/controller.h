@@ -46,6 +46,12 @@ class Controller {
                         const gaugewatch::v1::Target& target, gaugewatch::v1::Backend backend,
                         const std::string& reason);
 
+  // Sends a non-switch command (sampling, capture) to every connected trainer
+  // the target's run/rank covers (capture: only where the layer exists).
+  // Audited as an admin action plus one COMMAND_SENT per trainer.
+  std::uint32_t send_command(const gaugewatch::v1::Target& target,
+                             const gaugewatch::v1::Command& command, const std::string& who);
+
   void status(gaugewatch::v1::GetStatusResponse& out) const;
   void list_runs(const gaugewatch::v1::ListRunsRequest& request,
                  gaugewatch::v1::ListRunsResponse& out) const;

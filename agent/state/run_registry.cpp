@@ -68,12 +68,29 @@ void RunRegistry::release(RankEntry& rank) {
 
 std::size_t RunRegistry::expire(std::int64_t steady_now, std::int64_t expiry_ns) {
   std::size_t changed = 0;
+  std::vector<std::pair<std::string, std::uint32_t>> forget;
   for (const auto& rank : ranks()) {
     std::lock_guard lock(rank->mu);
-    if (!rank->expired && steady_now - rank->last_seen_steady_ns > expiry_ns) {
+    const std::int64_t silent = steady_now - rank->last_seen_steady_ns;
+    if (!rank->expired && silent > expiry_ns) {
       rank->expired = true;
       release(*rank);
       ++changed;
+    }
+    // Disconnected and silent for 10x the expiry time: forget the rank, so
+    // finished runs do not accumulate.
+    if (rank->expired && !rank->connected && silent / 10 > expiry_ns) {
+      forget.emplace_back(rank->run_id, rank->rank);
+    }
+  }
+  if (!forget.empty()) {
+    std::lock_guard lock(mu_);
+    for (const auto& key : forget) {
+      auto it = ranks_.find(key);
+      if (it == ranks_.end()) continue;
+      const std::shared_ptr<RankEntry> keep = it->second;  // outlives the erase
+      std::lock_guard rank_lock(keep->mu);
+      if (keep->expired && !keep->connected) ranks_.erase(it);
     }
   }
   return changed;

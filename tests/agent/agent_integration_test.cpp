@@ -396,6 +396,68 @@ TEST(AgentIntegration, TcpTlsAdminWithoutTokenIsRefused) {
   EXPECT_NE(out2.str().find("\"agent_version\": \"0.1.0\""), std::string::npos) << out2.str();
 }
 
+TEST(AgentIntegration, SamplingCaptureCommandsAndCaptureRule) {
+  TempDir dir;
+  AgentConfig config = hermetic_config(dir);
+  config.sampling.set_every_n_steps(7);
+  ThresholdRule capture;
+  capture.name = "capture_sharp";
+  capture.metric = reference::MetricId::kSharpRowFraction;
+  capture.threshold = 0.5;
+  capture.clear_threshold = 0.5;
+  capture.for_samples = 2;
+  capture.capture_count = 3;
+  config.rules.push_back(capture);
+  Agent agent(config);
+  SimTrainer a(unix_channel(config), SimTrainer::make_hello("run-s", 0, 2, 4));
+  SimTrainer b(unix_channel(config), SimTrainer::make_hello("run-s", 1, 2, 2));
+  ASSERT_TRUE(a.start());
+  ASSERT_TRUE(b.start());
+  EXPECT_EQ(a.hello_ack().sampling().every_n_steps(), 7u);
+
+  auto no_env = [](const char*) -> const char* { return nullptr; };
+  std::ostringstream out, err;
+  ASSERT_EQ(run_ctl({"sampling", "--socket", config.grpc_socket, "--run", "run-s", "--every", "20",
+                     "--layer-fraction", "0.5"},
+                    out, err, no_env),
+            kCtlOk)
+      << err.str();
+  EXPECT_NE(out.str().find("sent to 2 connected"), std::string::npos) << out.str();
+  // Layer 3 exists only on rank 0.
+  std::ostringstream out2;
+  ASSERT_EQ(run_ctl({"capture", "--socket", config.grpc_socket, "--run", "run-s", "--layer", "3",
+                     "--count", "2"},
+                    out2, err, no_env),
+            kCtlOk)
+      << err.str();
+  EXPECT_NE(out2.str().find("sent to 1 connected"), std::string::npos) << out2.str();
+  EXPECT_EQ(run_ctl({"sampling", "--socket", config.grpc_socket, "--run", "run-s"}, out, err, no_env),
+            kCtlUsage);
+
+  auto commands = a.wait_commands(2, seconds(10));
+  ASSERT_EQ(commands.size(), 2u);
+  EXPECT_EQ(commands[0].set_sampling().every_n_steps(), 20u);
+  EXPECT_DOUBLE_EQ(commands[0].set_sampling().layer_fraction(), 0.5);
+  EXPECT_EQ(commands[1].capture().layer(), 3u);
+  EXPECT_EQ(commands[1].capture().count(), 2u);
+  ASSERT_EQ(b.wait_commands(1, seconds(10)).size(), 1u);
+  EXPECT_EQ(b.wait_commands(2, milliseconds(300)).size(), 1u);
+
+  // The capture rule: two sharp samples of layer 1 on rank 1.
+  for (std::uint64_t step = 1; step <= 2; ++step) {
+    auto batch = batch_of(step, 1, 0.01);
+    batch.mutable_samples(0)->mutable_metrics()->set_sharp_row_fraction(0.9);
+    ASSERT_TRUE(b.send_batch(batch));
+  }
+  auto rule_commands = b.wait_commands(2, seconds(10));
+  ASSERT_EQ(rule_commands.size(), 2u);
+  EXPECT_EQ(rule_commands[1].capture().layer(), 1u);
+  EXPECT_EQ(rule_commands[1].capture().count(), 3u);
+  EXPECT_EQ(rule_commands[1].reason(), "capture_sharp");
+  EXPECT_TRUE(a.finish().ok());
+  EXPECT_TRUE(b.finish().ok());
+}
+
 TEST(AgentIntegration, CtlUsageErrors) {
   auto no_env = [](const char*) -> const char* { return nullptr; };
   std::ostringstream out, err;

@@ -117,6 +117,15 @@ TEST(Exposition, CardinalityGuardRefusesAndCounts) {
   // Expiry gives the series back.
   EXPECT_EQ(registry.expire(rank->last_seen_steady_ns + 10, 1), 1u);
   EXPECT_EQ(registry.exported_series(), 0u);
+  // Connected ranks are kept however long they are silent...
+  registry.expire(rank->last_seen_steady_ns + 100, 1);
+  EXPECT_EQ(registry.ranks().size(), 1u);
+  // ...disconnected ones are forgotten after 10x the expiry time.
+  registry.disconnect(*rank, 1);
+  registry.expire(rank->last_seen_steady_ns + 5, 1);
+  EXPECT_EQ(registry.ranks().size(), 1u);
+  registry.expire(rank->last_seen_steady_ns + 100, 1);
+  EXPECT_TRUE(registry.ranks().empty());
 }
 
 }  // namespace
