@@ -1,0 +1,476 @@
+// The auditor (auditor.h): slicing on the training thread, metrics and
+// captures on the auditor thread.
+
+#include "hooks/auditor.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "audit/operands.h"
+#include "hooks/log.h"
+#include "hooks/torch_errors.h"
+#include "kernels/reference/metric_catalogue.h"
+
+namespace gaugewatch::hooks {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::size_t kQueueCapacity = 4;
+
+using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using MetricsFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, const at::Tensor&, bool, std::optional<double>, c10::string_view,
+                             const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
+using BackwardFn = Grads(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         const at::Tensor&, const at::Tensor&, bool, std::optional<double>, c10::string_view,
+                         c10::string_view, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool,
+                         bool);
+
+// A slice of one call, on the CPU (or being copied there).
+struct Operands {
+  at::Tensor grad_out, q, k, v, out, lse;  // (S, 1, R, d) ... as in SDPA layout
+};
+
+struct Job {
+  BackwardPlan plan;
+  Backend ran = Backend::kStock;
+  double backward_us = 0.0;
+  Clock::time_point queued;
+  SampleData data;  // shape filled at submit, metrics and timings by the auditor
+  bool is_causal = false;
+  std::string alignment = "top_left";
+  std::optional<double> scale;
+  bool compare_dkdv = false;
+  bool sample = false;
+  Operands slice;
+  at::Tensor live_dq, live_dk, live_dv;
+  bool capture = false;
+  Operands whole;
+  std::string op;
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+  std::shared_ptr<at::cuda::CUDAEvent> copied;        // side stream: copies done
+  std::shared_ptr<at::cuda::CUDAEvent> backward_start;  // training stream, before the backward
+  std::shared_ptr<at::cuda::CUDAEvent> backward_end;    // training stream, after it
+#endif
+};
+
+class Auditor {
+ public:
+  Auditor() { thread_ = std::thread([this] { loop(); }); }
+
+  bool submit(Job job) {
+    std::lock_guard lock(mu_);
+    if (stopping_ || queue_.size() >= kQueueCapacity) return false;
+    queue_.push_back(std::move(job));
+    cv_.notify_all();
+    return true;
+  }
+
+  void stop(double timeout_s) {
+    std::unique_lock lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+    if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return exited_; })) {
+      lock.unlock();
+      thread_.join();
+    } else {
+      lock.unlock();
+      thread_.detach();
+    }
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) break;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      try {
+        run(job);
+      } catch (const std::exception& e) {
+        log_once(std::string("audit-error:") + job.op, std::string("audit failed (") + job.op +
+                                                            "), sample skipped; logged once: " +
+                                                            short_what(e));
+        rt::count_audit_skipped("error");
+      }
+    }
+    std::lock_guard lock(mu_);
+    exited_ = true;
+    cv_.notify_all();
+  }
+
+  void run(Job& job);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool stopping_ = false;
+  bool exited_ = false;
+  std::thread thread_;
+};
+
+std::mutex g_auditor_mu;
+Auditor* g_auditor = nullptr;  // leaked: lives until exit
+
+Auditor& auditor() {
+  std::lock_guard lock(g_auditor_mu);
+  if (g_auditor == nullptr) {
+    g_auditor = new Auditor;
+    rt::add_shutdown_hook([] { stop_auditor(); });
+  }
+  return *g_auditor;
+}
+
+const c10::TypedOperatorHandle<MetricsFn>& metrics_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("gaugewatch::attention_metrics", "").typed<MetricsFn>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<BackwardFn>& backward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("gaugewatch::attention_backward", "").typed<BackwardFn>();
+  return op;
+}
+
+double relative_error(const at::Tensor& live, const at::Tensor& ref) {
+  const at::Tensor r = ref.to(at::kDouble);
+  const double denom = r.norm().item<double>();
+  const double num = (live.to(at::kDouble) - r).norm().item<double>();
+  if (!(denom > 0.0)) return num == 0.0 ? 0.0 : std::nan("");
+  return num / denom;
+}
+
+std::vector<float> floats(const at::Tensor& t) {
+  const at::Tensor f = t.to(at::kFloat).contiguous();
+  return std::vector<float>(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+}
+
+std::uint64_t g_capture_bytes = 0;  // auditor thread only
+std::uint64_t g_capture_files = 0;
+
+void write_capture(const Job& job) {
+  const HookConfig& config = rt::config();
+  const Operands& w = job.whole;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(
+      (w.q.numel() + w.k.numel() + w.v.numel() + w.out.numel() + w.grad_out.numel()) * 2 + w.lse.numel() * 4 + 4096);
+  if (g_capture_bytes + bytes > config.capture_max_bytes) {
+    log_line("capture of layer " + std::to_string(job.plan.layer) + " skipped: " + std::to_string(bytes) +
+             " bytes would pass GAUGEWATCH_CAPTURE_MAX_BYTES (" + std::to_string(config.capture_max_bytes) + ")");
+    return;
+  }
+  audit::CapturedOperands c;
+  auto& in = c.inputs;
+  in.shape.batch = w.q.size(0);
+  in.shape.q_heads = w.q.size(1);
+  in.shape.kv_heads = w.k.size(1);
+  in.shape.q_len = w.q.size(2);
+  in.shape.kv_len = w.k.size(2);
+  in.shape.head_dim = w.q.size(3);
+  in.scale = job.scale.value_or(1.0 / std::sqrt(static_cast<double>(w.q.size(3))));
+  in.causal = job.is_causal ? reference::CausalMode::kTopLeft : reference::CausalMode::kNone;
+  in.q = floats(w.q);
+  in.k = floats(w.k);
+  in.v = floats(w.v);
+  in.grad_out = floats(w.grad_out);
+  c.saved.out = floats(w.out);
+  c.saved.lse = floats(w.lse);
+  std::filesystem::create_directories(config.capture_dir);
+  const std::string path = config.capture_dir + "/" + config.run_id + "-rank" + std::to_string(config.rank) +
+                           "-layer" + std::to_string(job.plan.layer) + "-step" + std::to_string(job.plan.step) +
+                           "-" + std::to_string(g_capture_files++) + ".safetensors";
+  audit::save_operands(path, c);
+  g_capture_bytes += bytes;
+  log_line("captured layer " + std::to_string(job.plan.layer) + " step " + std::to_string(job.plan.step) +
+           " operands to " + path);
+}
+
+void Auditor::run(Job& job) {
+  const auto start = Clock::now();
+  const double queue_us = std::chrono::duration<double, std::micro>(start - job.queued).count();
+  double backward_us = job.backward_us;
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+  if (job.copied) {
+    job.copied->synchronize();  // the side stream's copies (never the training stream)
+    if (job.backward_start && job.backward_end) {
+      backward_us = 1000.0 * static_cast<double>(job.backward_start->elapsed_time(*job.backward_end));
+    }
+  }
+#endif
+  if (job.capture) write_capture(job);
+  if (!job.sample) return;
+  const Operands& s = job.slice;
+  const at::Tensor values = metrics_op().call(s.grad_out, s.q, s.k, s.v, s.out, s.lse, job.is_causal, job.scale,
+                                              job.alignment, std::nullopt, std::nullopt);
+  const auto [dq, dk, dv] = backward_op().call(s.grad_out, s.q, s.k, s.v, s.out, s.lse, job.is_causal, job.scale,
+                                               "fp32", job.alignment, std::nullopt, std::nullopt, false, true);
+  SampleData& sample = job.data;
+  sample.step = job.plan.step;
+  sample.layer = job.plan.layer;
+  sample.backend = job.ran;
+  sample.metrics.fill(std::nan(""));
+  const at::Tensor v64 = values.to(at::kDouble).contiguous();
+  const double* p = v64.data_ptr<double>();
+  const auto& catalogue = reference::metric_catalogue();
+  for (std::size_t i = 0; i < catalogue.size() && static_cast<std::int64_t>(i) < v64.numel(); ++i) {
+    const auto id = catalogue[i].id;
+    // "live" metrics describe the backward that actually ran: measured below
+    // from its gradients, not taken from the reference's BF16 emulation.
+    if (id == reference::MetricId::kLiveDqDiscrepancy || id == reference::MetricId::kLiveDkDiscrepancy ||
+        id == reference::MetricId::kLiveDvDiscrepancy || id == reference::MetricId::kLiveGaugeViolation) {
+      continue;
+    }
+    sample.metrics[i] = p[i];
+  }
+  auto slot = [&](reference::MetricId id) -> double& { return sample.metrics[static_cast<std::size_t>(id)]; };
+  slot(reference::MetricId::kLiveDqDiscrepancy) = relative_error(job.live_dq, dq);
+  if (job.compare_dkdv) {
+    slot(reference::MetricId::kLiveDkDiscrepancy) = relative_error(job.live_dk, dk);
+    slot(reference::MetricId::kLiveDvDiscrepancy) = relative_error(job.live_dv, dv);
+  }
+  sample.backward_us = backward_us;
+  sample.audit_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  sample.queue_us = queue_us;
+  sample.unix_time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+  rt::submit_sample(sample);
+}
+
+// Selects the audited (batch, head) slices and query rows: slices rotate with
+// the step; rows are the last max_rows (bottom-right causal alignment, which
+// equals SDPA's top-left one when N == M), or the first ones when N != M.
+struct Selection {
+  at::Tensor q_index, kv_index;  // flat b * H + h
+  std::int64_t row0 = 0, rows = 0;
+  std::string alignment = "top_left";
+  bool all_rows = true;
+};
+
+Selection select(const AuditCall& c, const BackwardPlan& plan) {
+  const std::int64_t B = c.q.size(0), Hq = c.q.size(1), N = c.q.size(2), Hkv = c.k.size(1), M = c.k.size(2);
+  const std::int64_t slices = B * Hq;
+  const std::int64_t S = std::min<std::int64_t>(plan.max_heads, slices);
+  const std::int64_t first = static_cast<std::int64_t>(plan.step % static_cast<std::uint64_t>(slices));
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  Selection sel;
+  at::Tensor idx = (at::arange(S, opts) * std::max<std::int64_t>(1, slices / S) + first).remainder(slices);
+  sel.q_index = idx;
+  sel.kv_index = idx.div(Hq, "floor") * Hkv + idx.remainder(Hq).div(Hq / Hkv, "floor");
+  sel.rows = std::min<std::int64_t>(plan.max_rows, N);
+  sel.all_rows = sel.rows == N;
+  if (!sel.all_rows && (N == M || !c.is_causal)) {
+    sel.row0 = N - sel.rows;
+    if (c.is_causal) sel.alignment = "bottom_right";
+  }
+  return sel;
+}
+
+// (B, H, L, d) -> the chosen slices (S, 1, L', d), contiguous.
+at::Tensor take(const at::Tensor& t, const at::Tensor& index, std::int64_t row0, std::int64_t rows) {
+  const at::Tensor flat = t.reshape({t.size(0) * t.size(1), t.size(2), t.size(3)});
+  at::Tensor s = flat.index_select(0, index.to(t.device()));
+  if (rows >= 0) s = s.narrow(1, row0, rows);
+  return s.unsqueeze(1).contiguous();
+}
+
+at::Tensor take_lse(const at::Tensor& t, const at::Tensor& index, std::int64_t row0, std::int64_t rows) {
+  const at::Tensor flat = t.reshape({t.size(0) * t.size(1), t.size(2)});
+  return flat.index_select(0, index.to(t.device())).narrow(1, row0, rows).unsqueeze(1).contiguous();
+}
+
+void fill_job(Job& job, const AuditCall& c, const BackwardPlan& plan) {
+  const Selection sel = select(c, plan);
+  job.alignment = sel.alignment;
+  job.compare_dkdv = sel.all_rows && c.q.size(1) == c.k.size(1);
+  job.slice.q = take(c.q, sel.q_index, sel.row0, sel.rows);
+  job.slice.grad_out = take(c.grad_out, sel.q_index, sel.row0, sel.rows);
+  job.slice.out = take(c.out, sel.q_index, sel.row0, sel.rows);
+  job.slice.lse = take_lse(c.lse, sel.q_index, sel.row0, sel.rows);
+  job.slice.k = take(c.k, sel.kv_index, 0, -1);
+  job.slice.v = take(c.v, sel.kv_index, 0, -1);
+  job.live_dq = take(c.dq, sel.q_index, sel.row0, sel.rows);
+  if (job.compare_dkdv) {
+    job.live_dk = take(c.dk, sel.kv_index, 0, -1);
+    job.live_dv = take(c.dv, sel.kv_index, 0, -1);
+  }
+}
+
+void fill_shape(SampleData& s, const AuditCall& c) {
+  s.batch = static_cast<std::uint32_t>(c.q.size(0));
+  s.query_heads = static_cast<std::uint32_t>(c.q.size(1));
+  s.key_value_heads = static_cast<std::uint32_t>(c.k.size(1));
+  s.query_len = static_cast<std::uint32_t>(c.q.size(2));
+  s.key_len = static_cast<std::uint32_t>(c.k.size(2));
+  s.head_dim = static_cast<std::uint32_t>(c.q.size(3));
+  s.is_causal = c.is_causal;
+  s.dtype = c.q.scalar_type() == at::kBFloat16 ? "bfloat16" : c.q.scalar_type() == at::kHalf ? "float16" : "float32";
+}
+
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+at::Tensor to_pinned(const at::Tensor& t) {
+  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(t, /*non_blocking=*/true);
+  return host;
+}
+
+void to_pinned(Operands& o) {
+  for (at::Tensor* t : {&o.grad_out, &o.q, &o.k, &o.v, &o.out, &o.lse}) *t = to_pinned(*t);
+}
+#endif
+
+}  // namespace
+
+struct CudaTiming {
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+  std::shared_ptr<at::cuda::CUDAEvent> start;
+#endif
+};
+
+std::shared_ptr<CudaTiming> start_backward_timing(const at::Tensor& q) {
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+  if (!q.is_cuda()) return nullptr;
+  try {
+    auto timing = std::make_shared<CudaTiming>();
+    timing->start = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    timing->start->record(c10::cuda::getCurrentCUDAStream(q.device().index()));
+    return timing;
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+#else
+  (void)q;
+  return nullptr;
+#endif
+}
+
+void audit_call(const AuditCall& c, const BackwardPlan& plan, Backend ran, double backward_us) {
+  try {
+    if (c.q.dim() != 4 || c.k.dim() != 4 || c.lse.dim() != 3 || !c.dq.defined() || c.q.is_nested()) {
+      rt::count_audit_skipped("unsupported operand layout");
+      return;
+    }
+    if (c.q.scalar_type() != at::kBFloat16 || c.k.scalar_type() != at::kBFloat16) {
+      rt::count_audit_skipped("not bfloat16 (the audit measures BF16 numerics)");
+      return;
+    }
+    if (c.q.size(1) % c.k.size(1) != 0) {
+      rt::count_audit_skipped("kv heads do not divide query heads");
+      return;
+    }
+    Job job;
+    job.plan = plan;
+    job.ran = ran;
+    job.backward_us = backward_us;
+    job.is_causal = c.is_causal;
+    job.scale = c.scale;
+    fill_shape(job.data, c);
+    job.op = c.op;
+    job.sample = plan.sample;
+    job.capture = plan.capture;
+    if (c.q.device().is_cpu()) {
+      if (job.sample) fill_job(job, c, plan);
+      if (job.capture) job.whole = Operands{c.grad_out.clone(), c.q.clone(), c.k.clone(), c.v.clone(),
+                                            c.out.clone(), c.lse.clone()};
+    } else {
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+      const HookConfig& config = rt::config();
+      const std::int64_t S = std::min<std::int64_t>(plan.max_heads, c.q.size(0) * c.q.size(1));
+      const std::int64_t R = std::min<std::int64_t>(plan.max_rows, c.q.size(2));
+      const auto slice_bytes = static_cast<std::uint64_t>(S * (4 * R + 4 * c.k.size(2)) * c.q.size(3) * 2);
+      if (job.sample && slice_bytes > config.audit_max_bytes) {
+        rt::count_audit_skipped("slice larger than GAUGEWATCH_AUDIT_MAX_BYTES");
+        job.sample = false;
+      }
+      if (!job.sample && !job.capture) return;
+      const c10::cuda::CUDAGuard guard(c.q.device());
+      const c10::cuda::CUDAStream training = c10::cuda::getCurrentCUDAStream(c.q.device().index());
+      static std::map<c10::DeviceIndex, c10::cuda::CUDAStream>* side_streams = new std::map<c10::DeviceIndex, c10::cuda::CUDAStream>();
+      auto it = side_streams->find(c.q.device().index());
+      if (it == side_streams->end()) {
+        it = side_streams->emplace(c.q.device().index(),
+                                   c10::cuda::getStreamFromPool(/*isHighPriority=*/false, c.q.device().index()))
+                 .first;
+      }
+      const c10::cuda::CUDAStream side = it->second;
+      auto ready = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+      ready->record(training);
+      ready->block(side);
+      {
+        const c10::cuda::CUDAStreamGuard on_side(side);
+        // Tensors made on the training stream and read here: keep their
+        // memory from being reused until the side stream is done with it.
+        for (const at::Tensor* t : {&c.grad_out, &c.q, &c.k, &c.v, &c.out, &c.lse, &c.dq, &c.dk, &c.dv}) {
+          if (t->defined() && t->is_cuda()) t->record_stream(side);
+        }
+        if (job.sample) {
+          fill_job(job, c, plan);
+          to_pinned(job.slice);
+          job.live_dq = to_pinned(job.live_dq);
+          if (job.compare_dkdv) {
+            job.live_dk = to_pinned(job.live_dk);
+            job.live_dv = to_pinned(job.live_dv);
+          }
+        }
+        if (job.capture) {
+          job.whole = Operands{c.grad_out, c.q, c.k, c.v, c.out, c.lse};
+          to_pinned(job.whole);
+        }
+        job.copied = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+        job.copied->record(side);
+      }
+      job.backward_end = ready;
+      if (c.timing) job.backward_start = c.timing->start;
+#else
+      rt::count_audit_skipped("CUDA tensors in a build without CUDA");
+      return;
+#endif
+    }
+    job.queued = Clock::now();
+    if (!auditor().submit(std::move(job))) rt::count_audit_skipped("auditor busy (queue full)");
+  } catch (const c10::OutOfMemoryError&) {
+    rt::count_audit_skipped("out of memory on the side stream");
+  } catch (const std::exception& e) {
+    log_once("audit-submit", std::string("audit setup failed, sample skipped (logged once): ") +
+                                 short_what(e));
+    rt::count_audit_skipped("setup error");
+  }
+}
+
+void stop_auditor() {
+  Auditor* a = nullptr;
+  {
+    std::lock_guard lock(g_auditor_mu);
+    a = g_auditor;
+  }
+  if (a != nullptr) a->stop(3.0);
+}
+
+}  // namespace gaugewatch::hooks

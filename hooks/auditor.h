@@ -1,0 +1,58 @@
+#pragma once
+// The auditor: turns one sampled (or captured) layer call into a Sample for
+// the agent, off the training thread.
+//
+// CPU: the training thread takes small slices of the operands and of the live
+// gradients (max_heads (batch, head) slices, max_rows query rows each; a
+// contiguous copy, microseconds) and hands them to the auditor thread, which
+// runs gaugewatch::attention_metrics and the FP32 recompute
+// (gaugewatch::attention_backward backend "fp32") on them and measures the
+// live backward's discrepancy. The thread's queue is bounded (4 jobs): a full
+// queue skips the sample. Its run time is charged against the overhead budget
+// (runtime.h), which skips later sampled steps when exceeded.
+//
+// CUDA: the training thread records an event on the current stream; a side
+// stream waits on it, copies the slices into pinned host memory
+// (non_blocking) and records a second event; tensors read on the side stream
+// are record_stream'ed. The training stream is never synchronized. The
+// auditor thread waits on the side event, then runs the same CPU metrics on
+// the copies. A slice larger than GAUGEWATCH_AUDIT_MAX_BYTES, or an
+// allocation failure, skips the sample.
+//
+// Capture: the whole call's operands are copied the same way and written by
+// the auditor thread with audit::save_operands into GAUGEWATCH_CAPTURE_DIR,
+// while the files written stay under GAUGEWATCH_CAPTURE_MAX_BYTES.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "hooks/runtime.h"  // facade only: no proto types in torch code
+
+namespace gaugewatch::hooks {
+
+// CUDA: an event recorded on the training stream before a sampled backward
+// (its kernel time, without synchronizing); nullptr for CPU tensors.
+struct CudaTiming;
+std::shared_ptr<CudaTiming> start_backward_timing(const at::Tensor& q);
+
+// One intercepted call's operands, SDPA layout (B, H, N, d), as the backward saw them.
+struct AuditCall {
+  at::Tensor grad_out, q, k, v, out, lse;  // lse (B, Hq, N) float32
+  at::Tensor dq, dk, dv;                   // the live gradients just computed
+  bool is_causal = false;
+  std::optional<double> scale;
+  const char* op = "";                     // intercepted op, for the logs
+  std::shared_ptr<CudaTiming> timing;      // from start_backward_timing, or nullptr
+};
+
+// Queues the audit and / or capture of `call` (plan.sample / plan.capture);
+// never throws.
+void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, double backward_us);
+
+// Drains the queue (bounded), stops the thread: at exit.
+void stop_auditor();
+
+}  // namespace gaugewatch::hooks

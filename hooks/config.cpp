@@ -1,0 +1,200 @@
+#include "hooks/config.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <string_view>
+
+namespace gaugewatch::hooks {
+namespace {
+
+const char* first_set(const EnvLookup& env, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const char* value = env(name);
+    if (value != nullptr && *value != '\0') return value;
+  }
+  return nullptr;
+}
+
+std::optional<std::uint64_t> parse_uint(const std::string& text, std::uint64_t max) {
+  if (text.empty() || text.size() > 20) return std::nullopt;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+  }
+  errno = 0;
+  const unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);
+  if (errno != 0 || v > max) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_fraction(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v <= 0.0 || v > 1.0) {
+    return std::nullopt;
+  }
+  return v;
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  std::string part;
+  for (char c : text) {
+    if (c == sep) {
+      parts.push_back(part);
+      part.clear();
+    } else if (c != ' ') {
+      part.push_back(c);
+    }
+  }
+  parts.push_back(part);
+  return parts;
+}
+
+template <typename T>
+void read_uint(const EnvLookup& env, const char* name, T& out, std::uint64_t max,
+               std::vector<std::string>* warnings) {
+  const char* value = env(name);
+  if (value == nullptr || *value == '\0') return;
+  if (auto v = parse_uint(value, max)) {
+    out = static_cast<T>(*v);
+  } else if (warnings != nullptr) {
+    warnings->push_back(std::string(name) + "='" + value + "' is not an integer in [0, " +
+                        std::to_string(max) + "]; using " + std::to_string(out));
+  }
+}
+
+void read_fraction(const EnvLookup& env, const char* name, double& out, std::vector<std::string>* warnings) {
+  const char* value = env(name);
+  if (value == nullptr || *value == '\0') return;
+  if (auto v = parse_fraction(value)) {
+    out = *v;
+  } else if (warnings != nullptr) {
+    warnings->push_back(std::string(name) + "='" + value + "' is not a number in (0, 1]; using " +
+                        std::to_string(out));
+  }
+}
+
+}  // namespace
+
+std::string sanitize_run_id(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                    c == '.' || c == ':' || c == '-';
+    out.push_back(ok ? c : '-');
+    if (out.size() == 128) break;
+  }
+  return out;
+}
+
+HookConfig load_config(const EnvLookup& env, std::vector<std::string>* warnings) {
+  HookConfig c;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) c.host = host;
+  c.pid = static_cast<std::uint32_t>(::getpid());
+
+  if (const char* v = env("GAUGEWATCH_DISABLE"); v != nullptr && std::string_view(v) != "" &&
+                                                   std::string_view(v) != "0") {
+    c.disabled = true;
+  }
+  if (const char* v = env("GAUGEWATCH_SOCKET"); v != nullptr) c.socket = v;
+
+  // Rank and world size: explicit, then torchrun, then Slurm, then Open MPI.
+  if (const char* v = first_set(env, {"GAUGEWATCH_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})) {
+    if (auto r = parse_uint(v, 1u << 30)) c.rank = static_cast<std::uint32_t>(*r);
+  }
+  if (const char* v = first_set(env, {"GAUGEWATCH_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID",
+                                      "OMPI_COMM_WORLD_LOCAL_RANK"})) {
+    if (auto r = parse_uint(v, 1u << 30)) c.local_rank = static_cast<std::uint32_t>(*r);
+  }
+  if (const char* v = first_set(env, {"GAUGEWATCH_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS",
+                                      "OMPI_COMM_WORLD_SIZE"})) {
+    if (auto r = parse_uint(v, 1u << 30); r && *r > 0) c.world_size = static_cast<std::uint32_t>(*r);
+  }
+  if (c.rank >= c.world_size) {
+    if (warnings != nullptr) {
+      warnings->push_back("rank " + std::to_string(c.rank) + " >= world size " + std::to_string(c.world_size) +
+                          "; reporting world size " + std::to_string(c.rank + 1));
+    }
+    c.world_size = c.rank + 1;
+  }
+  if (c.local_rank >= c.world_size) c.local_rank = 0;
+
+  // Run id: explicit, then torchrun's rendezvous id, then the Slurm job, then
+  // this process (one run per process tree when nothing names it).
+  if (const char* v = env("GAUGEWATCH_RUN_ID"); v != nullptr && *v != '\0') {
+    c.run_id = v;
+  } else if (const char* t = env("TORCHELASTIC_RUN_ID"); t != nullptr && *t != '\0' &&
+                                                         std::string_view(t) != "none") {
+    c.run_id = std::string("torchrun-") + t;
+  } else if (const char* s = env("SLURM_JOB_ID"); s != nullptr && *s != '\0') {
+    c.run_id = std::string("slurm-") + s;
+    if (const char* step = env("SLURM_STEP_ID"); step != nullptr && *step != '\0') c.run_id += std::string(".") + step;
+  } else {
+    c.run_id = "local-" + c.host + "-" + std::to_string(::getppid());
+  }
+  const std::string clean = sanitize_run_id(c.run_id);
+  if (clean != c.run_id && warnings != nullptr) {
+    warnings->push_back("run id '" + c.run_id + "' sanitized to '" + clean + "'");
+  }
+  c.run_id = clean.empty() ? "local" : clean;
+
+  read_uint(env, "GAUGEWATCH_SAMPLE_EVERY", c.every_n_steps, 1'000'000'000, warnings);
+  read_fraction(env, "GAUGEWATCH_LAYER_FRACTION", c.layer_fraction, warnings);
+  read_uint(env, "GAUGEWATCH_MAX_HEADS", c.max_heads, 1u << 16, warnings);
+  read_uint(env, "GAUGEWATCH_MAX_ROWS", c.max_rows, 1u << 24, warnings);
+  if (c.max_heads == 0) c.max_heads = 1;
+  if (c.max_rows == 0) c.max_rows = 1;
+  read_fraction(env, "GAUGEWATCH_OVERHEAD_BUDGET", c.overhead_budget, warnings);
+  read_uint(env, "GAUGEWATCH_CAPTURE_MAX_BYTES", c.capture_max_bytes, ~0ull >> 1, warnings);
+  read_uint(env, "GAUGEWATCH_AUDIT_MAX_BYTES", c.audit_max_bytes, ~0ull >> 1, warnings);
+  read_uint(env, "GAUGEWATCH_QUEUE_SIZE", c.queue_size, 1u << 20, warnings);
+  if (c.queue_size == 0) c.queue_size = 1;
+  read_uint(env, "GAUGEWATCH_RECONNECT_MAX_MS", c.reconnect_max_ms, 3'600'000, warnings);
+  if (c.reconnect_max_ms < 10) c.reconnect_max_ms = 10;
+
+  if (const char* v = env("GAUGEWATCH_LAYERS"); v != nullptr && *v != '\0') {
+    for (const std::string& part : split(v, ',')) {
+      if (part.empty()) continue;
+      if (auto layer = parse_uint(part, 1u << 20)) {
+        c.layers.push_back(static_cast<std::uint32_t>(*layer));
+      } else if (warnings != nullptr) {
+        warnings->push_back("GAUGEWATCH_LAYERS: '" + part + "' is not a layer index; ignored");
+      }
+    }
+  }
+  if (const char* v = env("GAUGEWATCH_BACKEND"); v != nullptr && *v != '\0') {
+    if (auto b = parse_backend(v)) {
+      c.backend = *b;
+    } else if (warnings != nullptr) {
+      warnings->push_back(std::string("GAUGEWATCH_BACKEND='") + v +
+                          "' is not stock|gproj|pivot|fp32|bf16; using stock");
+    }
+  }
+  if (const char* v = env("GAUGEWATCH_LAYER_BACKENDS"); v != nullptr && *v != '\0') {
+    for (const std::string& part : split(v, ',')) {
+      if (part.empty()) continue;
+      const auto eq = part.find('=');
+      std::optional<std::uint64_t> layer;
+      std::optional<Backend> backend;
+      if (eq != std::string::npos) {
+        layer = parse_uint(part.substr(0, eq), 1u << 20);
+        backend = parse_backend(part.substr(eq + 1));
+      }
+      if (layer && backend) {
+        c.layer_backends.emplace_back(static_cast<std::uint32_t>(*layer), *backend);
+      } else if (warnings != nullptr) {
+        warnings->push_back("GAUGEWATCH_LAYER_BACKENDS: '" + part + "' is not <layer>=<backend>; ignored");
+      }
+    }
+  }
+  if (const char* v = env("GAUGEWATCH_CAPTURE_DIR"); v != nullptr) c.capture_dir = v;
+  if (const char* v = env("GAUGEWATCH_LOG_FILE"); v != nullptr) c.log_file = v;
+  if (const char* v = env("GAUGEWATCH_STATS_FILE"); v != nullptr) c.stats_file = v;
+  return c;
+}
+
+}  // namespace gaugewatch::hooks

@@ -1,0 +1,465 @@
+// The interceptor: kernels registered at the AutogradCPU / AutogradCUDA keys
+// for SDPA's fused attention ops. Each one calls the stock forward below
+// autograd, wraps it in a torch::autograd::Function whose backward runs the
+// layer's backend (runtime.h decides which), and hands sampled calls to the
+// auditor. Ops taken over (schemas: torch 2.11, see FINDINGS.md):
+//   AutogradCPU   aten::_scaled_dot_product_flash_attention_for_cpu
+//   AutogradCUDA  aten::_scaled_dot_product_flash_attention
+//                 aten::_scaled_dot_product_cudnn_attention
+//                 aten::_scaled_dot_product_efficient_attention
+// The backward of backend "stock" is the op's own backward, called exactly as
+// PyTorch's derivatives.yaml does. Other backends call
+// gaugewatch::attention_backward (libgaugewatch_ops); any failure there (no
+// kernel for the device, dtype not BF16, dropout or a mask, non-finite
+// result) logs once and runs stock instead. Nothing here throws into the
+// trainer beyond what the stock ops themselves would throw.
+//
+// Registration happens when the library is loaded (LD_PRELOAD,
+// torch.ops.load_library, or linking). A second copy of the library finds the
+// first one's gaugewatch_hooks::stats op, logs once and registers nothing.
+// GAUGEWATCH_DISABLE=1 registers nothing either.
+//
+// Also defined here: the ops torch.ops.gaugewatch_hooks.* that the Python
+// helper uses (stats, layer_names, begin_pass, enter_layer, exit_layer,
+// flush, active).
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_ops.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_ops.h>
+#include <ATen/ops/all.h>
+#include <ATen/ops/isfinite.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/library.h>
+#include <torch/version.h>
+
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "hooks/auditor.h"
+#include "hooks/log.h"
+#include "hooks/torch_errors.h"
+#include "hooks/gaugewatch_hooks.h"
+#include "hooks/runtime.h"
+
+namespace gaugewatch::hooks {
+namespace {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Clock = std::chrono::steady_clock;
+
+enum class OpKind { kCpuFlash, kCudaFlash, kCudnn, kEfficient };
+
+const char* op_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kCpuFlash: return "_scaled_dot_product_flash_attention_for_cpu";
+    case OpKind::kCudaFlash: return "_scaled_dot_product_flash_attention";
+    case OpKind::kCudnn: return "_scaled_dot_product_cudnn_attention";
+    case OpKind::kEfficient: return "_scaled_dot_product_efficient_attention";
+  }
+  return "?";
+}
+
+// Everything about one call that is not a differentiable tensor: the
+// arguments, and the stock forward's extra outputs (undefined tensors and
+// SymInts must not pass through the autograd Function: FINDINGS.md).
+struct CallInfo : torch::CustomClassHolder {
+  OpKind kind = OpKind::kCpuFlash;
+  double dropout_p = 0.0;
+  bool is_causal = false;
+  std::optional<double> scale;
+  std::optional<Tensor> attn_mask;  // CPU flash
+  Tensor attn_bias;                 // cuDNN / efficient (undefined: none)
+  bool return_debug_mask = false;
+  bool compute_log_sumexp = true;
+  std::array<bool, 4> grad_mask{true, true, true, false};
+  // Extra outputs of the stock forward.
+  Tensor cum_seq_q, cum_seq_k, philox_seed, philox_offset, debug_attn_mask;
+  c10::SymInt max_q{0}, max_k{0};
+  ForwardPlan plan;
+};
+
+bool in_backward() { return torch::autograd::get_current_graph_task_id() != -1; }
+
+// --- the non-stock backends ------------------------------------------------
+using Grads = std::tuple<Tensor, Tensor, Tensor>;
+using BackwardFn = Grads(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         bool, std::optional<double>, c10::string_view, c10::string_view,
+                         const std::optional<Tensor>&, const std::optional<Tensor>&, bool, bool);
+
+std::optional<c10::TypedOperatorHandle<BackwardFn>> gaugewatch_backward_op() {
+  static const std::optional<c10::TypedOperatorHandle<BackwardFn>> op =
+      []() -> std::optional<c10::TypedOperatorHandle<BackwardFn>> {
+    try {
+      auto handle = c10::Dispatcher::singleton().findSchema({"gaugewatch::attention_backward", ""});
+      if (!handle) return std::nullopt;
+      return handle->typed<BackwardFn>();
+    } catch (const std::exception& e) {
+      log_line(std::string("gaugewatch::attention_backward has an unexpected schema: ") + short_what(e));
+      return std::nullopt;
+    }
+  }();
+  return op;
+}
+
+bool projection_backend(Backend b) { return b == Backend::kGproj || b == Backend::kPivot || b == Backend::kBf16; }
+
+// The layer's backend, or nullopt (log once) when it cannot run for this call.
+std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, const Tensor& grad_out,
+                                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                         const Tensor& lse) {
+  const std::string b(backend_name(backend));
+  auto refuse = [&](const std::string& why) -> std::optional<Grads> {
+    log_once("refuse:" + b + ":" + why, "backend " + b + " cannot run for " + op_name(info.kind) + " (" + why +
+                                            "): stock backward instead (logged once)");
+    return std::nullopt;
+  };
+  if (q.is_cuda() && projection_backend(backend)) return refuse("no CUDA gproj/pivot kernel yet");
+  if (q.scalar_type() != at::kBFloat16 || k.scalar_type() != at::kBFloat16 || v.scalar_type() != at::kBFloat16) {
+    return refuse(std::string("dtype ") + c10::toString(q.scalar_type()) + ", the backends take bfloat16");
+  }
+  if (info.dropout_p != 0.0) return refuse("dropout");
+  if ((info.attn_mask.has_value() && info.attn_mask->defined()) || info.attn_bias.defined()) {
+    return refuse("attention mask / bias");
+  }
+  if (info.cum_seq_q.defined() || q.is_nested()) return refuse("packed / nested sequences");
+  if (q.dim() != 4 || k.dim() != 4 || lse.dim() != 3) return refuse("not (B, H, N, d)");
+  auto op = gaugewatch_backward_op();
+  if (!op) return refuse("libgaugewatch_ops is not loaded");
+  try {
+    auto [dq, dk, dv] = op->call(grad_out.contiguous(), q, k, v, out, lse, info.is_causal, info.scale, b,
+                                 "top_left", std::nullopt, std::nullopt, false, true);
+    dq = dq.to(q.scalar_type());
+    dk = dk.to(k.scalar_type());
+    dv = dv.to(v.scalar_type());
+    const bool finite = at::isfinite(dq).all().item<bool>() && at::isfinite(dk).all().item<bool>() &&
+                        at::isfinite(dv).all().item<bool>();
+    if (!finite) return refuse("non-finite gradient");
+    return Grads{dq, dk, dv};
+  } catch (const std::exception& e) {
+    return refuse(std::string("error: ") + short_what(e));
+  }
+}
+
+// --- stock backwards, as derivatives.yaml calls them ------------------------
+std::array<Tensor, 4> stock_backward(const CallInfo& i, const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& out, const Tensor& lse) {
+  switch (i.kind) {
+    case OpKind::kCpuFlash: {
+      auto [dq, dk, dv] = at::_ops::_scaled_dot_product_flash_attention_for_cpu_backward::call(
+          grad_out, q, k, v, out, lse, i.dropout_p, i.is_causal, i.attn_mask, i.scale);
+      return {dq, dk, dv, Tensor()};
+    }
+    case OpKind::kCudaFlash: {
+      auto [dq, dk, dv] = at::_ops::_scaled_dot_product_flash_attention_backward::call(
+          grad_out, q, k, v, out, lse, i.cum_seq_q, i.cum_seq_k, i.max_q, i.max_k, i.dropout_p, i.is_causal,
+          i.philox_seed, i.philox_offset, i.scale);
+      return {dq, dk, dv, Tensor()};
+    }
+    case OpKind::kCudnn: {
+      auto [dq, dk, dv] = at::_ops::_scaled_dot_product_cudnn_attention_backward::call(
+          grad_out, q, k, v, out, lse, i.philox_seed, i.philox_offset, i.attn_bias, i.cum_seq_q, i.cum_seq_k,
+          i.max_q, i.max_k, i.dropout_p, i.is_causal, i.scale);
+      return {dq, dk, dv, Tensor()};
+    }
+    case OpKind::kEfficient: {
+      auto [dq, dk, dv, dbias] = at::_ops::_scaled_dot_product_efficient_attention_backward::call(
+          grad_out, q, k, v, i.attn_bias, out, lse, i.philox_seed, i.philox_offset, i.dropout_p, i.grad_mask,
+          i.is_causal, i.scale);
+      return {dq, dk, dv, dbias};
+    }
+  }
+  return {};
+}
+
+// --- the autograd Function ----------------------------------------------------
+// Inputs: {q, k, v} or {q, k, v, bias} (a differentiable efficient-attention
+// bias; undefined tensors cannot be Function inputs), info. Outputs: out, lse
+// (lse non-differentiable).
+struct AttentionImpl {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& bias, const c10::intrusive_ptr<CallInfo>& info) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    CallInfo& i = *info;
+    Tensor out, lse;
+    switch (i.kind) {
+      case OpKind::kCpuFlash:
+        std::tie(out, lse) = at::_ops::_scaled_dot_product_flash_attention_for_cpu::call(
+            q, k, v, i.dropout_p, i.is_causal, i.attn_mask, i.scale);
+        break;
+      case OpKind::kCudaFlash:
+        std::tie(out, lse, i.cum_seq_q, i.cum_seq_k, i.max_q, i.max_k, i.philox_seed, i.philox_offset,
+                 i.debug_attn_mask) =
+            at::_ops::_scaled_dot_product_flash_attention::call(q, k, v, i.dropout_p, i.is_causal,
+                                                                i.return_debug_mask, i.scale);
+        break;
+      case OpKind::kCudnn:
+        std::tie(out, lse, i.cum_seq_q, i.cum_seq_k, i.max_q, i.max_k, i.philox_seed, i.philox_offset,
+                 i.debug_attn_mask) =
+            at::_ops::_scaled_dot_product_cudnn_attention::call(q, k, v, i.attn_bias, /*compute_log_sumexp=*/true,
+                                                                i.dropout_p, i.is_causal, i.return_debug_mask,
+                                                                i.scale);
+        break;
+      case OpKind::kEfficient: {
+        const std::optional<Tensor> b = bias.defined() ? std::optional<Tensor>(bias)
+                                        : i.attn_bias.defined() ? std::optional<Tensor>(i.attn_bias)
+                                                                : std::nullopt;
+        std::tie(out, lse, i.philox_seed, i.philox_offset) =
+            at::_ops::_scaled_dot_product_efficient_attention::call(q, k, v, b, /*compute_log_sumexp=*/true,
+                                                                    i.dropout_p, i.is_causal, i.scale);
+        if (bias.defined()) i.attn_bias = bias;
+        break;
+      }
+    }
+    ctx->mark_non_differentiable({lse});
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["info"] = c10::IValue::make_capsule(info);
+    ctx->saved_data["inputs"] = static_cast<int64_t>(bias.defined() ? 4 : 3);
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto info = c10::static_intrusive_pointer_cast<CallInfo>(ctx->saved_data["info"].toCapsule());
+    const variable_list saved = ctx->get_saved_variables();
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const Tensor& grad_out = grads[0];
+    const bool has_bias = ctx->saved_data["inputs"].toInt() > 3;
+    if (!grad_out.defined()) return variable_list(has_bias ? 5 : 4);
+
+    BackwardPlan plan;
+    try {
+      plan = rt::on_backward(info->plan);
+    } catch (const std::exception& e) {
+      log_once("plan-error", std::string("backward planning failed, stock backward (logged once): ") + short_what(e));
+    }
+    std::shared_ptr<CudaTiming> timing;
+    if (plan.sample) timing = start_backward_timing(q);
+    const auto start = Clock::now();
+    Backend ran = Backend::kStock;
+    std::array<Tensor, 4> g;
+    if (plan.backend != Backend::kStock) {
+      if (auto r = gaugewatch_backward(*info, plan.backend, grad_out, q, k, v, out, lse)) {
+        std::tie(g[0], g[1], g[2]) = *r;
+        ran = plan.backend;
+      } else {
+        rt::count_fallback();
+      }
+    }
+    if (ran == Backend::kStock) g = stock_backward(*info, grad_out, q, k, v, out, lse);
+    const double backward_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    try {
+      rt::record_backward(plan.layer, plan.step, ran);
+      if ((plan.sample || plan.capture) && plan.layer >= 0) {
+        AuditCall call{grad_out, q, k, v, out, lse, g[0], g[1], g[2], info->is_causal, info->scale,
+                       op_name(info->kind), timing};
+        audit_call(call, plan, ran, backward_us);
+      }
+    } catch (const std::exception& e) {
+      log_once("record-error", std::string("recording the backward failed (logged once): ") + short_what(e));
+    }
+    if (has_bias) return {g[0], g[1], g[2], g[3], Tensor()};
+    return {g[0], g[1], g[2], Tensor()};
+  }
+};
+
+struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               c10::intrusive_ptr<CallInfo> info) {
+    return AttentionImpl::forward(ctx, q, k, v, Tensor(), info);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return AttentionImpl::backward(ctx, std::move(grads));
+  }
+};
+
+// The same with a differentiable bias (efficient attention): bias is an input.
+struct AttentionBiasFunction : torch::autograd::Function<AttentionBiasFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& bias, c10::intrusive_ptr<CallInfo> info) {
+    return AttentionImpl::forward(ctx, q, k, v, bias, info);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return AttentionImpl::backward(ctx, std::move(grads));
+  }
+};
+
+bool needs_grad(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+}
+
+ForwardPlan plan_forward(bool cuda) {
+  try {
+    return rt::on_forward(in_backward(), cuda);
+  } catch (const std::exception& e) {
+    log_once("forward-plan", std::string("forward planning failed, layer unknown (logged once): ") + short_what(e));
+    ForwardPlan plan;
+    return plan;
+  }
+}
+
+// --- the registered kernels ---------------------------------------------------
+std::tuple<Tensor, Tensor> cpu_flash(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p,
+                                     bool is_causal, const std::optional<Tensor>& attn_mask,
+                                     std::optional<double> scale) {
+  const ForwardPlan plan = plan_forward(false);
+  if (!needs_grad(q, k, v)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return at::_ops::_scaled_dot_product_flash_attention_for_cpu::call(q, k, v, dropout_p, is_causal, attn_mask,
+                                                                       scale);
+  }
+  auto info = c10::make_intrusive<CallInfo>();
+  info->kind = OpKind::kCpuFlash;
+  info->dropout_p = dropout_p;
+  info->is_causal = is_causal;
+  info->scale = scale;
+  info->attn_mask = attn_mask;
+  info->plan = plan;
+  auto outs = AttentionFunction::apply(q, k, v, info);
+  return {outs[0], outs[1]};
+}
+
+using FlashOut = std::tuple<Tensor, Tensor, Tensor, Tensor, c10::SymInt, c10::SymInt, Tensor, Tensor, Tensor>;
+
+FlashOut cuda_flash(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p, bool is_causal,
+                    bool return_debug_mask, std::optional<double> scale) {
+  const ForwardPlan plan = plan_forward(true);
+  if (!needs_grad(q, k, v)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return at::_ops::_scaled_dot_product_flash_attention::call(q, k, v, dropout_p, is_causal, return_debug_mask,
+                                                               scale);
+  }
+  auto info = c10::make_intrusive<CallInfo>();
+  info->kind = OpKind::kCudaFlash;
+  info->dropout_p = dropout_p;
+  info->is_causal = is_causal;
+  info->return_debug_mask = return_debug_mask;
+  info->scale = scale;
+  info->plan = plan;
+  auto outs = AttentionFunction::apply(q, k, v, info);
+  const CallInfo& i = *info;
+  return {outs[0], outs[1], i.cum_seq_q, i.cum_seq_k, i.max_q, i.max_k, i.philox_seed, i.philox_offset,
+          i.debug_attn_mask};
+}
+
+FlashOut cudnn(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& attn_bias,
+               bool compute_log_sumexp, double dropout_p, bool is_causal, bool return_debug_mask,
+               std::optional<double> scale) {
+  const ForwardPlan plan = plan_forward(true);
+  if (!needs_grad(q, k, v)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return at::_ops::_scaled_dot_product_cudnn_attention::call(q, k, v, attn_bias, compute_log_sumexp, dropout_p,
+                                                               is_causal, return_debug_mask, scale);
+  }
+  auto info = c10::make_intrusive<CallInfo>();
+  info->kind = OpKind::kCudnn;
+  info->dropout_p = dropout_p;
+  info->is_causal = is_causal;
+  info->return_debug_mask = return_debug_mask;
+  info->scale = scale;
+  // cuDNN's backward gives no bias gradient: the bias is a constant here, as in derivatives.yaml.
+  if (attn_bias.has_value()) info->attn_bias = attn_bias->detach();
+  info->plan = plan;
+  auto outs = AttentionFunction::apply(q, k, v, info);
+  const CallInfo& i = *info;
+  return {outs[0], outs[1], i.cum_seq_q, i.cum_seq_k, i.max_q, i.max_k, i.philox_seed, i.philox_offset,
+          i.debug_attn_mask};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> efficient(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                     const std::optional<Tensor>& attn_bias,
+                                                     bool compute_log_sumexp, double dropout_p, bool is_causal,
+                                                     std::optional<double> scale) {
+  const bool bias_grad = attn_bias.has_value() && attn_bias->defined() && attn_bias->requires_grad();
+  const ForwardPlan plan = plan_forward(true);
+  if (!needs_grad(q, k, v) && !(bias_grad && at::GradMode::is_enabled())) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return at::_ops::_scaled_dot_product_efficient_attention::call(q, k, v, attn_bias, compute_log_sumexp,
+                                                                   dropout_p, is_causal, scale);
+  }
+  auto info = c10::make_intrusive<CallInfo>();
+  info->kind = OpKind::kEfficient;
+  info->dropout_p = dropout_p;
+  info->is_causal = is_causal;
+  info->scale = scale;
+  info->grad_mask = {q.requires_grad(), k.requires_grad(), v.requires_grad(), bias_grad};
+  if (attn_bias.has_value() && attn_bias->defined() && !bias_grad) info->attn_bias = *attn_bias;
+  info->plan = plan;
+  auto outs = bias_grad ? AttentionBiasFunction::apply(q, k, v, *attn_bias, info)
+                        : AttentionFunction::apply(q, k, v, info);
+  const CallInfo& i = *info;
+  return {outs[0], outs[1], i.philox_seed, i.philox_offset};
+}
+
+// --- ops for the Python helper ---------------------------------------------------
+std::string stats_op() { return stats_json(); }
+std::vector<std::string> layer_names_op() { return layer_names(); }
+void begin_pass_op() { begin_pass(); }
+void enter_layer_op(c10::string_view name) { enter_layer(name); }
+void exit_layer_op(c10::string_view name) { exit_layer(name); }
+bool flush_op(double timeout_s) { return flush(timeout_s); }
+bool active_op() { return true; }
+
+struct Registration {
+  std::unique_ptr<torch::Library> defs, cpu, cuda;
+
+  Registration() {
+    try {
+      if (c10::Dispatcher::singleton().findSchema({"gaugewatch_hooks::stats", ""}).has_value()) {
+        log_line("another copy of libgaugewatch_hooks is already loaded in this process: this copy stays inert");
+        return;
+      }
+      if (rt::config().disabled) {
+        log_line("GAUGEWATCH_DISABLE is set: SDPA is not intercepted");
+        return;
+      }
+      rt::set_versions(TORCH_VERSION, "", "");
+      defs = std::make_unique<torch::Library>(torch::Library::DEF, "gaugewatch_hooks", std::nullopt, __FILE__,
+                                              __LINE__);
+      defs->def("stats() -> str", &stats_op);
+      defs->def("layer_names() -> str[]", &layer_names_op);
+      defs->def("begin_pass() -> ()", &begin_pass_op);
+      defs->def("enter_layer(str name) -> ()", &enter_layer_op);
+      defs->def("exit_layer(str name) -> ()", &exit_layer_op);
+      defs->def("flush(float timeout_s=5.0) -> bool", &flush_op);
+      defs->def("active() -> bool", &active_op);
+      cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradCPU, __FILE__,
+                                             __LINE__);
+      cpu->impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(cpu_flash));
+      cuda = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradCUDA,
+                                              __FILE__, __LINE__);
+      cuda->impl("_scaled_dot_product_flash_attention", TORCH_FN(cuda_flash));
+      cuda->impl("_scaled_dot_product_cudnn_attention", TORCH_FN(cudnn));
+      cuda->impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient));
+    } catch (const std::exception& e) {
+      log_line(std::string("registration failed, SDPA is not intercepted: ") + short_what(e));
+      cuda.reset();
+      cpu.reset();
+      defs.reset();
+    }
+  }
+};
+
+// Leaked on purpose: the kernels must stay registered until the process ends.
+const Registration* const g_registration = new Registration;
+
+}  // namespace
+}  // namespace gaugewatch::hooks

@@ -1,0 +1,17 @@
+#pragma once
+// Logging of the hooks library: one line per event to stderr (and to
+// GAUGEWATCH_LOG_FILE when set), prefixed "[gaugewatch-hooks <pid>]".
+// log_once() prints a given key only the first time: every failure path in
+// code loaded into a trainer logs once and falls back, it never throws.
+
+#include <string>
+#include <string_view>
+
+namespace gaugewatch::hooks {
+
+void set_log_file(const std::string& path);
+void log_line(std::string_view message);
+// Logs `message` the first time `key` is seen; returns whether it logged.
+bool log_once(std::string_view key, std::string_view message);
+
+}  // namespace gaugewatch::hooks

@@ -1,0 +1,232 @@
+#include "hooks/reporter.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <random>
+#include <utility>
+
+#include "gaugewatch/v1/hook_service.grpc.pb.h"
+#include "hooks/log.h"
+
+namespace gaugewatch::hooks {
+
+namespace v1 = gaugewatch::v1;
+using namespace std::chrono_literals;
+
+namespace {
+constexpr std::size_t kMaxBatch = 256;
+constexpr std::size_t kMaxAcks = 4096;
+}  // namespace
+
+// One connection: the stream, its context, and the reader thread.
+struct Reporter::Impl {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::TrainerMessage, v1::AgentMessage>> stream;
+  std::thread reader;
+  std::atomic<bool> ended{false};
+  std::atomic<bool> got_hello_ack{false};
+};
+
+Reporter::Reporter(const HookConfig& config, Source* source) : config_(config), source_(source) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Reporter::~Reporter() { stop(1.0); }
+
+void Reporter::enqueue_sample(v1::Sample sample) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  if (samples_.size() >= config_.queue_size) {
+    samples_.pop_front();
+    dropped_.fetch_add(1);
+    log_once("queue-full", "sample queue full (" + std::to_string(config_.queue_size) +
+                               "): dropping the oldest samples, counted in dropped_total (logged once)");
+  }
+  samples_.push_back(std::move(sample));
+  cv_.notify_all();
+}
+
+void Reporter::enqueue_ack(v1::CommandAck ack) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  if (acks_.size() >= kMaxAcks) acks_.pop_front();
+  acks_.push_back(std::move(ack));
+  cv_.notify_all();
+}
+
+bool Reporter::flush(double timeout_s) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] {
+    return (samples_.empty() && acks_.empty() && in_flight_ == 0) || exited_;
+  }) && samples_.empty() && acks_.empty();
+}
+
+void Reporter::stop(double timeout_s) {
+  std::shared_ptr<Impl> impl;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    impl = impl_;
+    cv_.notify_all();
+  }
+  if (impl) impl->context.TryCancel();
+  if (!thread_.joinable()) return;
+  std::unique_lock lock(mu_);
+  if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return exited_; })) {
+    lock.unlock();
+    thread_.join();
+  } else {
+    lock.unlock();
+    log_line("reporter did not stop in time; leaving it");
+    thread_.detach();
+  }
+}
+
+void Reporter::run() {
+  const std::string target = "unix:" + config_.socket;
+  std::mt19937 rng(std::random_device{}());
+  auto backoff = 100ms;
+  const auto max_backoff = std::chrono::milliseconds(config_.reconnect_max_ms);
+  std::uint64_t failures = 0;
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) break;
+    }
+    // --- connect ---------------------------------------------------------------
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(config_.reconnect_max_ms));
+    auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+    // Up to 2 s, in slices, so that stop() is never kept waiting.
+    bool ok = false;
+    for (int i = 0; i < 10 && !ok; ++i) {
+      ok = channel->WaitForConnected(std::chrono::system_clock::now() + 200ms);
+      std::lock_guard lock(mu_);
+      if (stopping_) break;
+    }
+    auto impl = std::make_shared<Impl>();
+    const std::uint64_t version = source_->layers_version();
+    if (ok) {
+      auto stub = v1::HookService::NewStub(channel);
+      impl->stream = stub->Connect(&impl->context);
+      v1::TrainerMessage hello;
+      *hello.mutable_hello() = source_->hello();
+      ok = impl->stream->Write(hello);
+      if (ok) {
+        {
+          std::lock_guard lock(mu_);
+          impl_ = impl;
+          if (stopping_) impl->context.TryCancel();
+        }
+        impl->reader = std::thread([this, impl] {
+          v1::AgentMessage message;
+          while (impl->stream->Read(&message)) {
+            if (message.has_hello_ack()) {
+              impl->got_hello_ack = true;
+              source_->on_sampling(message.hello_ack().sampling());
+            } else if (message.has_command()) {
+              commands_.fetch_add(1);
+              source_->on_command(message.command());
+            }
+          }
+          impl->ended = true;
+          std::lock_guard lock(mu_);
+          cv_.notify_all();
+        });
+      }
+    }
+    if (ok) {
+      connects_.fetch_add(1);
+      connected_ = true;
+      log_line("connected to the agent at " + config_.socket + " (connection " + std::to_string(connects_.load()) +
+               ")");
+      failures = 0;
+      backoff = 100ms;
+      // --- stream -------------------------------------------------------------
+      for (;;) {
+        std::vector<v1::CommandAck> acks;
+        v1::TrainerMessage batch_message;
+        {
+          std::unique_lock lock(mu_);
+          cv_.wait_for(lock, 200ms, [&] { return stopping_ || impl->ended || !samples_.empty() || !acks_.empty(); });
+          if (impl->ended || (stopping_ && samples_.empty() && acks_.empty())) break;
+          acks.assign(acks_.begin(), acks_.end());
+          acks_.clear();
+          auto* batch = batch_message.mutable_samples();
+          while (!samples_.empty() && static_cast<std::size_t>(batch->samples_size()) < kMaxBatch) {
+            *batch->add_samples() = std::move(samples_.front());
+            samples_.pop_front();
+          }
+          batch->set_dropped_total(dropped_.load());
+          in_flight_ = acks.size() + static_cast<std::size_t>(batch->samples_size());
+        }
+        if (source_->layers_version() != version) break;  // new layers: a new Hello
+        bool wrote = true;
+        for (auto& ack : acks) {
+          v1::TrainerMessage m;
+          *m.mutable_ack() = ack;
+          if (!impl->stream->Write(m)) {
+            wrote = false;
+            break;
+          }
+        }
+        const auto n = static_cast<std::uint64_t>(batch_message.samples().samples_size());
+        if (wrote && n > 0) wrote = impl->stream->Write(batch_message);
+        std::lock_guard lock(mu_);
+        in_flight_ = 0;
+        if (!wrote) {
+          // Put back what was not written; samples beyond the cap are dropped.
+          for (auto it = acks.rbegin(); it != acks.rend(); ++it) acks_.push_front(*it);
+          auto* samples = batch_message.mutable_samples()->mutable_samples();
+          for (auto it = samples->rbegin(); it != samples->rend(); ++it) {
+            if (samples_.size() >= config_.queue_size) {
+              dropped_.fetch_add(1);
+            } else {
+              samples_.push_front(std::move(*it));
+            }
+          }
+          break;
+        }
+        sent_.fetch_add(n);
+        cv_.notify_all();
+      }
+      connected_ = false;
+    }
+    // --- tear down ---------------------------------------------------------------
+    impl->context.TryCancel();
+    if (impl->reader.joinable()) impl->reader.join();
+    if (impl->stream) {
+      const grpc::Status status = impl->stream->Finish();
+      bool stopping = false;
+      {
+        std::lock_guard lock(mu_);
+        stopping = stopping_;
+      }
+      if (!status.ok() && !stopping) {
+        log_line("agent stream ended: " + std::string(status.error_message().substr(0, 300)));
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      impl_.reset();
+      if (stopping_) break;
+    }
+    if (ok && impl->got_hello_ack) continue;  // layers changed or the agent went away: reconnect now
+    ++failures;
+    if (failures == 1) {
+      log_line("agent unreachable at " + config_.socket + "; training continues, retrying with backoff");
+    }
+    std::uniform_int_distribution<int> jitter(0, static_cast<int>(backoff.count() / 4));
+    const auto wait = backoff + std::chrono::milliseconds(jitter(rng));
+    backoff = std::min<std::chrono::milliseconds>(backoff * 2, max_backoff);
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, wait, [this] { return stopping_; });
+  }
+  std::lock_guard lock(mu_);
+  exited_ = true;
+  connected_ = false;
+  cv_.notify_all();
+}
+
+}  // namespace gaugewatch::hooks

@@ -1,0 +1,77 @@
+#pragma once
+// The reporter: a background thread holding one gRPC bidi stream
+// (gaugewatch.v1.HookService/Connect) to the node agent over its unix socket.
+// Hello (run, rank, versions, layers) -> HelloAck; then sample batches and
+// command acks go out, commands come in (handed to the Source, which applies
+// them at the next step boundary). Reconnects with exponential backoff
+// (100 ms doubling to GAUGEWATCH_RECONNECT_MAX_MS, with jitter); a changed
+// layer table also reconnects (the agent takes one Hello per stream).
+// Samples wait in a bounded queue: when it is full the oldest is dropped and
+// counted; the count travels in every SampleBatch (dropped_total).
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "gaugewatch/v1/hook_service.pb.h"
+#include "hooks/config.h"
+
+namespace gaugewatch::hooks {
+
+class Reporter {
+ public:
+  class Source {
+   public:
+    virtual ~Source() = default;
+    virtual gaugewatch::v1::Hello hello() = 0;
+    virtual std::uint64_t layers_version() = 0;
+    virtual void on_command(gaugewatch::v1::Command command) = 0;
+    virtual void on_sampling(const gaugewatch::v1::SamplingPolicy& policy) = 0;
+  };
+
+  Reporter(const HookConfig& config, Source* source);
+  ~Reporter();
+  Reporter(const Reporter&) = delete;
+  Reporter& operator=(const Reporter&) = delete;
+
+  void enqueue_sample(gaugewatch::v1::Sample sample);
+  void enqueue_ack(gaugewatch::v1::CommandAck ack);
+  // Waits until every queued sample and ack was written (or timeout).
+  bool flush(double timeout_s);
+  // Stops the thread: cancels the stream, waits at most `timeout_s`.
+  void stop(double timeout_s);
+
+  std::uint64_t sent() const { return sent_.load(); }
+  std::uint64_t dropped() const { return dropped_.load(); }
+  std::uint64_t connects() const { return connects_.load(); }
+  std::uint64_t commands_received() const { return commands_.load(); }
+  bool connected() const { return connected_.load(); }
+
+ private:
+  struct Impl;
+  void run();
+
+  HookConfig config_;
+  Source* source_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<gaugewatch::v1::Sample> samples_;
+  std::deque<gaugewatch::v1::CommandAck> acks_;
+  std::size_t in_flight_ = 0;
+  bool stopping_ = false;
+  bool exited_ = false;
+  std::atomic<std::uint64_t> sent_{0};
+  std::atomic<std::uint64_t> dropped_{0};
+  std::atomic<std::uint64_t> connects_{0};
+  std::atomic<std::uint64_t> commands_{0};
+  std::atomic<bool> connected_{false};
+  std::shared_ptr<Impl> impl_;  // the live stream, for cancellation
+  std::thread thread_;
+};
+
+}  // namespace gaugewatch::hooks

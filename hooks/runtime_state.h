@@ -1,0 +1,148 @@
+#pragma once
+// The hooks' state behind the facade of runtime.h (this header uses the
+// proto types, which torch translation units must not include: torch ships
+// its own protobuf headers).
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gaugewatch/v1/hook_service.pb.h"
+#include "hooks/backend.h"
+#include "hooks/config.h"
+#include "hooks/reporter.h"
+#include "hooks/runtime.h"
+
+namespace gaugewatch::hooks {
+
+struct LayerRecord {
+  std::string name;
+  Backend backend = Backend::kStock;  // what its next forward's backward will run
+  bool cuda = false;                  // last call was on a CUDA device
+  std::uint64_t backward_calls = 0;
+  std::uint64_t samples = 0;
+  std::int64_t last_backward_step = -1;
+  Backend last_ran = Backend::kStock;
+  // (first step, backend) each time the backward that actually ran changed.
+  std::vector<std::pair<std::uint64_t, Backend>> history;
+};
+
+class Runtime final : public Reporter::Source {
+ public:
+  explicit Runtime(HookConfig config);
+  ~Runtime() override;
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const HookConfig& config() const { return config_; }
+
+  // --- called by the interceptor (training thread) --------------------------
+  ForwardPlan on_forward(bool in_backward, bool cuda);
+  BackwardPlan on_backward(const ForwardPlan& plan);
+  // After the backward ran: which backend produced the gradient (a fallback
+  // to stock is recorded as stock).
+  void record_backward(std::int64_t layer, std::uint64_t step, Backend ran);
+  void count_fallback();
+  void count_audit_skipped(const char* why);
+
+  // --- layer names (Python helper, C++ API) ---------------------------------
+  void begin_pass();
+  void enter_layer(const std::string& name);
+  void exit_layer(const std::string& name);
+
+  // --- auditor / reporter ---------------------------------------------------
+  void submit_sample(gaugewatch::v1::Sample sample, double audit_us);
+  void on_command(gaugewatch::v1::Command command) override;  // reporter thread
+  void on_sampling(const gaugewatch::v1::SamplingPolicy& policy) override;
+  gaugewatch::v1::Hello hello() override;
+  std::uint64_t layers_version() override;
+  void set_versions(std::string torch, std::string cuda, std::string driver);
+  // True when gproj / pivot can run for CUDA layers (false until the CUDA kernels exist).
+  void set_cuda_projection_available(bool available);
+
+  // --- introspection ----------------------------------------------------------
+  std::string stats_json();
+  std::vector<std::string> layer_names();
+  bool flush(double timeout_s);
+  void write_stats_file();
+  // Flushes (bounded), stops the threads; called at exit.
+  void shutdown();
+  void add_shutdown_hook(std::function<void()> hook);
+
+ private:
+  std::int64_t layer_for_name_locked(const std::string& name);
+  void start_pass_locked();
+  void apply_commands_locked();
+  void apply_command_locked(const gaugewatch::v1::Command& command);
+  void apply_sampling_locked(const gaugewatch::v1::SamplingPolicy& policy);
+  void plan_sampling_locked();
+  void ack_locked(std::uint64_t id, bool applied, const std::string& detail);
+  void start_reporter_locked();
+  std::string stats_json_locked();
+
+  HookConfig config_;
+  std::mutex mu_;
+  std::vector<LayerRecord> layers_;
+  std::map<std::string, std::int64_t> by_name_;
+  std::vector<std::string> name_stack_;
+  bool named_mode_ = false;
+  bool frozen_ = false;             // the first backward has run
+  std::uint64_t zero_change_count_ = 0;
+  std::uint64_t version_ = 0;       // bumped when layers are added
+
+  bool started_ = false;
+  bool explicit_begin_ = false;
+  bool backward_since_forward_ = false;
+  bool pass_had_backward_ = false;
+  std::uint64_t call_index_ = 0;
+  std::multiset<std::int64_t> pending_backward_;
+  std::uint64_t step_ = 0;
+  std::uint64_t passes_ = 0;
+  std::chrono::steady_clock::time_point last_boundary_{};
+
+  // Sampler.
+  std::uint32_t every_n_steps_;
+  double layer_fraction_;
+  std::uint32_t max_heads_;
+  std::uint32_t max_rows_;
+  double overhead_budget_;
+  std::set<std::int64_t> sample_layers_;
+  std::set<std::int64_t> sampled_done_;
+  std::int64_t planned_step_ = -1;
+  std::uint64_t rotation_ = 0;
+  double credit_us_ = 0.0;
+  std::map<std::int64_t, std::uint32_t> capture_arms_;
+
+  std::vector<gaugewatch::v1::Command> pending_commands_;
+  bool cuda_projection_available_ = false;
+  std::string torch_version_, cuda_version_, driver_version_;
+
+  // Counters.
+  std::uint64_t backward_calls_[kBackendCount] = {};
+  std::uint64_t fallbacks_ = 0;
+  std::uint64_t samples_submitted_ = 0;
+  std::uint64_t audits_skipped_budget_ = 0;
+  std::uint64_t audits_skipped_other_ = 0;
+  std::uint64_t commands_applied_ = 0;
+  std::uint64_t commands_rejected_ = 0;
+  double audit_us_total_ = 0.0;
+
+  std::unique_ptr<Reporter> reporter_;
+  std::vector<std::function<void()>> shutdown_hooks_;
+  bool shut_down_ = false;
+};
+
+// The process-wide runtime, created (configuration read, atexit registered)
+// on first use and never destroyed.
+Runtime& runtime();
+
+// gaugewatch.v1.Sample of a SampleData (metrics: NaN / negative ones are left unset).
+gaugewatch::v1::Sample to_proto(const SampleData& data);
+
+}  // namespace gaugewatch::hooks
