@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cli/audit_command.h"
+#include "cli/run_command.h"
 
 namespace {
 
@@ -14,6 +15,7 @@ usage: gaugewatch <command> [options]
 commands:
   audit     run the CPU numerics reference (fp64, fp32, plain bf16, gproj, pivot)
             on a scenario or on captured operands; `gaugewatch audit --help`
+  run       run a trainer with the hooks loaded: gaugewatch run [options] -- <command>
   help      this text
 )";
 
@@ -27,6 +29,7 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "audit") return gaugewatch::cli::run_audit_command(rest);
+  if (args[0] == "run") return gaugewatch::cli::run_run_command(rest);
   std::fprintf(stderr, "gaugewatch: unknown command '%s'\n%s", args[0].c_str(), kUsage);
   return 2;
 }
