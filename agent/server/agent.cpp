@@ -2,10 +2,12 @@
 
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -50,6 +52,15 @@ Agent::Agent(const AgentConfig& config) : config_(config) {
   builder.RegisterService(hook_service_.get());
   builder.RegisterService(admin_service_.get());
   if (!config_.grpc_socket.empty()) {
+    const auto parent = std::filesystem::path(config_.grpc_socket).parent_path();
+    if (!parent.empty() && !std::filesystem::is_directory(parent)) {
+      throw std::runtime_error("grpc_socket directory '" + parent.string() +
+                               "' does not exist (create it, e.g. systemd RuntimeDirectory=gaugewatch)");
+    }
+    if (config_.grpc_socket.size() >= sizeof(sockaddr_un{}.sun_path)) {
+      throw std::runtime_error("grpc_socket path longer than " +
+                               std::to_string(sizeof(sockaddr_un{}.sun_path) - 1) + " bytes");
+    }
     remove_stale_socket(config_.grpc_socket);
     builder.AddListeningPort("unix:" + config_.grpc_socket, grpc::InsecureServerCredentials());
   }

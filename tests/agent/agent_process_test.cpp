@@ -122,6 +122,39 @@ TEST(AgentProcess, RunsWithoutConfigServesCtlPromtoolAndStopsOnSigterm) {
   EXPECT_NE(::stat(socket.c_str(), &st), 0) << "socket left behind";
 }
 
+TEST(AgentProcess, SigtermWithTrainersConnectedEndsTheirStreams) {
+  TempDir dir;
+  const std::string socket = dir.path() + "/agent.sock";
+  Subprocess agent({GAUGEWATCH_AGENT_BIN, "--grpc-socket", socket, "--http-listen", "127.0.0.1:0",
+                    "--database", dir.path() + "/agent.db"},
+                   dir.path() + "/agent.log");
+  ASSERT_TRUE(eventually([&] { return agent.log().find("ready") != std::string::npos; }, seconds(20)))
+      << agent.log();
+  AgentConfig config;
+  config.grpc_socket = socket;
+  SimTrainer trainer(unix_channel(config), SimTrainer::make_hello("run-term", 0, 1, 2));
+  ASSERT_TRUE(trainer.start());
+  v1::SampleBatch batch;
+  *batch.add_samples() = SimTrainer::make_sample(1, 0, 0.01);
+  ASSERT_TRUE(trainer.send_batch(batch));
+  const auto code = agent.stop(SIGTERM, seconds(15));
+  ASSERT_TRUE(code.has_value()) << "agent did not exit within 15 s of SIGTERM with a trainer connected";
+  EXPECT_EQ(*code, 0) << agent.log();
+  // The trainer sees its stream end (and would reconnect with backoff).
+  EXPECT_FALSE(trainer.wait_end(seconds(10)).ok());
+}
+
+TEST(AgentProcess, MissingSocketDirectoryIsReported) {
+  TempDir dir;
+  Subprocess agent({GAUGEWATCH_AGENT_BIN, "--grpc-socket", dir.path() + "/no/such/dir/agent.sock",
+                    "--http-listen", "127.0.0.1:0", "--database", dir.path() + "/agent.db"},
+                   dir.path() + "/agent.log");
+  const auto code = agent.wait(seconds(10));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 1);
+  EXPECT_NE(agent.log().find("does not exist"), std::string::npos) << agent.log();
+}
+
 TEST(AgentProcess, BadConfigurationExitsWithClearMessage) {
   TempDir dir;
   const std::string yaml = write_file(dir.path() + "/bad.yaml", "rules:\n  - name: x\n    metric: nope\n");
