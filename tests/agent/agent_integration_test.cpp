@@ -17,6 +17,7 @@
 #include "agent/testing/sim_trainer.h"
 #include "gaugewatch/v1/admin_service.grpc.pb.h"
 #include "tests/agent/agent_test_env.h"
+#include "tests/agent/test_certificate.h"
 
 namespace gaugewatch::agent {
 namespace {
@@ -317,14 +318,6 @@ TEST(AgentIntegration, SilentRanksExpireAndAreExported) {
 
 // --- TCP with TLS and a bearer token -----------------------------------------
 
-bool make_certificate(const TempDir& dir) {
-  const std::string command =
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
-      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " + dir.path() +
-      "/key.pem -out " + dir.path() + "/cert.pem >/dev/null 2>&1";
-  return std::system(command.c_str()) == 0;
-}
-
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   std::ostringstream out;
@@ -333,11 +326,8 @@ std::string slurp(const std::string& path) {
 }
 
 TEST(AgentIntegration, TcpTlsAdminWithoutTokenIsRefused) {
-  if (std::system("command -v openssl >/dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "openssl binary not installed: cannot make a test certificate";
-  }
   TempDir dir;
-  ASSERT_TRUE(make_certificate(dir));
+  ASSERT_TRUE(write_self_signed_certificate(dir.path() + "/cert.pem", dir.path() + "/key.pem"));
   { std::ofstream(dir.path() + "/token") << "s3cret-token\n"; }
   CommandLine cl;
   AgentConfig config = load_config(
