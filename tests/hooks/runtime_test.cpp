@@ -1,0 +1,165 @@
+// The runtime's pass / step boundary, layer identity, sampler and commands,
+// driven as the interceptor drives it (no agent: GAUGEWATCH_SOCKET=none).
+
+#include <gtest/gtest.h>
+
+#include "hooks/runtime_state.h"
+
+namespace gaugewatch::hooks {
+namespace {
+
+namespace v1 = gaugewatch::v1;
+
+HookConfig no_agent() {
+  HookConfig c;
+  c.socket = "none";
+  c.every_n_steps = 2;
+  c.layer_fraction = 0.5;
+  c.overhead_budget = 1.0;
+  return c;
+}
+
+// One training pass over `layers` attention calls: forwards, then backwards in reverse.
+std::vector<BackwardPlan> train_pass(Runtime& rt, int layers) {
+  std::vector<ForwardPlan> forwards;
+  for (int l = 0; l < layers; ++l) forwards.push_back(rt.on_forward(false, false));
+  std::vector<BackwardPlan> backwards;
+  for (int l = layers - 1; l >= 0; --l) {
+    backwards.push_back(rt.on_backward(forwards[static_cast<std::size_t>(l)]));
+    rt.record_backward(backwards.back().layer, backwards.back().step, backwards.back().backend);
+  }
+  return backwards;
+}
+
+TEST(Runtime, ZeroChangeLayersAndSteps) {
+  Runtime rt(no_agent());
+  for (int step = 0; step < 3; ++step) {
+    const auto plans = train_pass(rt, 4);
+    ASSERT_EQ(plans.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(plans[static_cast<std::size_t>(i)].layer, 3 - i);
+      EXPECT_EQ(plans[static_cast<std::size_t>(i)].step, static_cast<std::uint64_t>(step));
+    }
+  }
+  EXPECT_EQ(rt.layer_names(), (std::vector<std::string>{"attn.0", "attn.1", "attn.2", "attn.3"}));
+}
+
+TEST(Runtime, EvalForwardsWrapInsteadOfAddingLayers) {
+  Runtime rt(no_agent());
+  train_pass(rt, 2);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(rt.on_forward(false, false).layer, i % 2);  // three eval passes
+  const auto plans = train_pass(rt, 2);
+  EXPECT_EQ(plans[0].step, 1u);  // eval passes are not steps
+  EXPECT_EQ(rt.layer_names().size(), 2u);
+}
+
+TEST(Runtime, RecomputeCallsResolveToThePendingLayer) {
+  Runtime rt(no_agent());
+  train_pass(rt, 3);
+  // Reentrant checkpointing: forwards (counted), then per layer a recompute
+  // inside the backward whose backward runs right after it.
+  std::vector<ForwardPlan> forwards;
+  for (int l = 0; l < 3; ++l) forwards.push_back(rt.on_forward(false, false));
+  for (int l = 2; l >= 0; --l) {
+    const ForwardPlan recompute = rt.on_forward(true, false);
+    EXPECT_TRUE(recompute.recompute);
+    EXPECT_EQ(recompute.layer, -1);
+    EXPECT_EQ(rt.on_backward(recompute).layer, l);
+  }
+  EXPECT_EQ(rt.layer_names().size(), 3u);
+}
+
+TEST(Runtime, NamedLayersSurviveRecompute) {
+  Runtime rt(no_agent());
+  for (int step = 0; step < 2; ++step) {
+    rt.begin_pass();
+    std::vector<ForwardPlan> forwards;
+    for (const char* name : {"enc.attn", "dec.attn"}) {
+      rt.enter_layer(name);
+      forwards.push_back(rt.on_forward(false, false));
+      rt.exit_layer(name);
+    }
+    rt.enter_layer("dec.attn");
+    const ForwardPlan recompute = rt.on_forward(true, false);
+    rt.exit_layer("dec.attn");
+    EXPECT_EQ(recompute.layer, 1);
+    EXPECT_EQ(rt.on_backward(forwards[1]).layer, 1);
+    EXPECT_EQ(rt.on_backward(forwards[0]).layer, 0);
+  }
+  EXPECT_EQ(rt.layer_names(), (std::vector<std::string>{"enc.attn", "dec.attn"}));
+}
+
+TEST(Runtime, SamplerRotatesThroughLayersOnEveryNthStep) {
+  Runtime rt(no_agent());
+  std::vector<std::vector<std::int64_t>> sampled;
+  for (int step = 0; step < 8; ++step) {
+    std::vector<std::int64_t> layers;
+    for (const auto& plan : train_pass(rt, 4)) {
+      if (plan.sample) layers.push_back(plan.layer);
+    }
+    std::sort(layers.begin(), layers.end());
+    sampled.push_back(layers);
+  }
+  // every_n_steps 2, layer_fraction 0.5 of 4 layers: 2 layers on even steps, rotating.
+  EXPECT_EQ(sampled[0], (std::vector<std::int64_t>{0, 1}));
+  EXPECT_TRUE(sampled[1].empty());
+  EXPECT_EQ(sampled[2], (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(sampled[4], (std::vector<std::int64_t>{0, 1}));
+}
+
+TEST(Runtime, SwitchAppliesAtTheNextPassBoundary) {
+  Runtime rt(no_agent());
+  train_pass(rt, 3);
+  v1::Command command;
+  command.set_command_id(7);
+  command.mutable_switch_backend()->add_layers(1);
+  command.mutable_switch_backend()->set_backend(v1::BACKEND_GPROJ);
+  rt.on_command(command);
+  // Still step 0's backward in flight: nothing changes before the boundary.
+  const ForwardPlan next = rt.on_forward(false, false);  // boundary: step 1 starts, command applied
+  EXPECT_EQ(next.step, 1u);
+  EXPECT_EQ(next.backend, Backend::kStock);  // layer 0
+  EXPECT_EQ(rt.on_forward(false, false).backend, Backend::kGproj);
+  EXPECT_NE(rt.stats_json().find("\"commands_applied\":1"), std::string::npos) << rt.stats_json();
+}
+
+TEST(Runtime, MalformedCommandsAreRejectedNotApplied) {
+  Runtime rt(no_agent());
+  train_pass(rt, 2);
+  v1::Command out_of_range;
+  out_of_range.set_command_id(1);
+  out_of_range.mutable_switch_backend()->add_layers(9);
+  out_of_range.mutable_switch_backend()->set_backend(v1::BACKEND_PIVOT);
+  v1::Command bad_backend;
+  bad_backend.set_command_id(2);
+  bad_backend.mutable_switch_backend()->set_backend(static_cast<v1::Backend>(42));
+  v1::Command empty;
+  empty.set_command_id(3);
+  v1::Command capture;  // no GAUGEWATCH_CAPTURE_DIR
+  capture.set_command_id(4);
+  capture.mutable_capture()->set_layer(0);
+  for (auto* c : {&out_of_range, &bad_backend, &empty, &capture}) rt.on_command(*c);
+  train_pass(rt, 2);
+  const std::string stats = rt.stats_json();
+  EXPECT_NE(stats.find("\"commands_rejected\":4"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"backward_calls\":{\"bf16\":0,\"fp32\":0,\"gproj\":0,\"pivot\":0,\"stock\":4}"),
+            std::string::npos)
+      << stats;
+}
+
+TEST(Runtime, HelloListsLayersWithTheirBackends) {
+  HookConfig c = no_agent();
+  c.run_id = "r1";
+  c.layer_backends = {{1, Backend::kFp32}};
+  Runtime rt(c);
+  train_pass(rt, 2);
+  const v1::Hello hello = rt.hello();
+  EXPECT_EQ(hello.run_id(), "r1");
+  ASSERT_EQ(hello.layers_size(), 2);
+  EXPECT_EQ(hello.layers(0).backend(), v1::BACKEND_STOCK);
+  EXPECT_EQ(hello.layers(1).backend(), v1::BACKEND_FP32);
+  EXPECT_EQ(hello.layers(1).name(), "attn.1");
+}
+
+}  // namespace
+}  // namespace gaugewatch::hooks
