@@ -99,8 +99,13 @@ except ValueError: pass
 ctest = {}
 m = re.findall(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)", read(os.path.join(out, "ctest.log")))
 if m:
-    _, failed, total = map(int, m[-1]); ctest = {"total": total, "passed": total - failed, "failed": failed}
-    ctest["failed_tests"] = re.findall(r"^\s*\d+ - (\S+) \(", read(os.path.join(out, "ctest.log")), re.M)[:50]
+    _, failed, total = map(int, m[-1])
+    # ctest counts GTEST_SKIP()ped tests as passed and lists them as "(Skipped)".
+    skipped = len(re.findall(r"^\s+\d+ - .*\((?:Skipped|Disabled)\)\s*$", read(os.path.join(out, "ctest.log")), re.M))
+    ctest = {"total": total, "passed": total - failed - skipped, "failed": failed, "skipped": skipped}
+    ctext = read(os.path.join(out, "ctest.log"))
+    failed_part = ctext.split("The following tests FAILED:")[-1] if "The following tests FAILED:" in ctext else ""
+    ctest["failed_tests"] = re.findall(r"^\s*\d+ - (\S+).*\((?!Skipped|Disabled)[^)]*\)\s*$", failed_part, re.M)[:50]
 pytest = {}
 lines = [l for l in read(os.path.join(out, "pytest.log")).splitlines()
          if re.search(r"\d+ (passed|failed|error|errors|skipped)|no tests ran", l)]
