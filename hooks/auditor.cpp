@@ -82,7 +82,9 @@ class Auditor {
 
   bool submit(Job job) {
     std::lock_guard lock(mu_);
-    if (stopping_ || queue_.size() >= kQueueCapacity) return false;
+    // Captures were asked for by the agent: they get room beyond the samples' share.
+    const std::size_t capacity = job.capture ? 2 * kQueueCapacity : kQueueCapacity;
+    if (stopping_ || queue_.size() >= capacity) return false;
     queue_.push_back(std::move(job));
     cv_.notify_all();
     return true;
