@@ -88,6 +88,16 @@ TEST(CppTrainer, MonitoredAndSwitchedThroughARealAgent) {
                              "--database", dir + "/agent.db", "--default-rules", "false"},
                             dir + "/agent.log", /*merge=*/true);
   ASSERT_GT(agent, 0);
+  // Stop the agent and remove the directory however the test ends.
+  struct Cleanup {
+    pid_t pid;
+    std::string dir;
+    ~Cleanup() {
+      if (pid > 0 && ::kill(pid, SIGTERM) == 0) ::waitpid(pid, nullptr, 0);
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } cleanup{agent, dir};
   ASSERT_TRUE(eventually([&] { return read(dir + "/agent.log").find("ready") != std::string::npos; }, 20s));
 
   ::setenv("GAUGEWATCH_SOCKET", socket.c_str(), 1);
@@ -111,8 +121,6 @@ TEST(CppTrainer, MonitoredAndSwitchedThroughARealAgent) {
   const std::string out = read(dir + "/trainer.out");
   const std::string layers = run(ctl + "--json layers --run cpp-trainer");
   const std::string history = run(ctl + "--json history --run cpp-trainer --audit");
-  ::kill(agent, SIGTERM);
-  wait_exit(agent);
   ASSERT_EQ(rc, 0) << read(dir + "/trainer.out.err");
 
   std::vector<double> losses;
@@ -144,7 +152,6 @@ TEST(CppTrainer, MonitoredAndSwitchedThroughARealAgent) {
   ASSERT_EQ(agent_layers.size(), 3u);
   for (const auto& layer : agent_layers) EXPECT_GT(std::stoi(layer["samples"].get<std::string>()), 0) << layer.dump();
   EXPECT_EQ(agent_layers[2]["backend"], "BACKEND_PIVOT");
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
