@@ -13,7 +13,7 @@
 #              GAUGEWATCH_ENABLE_AGENT=OFF, noted in results.json
 #   build      everything (ninja -k 0: as much as compiles)
 #   ctest      all registered tests, GPU tests included
-#   pytest     python3 -m pytest tests/python (GPU tests included)
+#   pytest     python3 -m pytest, one process per tests/python file (GPU tests included)
 #   bench      every build/bin bench_* / *_bench binary and bench/**/*.py script
 # Output (flat, 8 files, under $OUT): device.log env.log build.log ctest.log
 # pytest.log bench.log bench.json results.json. A short table is printed last.
@@ -106,15 +106,16 @@ if m:
     ctext = read(os.path.join(out, "ctest.log"))
     failed_part = ctext.split("The following tests FAILED:")[-1] if "The following tests FAILED:" in ctext else ""
     ctest["failed_tests"] = re.findall(r"^\s*\d+ - (\S+).*\((?!Skipped|Disabled)[^)]*\)\s*$", failed_part, re.M)[:50]
-pytest = {}
+pytest = {"passed": 0, "failed": 0, "skipped": 0, "xfailed": 0, "xpassed": 0, "deselected": 0, "errors": 0}
+# One summary line per test file (device.sh runs each file in its own process).
 lines = [l for l in read(os.path.join(out, "pytest.log")).splitlines()
-         if re.search(r"\d+ (passed|failed|error|errors|skipped)|no tests ran", l)]
-if lines:
-    last = lines[-1]
+         if re.match(r"^=*\s*\d+ (passed|failed|error|errors|skipped)", l)]
+for line in lines:
     for key in ("passed", "failed", "skipped", "xfailed", "xpassed", "deselected"):
-        mm = re.search(r"(\d+) " + key, last); pytest[key] = int(mm.group(1)) if mm else 0
-    mm = re.search(r"(\d+) errors?", last); pytest["errors"] = int(mm.group(1)) if mm else 0
-    pytest["summary"] = last.strip("= ")
+        mm = re.search(r"(\d+) " + key, line); pytest[key] += int(mm.group(1)) if mm else 0
+    mm = re.search(r"(\d+) errors?", line); pytest["errors"] += int(mm.group(1)) if mm else 0
+pytest["files_reported"] = len(lines)
+pytest["crashed"] = re.findall(r"Fatal Python error: (\w+)", read(os.path.join(out, "pytest.log")))
 bench = []
 try:
     with open(os.path.join(out, "bench.json")) as f: bench = json.load(f)
@@ -277,14 +278,23 @@ else
 fi
 
 # --- pytest ---------------------------------------------------------------------------------
+# One process per test file: a crash (segfault in a native op) in one file must
+# not hide the results of the others.
 : >"$OUT/pytest.log"
-if find tests/python -name 'test_*.py' -o -name '*_test.py' 2>/dev/null | grep -q .; then
-  # shellcheck disable=SC2086
-  run_step pytest "$OUT/pytest.log" 60 "$PY" -m pytest tests/python -q -p no:cacheprovider -rs ${PYTEST_ARGS:-}
-  note="$(grep -E '[0-9]+ (passed|failed)|no tests ran' "$OUT/pytest.log" | tail -1 | tr -d '=')"
-  status="$(status_of $STEP_RC)"
-  [[ $STEP_RC -eq 5 ]] && note="no tests collected (exit 5) $note"
-  record pytest "$status" "$STEP_RC" "$STEP_S" "$note"
+mapfile -t py_files < <(find tests/python -maxdepth 1 \( -name 'test_*.py' -o -name '*_test.py' \) 2>/dev/null | sort)
+if ((${#py_files[@]})); then
+  t0=$(date +%s); worst=0; crashed=()
+  for f in "${py_files[@]}"; do
+    # shellcheck disable=SC2086
+    run_step "pytest $(basename "$f")" "$OUT/pytest.log" 60 "$PY" -X faulthandler -m pytest "$f" -q -p no:cacheprovider -rfEs ${PYTEST_ARGS:-}
+    case $STEP_RC in 0|5) ;; *) worst=$STEP_RC ;; esac
+    if ((STEP_RC > 128)); then crashed+=("$(basename "$f") (signal $((STEP_RC - 128)))"); fi
+  done
+  note="$(grep -E '^=*[ ]*[0-9]+ (passed|failed|error|errors|skipped)' "$OUT/pytest.log" | tr -d '=' |
+          awk '{for (i = 1; i < NF; i++) if ($(i+1) ~ /^(passed|failed|skipped|errors?),?$/) { k = $(i+1); sub(/,/, "", k); sub(/errors/, "error", k); n[k] += $i }}
+               END {printf "%d passed, %d failed, %d errors, %d skipped", n["passed"], n["failed"], n["error"], n["skipped"]}')"
+  ((${#crashed[@]})) && note="$note; crashed: ${crashed[*]}"
+  record pytest "$(status_of $worst)" "$worst" $(( $(date +%s) - t0 )) "$note"
 else
   say "pytest: no test files under tests/python"
   record pytest skipped 0 0 "no test files under tests/python"

@@ -83,7 +83,8 @@ def main():
     parser.add_argument("--sample-rows", type=int, default=256)
     parser.add_argument("--skip-sdpa", action="store_true", help="skip the SDPA math baseline (memory heavy)")
     parser.add_argument("--shapes", default="", help="comma-separated subset of shape names")
-    parser.add_argument("--json", default="", help="write results here")
+    parser.add_argument("--json", default="", help="write results here (default: "
+                        "$GAUGEWATCH_BENCH_OUT/bench_fp32_backward.json when that is set, as device.sh does)")
     args = parser.parse_args()
 
     if not torch.cuda.is_available():
@@ -159,6 +160,8 @@ def main():
     table = "\n".join(lines)
     print(f"\n{props.name}, torch {torch.__version__}\n{table}")
     results["markdown"] = table
+    if not args.json and os.environ.get("GAUGEWATCH_BENCH_OUT"):
+        args.json = os.path.join(os.environ["GAUGEWATCH_BENCH_OUT"], "bench_fp32_backward.json")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -10,11 +10,15 @@ reference emulates, and the emulation is faithful to them.
 Skips without a CUDA GPU; runs through scripts/device.sh.
 """
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+if os.environ.get("GAUGEWATCH_REQUIRE_GPU") == "1" and not torch.cuda.is_available():
+    raise RuntimeError("GAUGEWATCH_REQUIRE_GPU=1 but torch sees no CUDA GPU")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run scripts/device.sh")
 
 if torch.cuda.is_available():
