@@ -228,7 +228,35 @@ else
 fi
 
 # --- configure ------------------------------------------------------------------------------
+# The C++ compiler: one whose shared objects use the process's libstdc++.so. A
+# toolchain that links libstdc++ statically into shared libraries gives a torch
+# process two copies of it; the ops library then crashed in std::ostream
+# (seen on this image, 2026-11-29). Probe: a template libstdc++.so exports
+# (basic_ostream::_M_insert<long>) must stay undefined in the shared object.
+pick_cxx() {
+  local probe="$TMP/cxx-probe" cxx
+  mkdir -p "$probe"
+  printf '#include <sstream>\n#include <string>\nstd::string f(long x) { std::ostringstream o; o << x; return o.str(); }\n' >"$probe/p.cpp"
+  for cxx in ${CXX:-} c++ g++ /usr/bin/g++ /usr/bin/g++-13 /usr/bin/g++-14 /usr/bin/g++-12; do
+    command -v "$cxx" >/dev/null 2>&1 || continue
+    "$cxx" -shared -fPIC -O2 "$probe/p.cpp" -o "$probe/p.so" 2>/dev/null || continue
+    if ! nm -D --defined-only "$probe/p.so" 2>/dev/null | grep -q '_M_insert'; then
+      command -v "$cxx"
+      return
+    fi
+    echo "compiler $cxx links libstdc++ into shared objects: not used" >>"$OUT/env.log"
+  done
+}
+CXX_PICKED="$(pick_cxx)"
 CMAKE_ARGS=(-S . -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAUGEWATCH_PYTHON="$PY")
+if [[ -n "$CXX_PICKED" ]]; then
+  CC_PICKED="${CXX_PICKED%g++*}gcc${CXX_PICKED##*g++}"
+  [[ -x "$CC_PICKED" ]] || CC_PICKED="$(command -v gcc || echo cc)"
+  CMAKE_ARGS+=(-DCMAKE_CXX_COMPILER="$CXX_PICKED" -DCMAKE_C_COMPILER="$CC_PICKED" -DCMAKE_CUDA_HOST_COMPILER="$CXX_PICKED")
+  echo "C++ compiler: $CXX_PICKED ($("$CXX_PICKED" --version | head -1)), C: $CC_PICKED" >>"$OUT/env.log"
+else
+  say "configure: every C++ compiler found links libstdc++ statically into shared objects; using the default"
+fi
 [[ -n "${CMAKE_PREFIX_PATH:-}" ]] && CMAKE_ARGS+=(-DCMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH//:/;}")
 # shellcheck disable=SC2206
 [[ -n "${CMAKE_EXTRA_ARGS:-}" ]] && CMAKE_ARGS+=(${CMAKE_EXTRA_ARGS})
