@@ -38,12 +38,13 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_G
   list(APPEND GAUGEWATCH_CXX_WARNINGS -Wno-dangling-reference)
   list(APPEND GAUGEWATCH_CUDA_HOST_WARNINGS -Wno-dangling-reference)
 endif()
-# GCC 13 at -O3 reports -Warray-bounds inside libstdc++'s vector copy
-# (stl_algobase.h memmove "offset 8 out of bounds [0, 8]", GCC bug 107852).
+# GCC 13 at -O3 reports -Warray-bounds and -Wstringop-overflow inside
+# libstdc++'s vector copy (stl_algobase.h memmove into "a region of size 8",
+# GCC bugs 107852 and 106199) for code that copies small vectors.
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 13
    AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 14)
-  list(APPEND GAUGEWATCH_CXX_WARNINGS -Wno-array-bounds)
-  list(APPEND GAUGEWATCH_CUDA_HOST_WARNINGS -Wno-array-bounds)
+  list(APPEND GAUGEWATCH_CXX_WARNINGS -Wno-array-bounds -Wno-stringop-overflow)
+  list(APPEND GAUGEWATCH_CUDA_HOST_WARNINGS -Wno-array-bounds -Wno-stringop-overflow)
 endif()
 list(JOIN GAUGEWATCH_CUDA_HOST_WARNINGS "," _gw_cuda_host_warnings)
 
