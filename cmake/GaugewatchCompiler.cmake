@@ -86,3 +86,18 @@ if(GAUGEWATCH_ENABLE_FUZZ)
   target_compile_options(gaugewatch_fuzzer INTERFACE "$<$<COMPILE_LANGUAGE:CXX>:${_gw_fuzz_flags}>")
   target_link_options(gaugewatch_fuzzer INTERFACE ${_gw_fuzz_flags})
 endif()
+
+# --- Shared libraries loaded into Python processes ----------------------------------
+# gaugewatch::shared_libstdcxx binds libstdc++ to the shared libstdc++.so.6 that
+# the trainer process (Python, torch) already has. Some toolchains find only a
+# libstdc++.a on a library path that CMake adds (the GPU image's GCC 13 does:
+# /usr/lib/gcc/x86_64-linux-gnu/13 has no libstdc++.so) and link a private
+# copy into the .so; a torch process then has two libstdc++ copies and the
+# ops library crashed in std::ostream (seen 2026-11-29). Listed before the
+# implicit -lstdc++, -l:libstdc++.so.6 resolves every std:: symbol first.
+add_library(gaugewatch_shared_libstdcxx INTERFACE)
+add_library(gaugewatch::shared_libstdcxx ALIAS gaugewatch_shared_libstdcxx)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_SYSTEM_NAME STREQUAL "Linux")
+  target_link_libraries(gaugewatch_shared_libstdcxx INTERFACE
+    "-Wl,--push-state,--no-as-needed" "-l:libstdc++.so.6" "-Wl,--pop-state")
+endif()

@@ -287,6 +287,14 @@ CONFIGURED=$STEP_RC
 if [[ $CONFIGURED -eq 0 ]]; then
   run_step build "$OUT/build.log" 200 cmake --build "$BUILD_DIR" -j "$JOBS" -- -k 0
   note="$(grep -c '^FAILED:' "$OUT/build.log" 2>/dev/null) failed build edges"
+  # Our shared libraries are loaded into torch processes: none may carry a
+  # private copy of libstdc++ (see gaugewatch::shared_libstdcxx).
+  for so in "$BUILD_DIR"/lib/*.so; do
+    [[ -e "$so" ]] || continue
+    if nm -D --defined-only "$so" 2>/dev/null | grep -q 'codecvt'; then
+      note="$note; $(basename "$so") carries libstdc++"
+    fi
+  done
   record build "$(status_of $STEP_RC)" "$STEP_RC" "$STEP_S" "$note"
 else
   record build skipped 0 0 "not configured"
