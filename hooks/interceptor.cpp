@@ -215,7 +215,13 @@ struct AttentionImpl {
       case OpKind::kCudnn:
         std::tie(out, lse, i.cum_seq_q, i.cum_seq_k, i.max_q, i.max_k, i.philox_seed, i.philox_offset,
                  i.debug_attn_mask) =
-            at::_ops::_scaled_dot_product_cudnn_attention::call(q, k, v, i.attn_bias, /*compute_log_sumexp=*/true,
+            // An undefined Tensor converts to an optional that holds it; cuDNN
+            // then rejects it as a 1-D bias: pass nullopt for "no bias".
+            at::_ops::_scaled_dot_product_cudnn_attention::call(q, k, v,
+                                                                i.attn_bias.defined()
+                                                                    ? std::optional<Tensor>(i.attn_bias)
+                                                                    : std::nullopt,
+                                                                /*compute_log_sumexp=*/true,
                                                                 i.dropout_p, i.is_causal, i.return_debug_mask,
                                                                 i.scale);
         break;

@@ -2,6 +2,7 @@
 unchanged trainer (exec, exit status passed through, environment from flags)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -31,7 +32,10 @@ def test_run_sets_environment_and_passes_the_exit_status_through():
     code = ("import os, sys; print(os.environ['LD_PRELOAD'].split(':')[0]); "
             "print(os.environ['GAUGEWATCH_SAMPLE_EVERY'], os.environ['GAUGEWATCH_SOCKET']); sys.exit(7)")
     result = gaugewatch("run", "--sample-every", 50, "--socket", "/tmp/x.sock", "--", sys.executable, "-c", code,
-                        env={"LD_PRELOAD": "", "PATH": "/usr/bin:/bin"})
+                        # A bare environment, but where the gRPC libraries live
+                        # outside the system paths (the GPU machine) keep that.
+                        env={"LD_PRELOAD": "", "PATH": "/usr/bin:/bin",
+                             "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")})
     assert result.returncode == 7, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == str(build_dir() / "lib" / "libgaugewatch_hooks.so")
