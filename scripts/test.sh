@@ -37,6 +37,28 @@ ctest_summary="$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$LO
 [[ -n "$ctest_summary" ]] || ctest_summary="$(grep -E 'No tests were found' "$LOGS/ctest.log" | tail -1)"
 [[ -n "$ctest_summary" ]] || ctest_summary="(no summary; exit $ctest_rc)"
 
+# --- fuzz ------------------------------------------------------------------------------
+# The agent's libFuzzer target (message validation, YAML config, flags) needs
+# clang: a separate agent-only build, then a bounded run (ctest agent_fuzz_bounded).
+fuzz_rc=0
+fuzz_summary="(skipped: GAUGEWATCH_SKIP_FUZZ is set)"
+if [[ -z "${GAUGEWATCH_SKIP_FUZZ:-}" ]]; then
+  FUZZ_DIR="${BUILD_DIR}-fuzz"
+  echo "[test] libFuzzer: clang build of agent_fuzz in $FUZZ_DIR, then ctest -R agent_fuzz_bounded"
+  if CC=clang CXX=clang++ cmake -S . -B "$FUZZ_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+       -DGAUGEWATCH_ENABLE_FUZZ=ON -DGAUGEWATCH_ENABLE_TORCH=OFF -DGAUGEWATCH_ENABLE_CUDA=OFF \
+       -DGAUGEWATCH_ENABLE_BENCH=OFF >"$LOGS/fuzz-build.log" 2>&1 &&
+     cmake --build "$FUZZ_DIR" --target agent_fuzz >>"$LOGS/fuzz-build.log" 2>&1; then
+    ctest --test-dir "$FUZZ_DIR" -R '^agent_fuzz_bounded$' --output-on-failure --no-tests=error 2>&1 | tee "$LOGS/fuzz.log"
+    fuzz_rc=${PIPESTATUS[0]}
+    fuzz_summary="$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$LOGS/fuzz.log" | tail -1)"
+  else
+    fuzz_rc=1
+    fuzz_summary="(the clang fuzz build failed: see $LOGS/fuzz-build.log)"
+    tail -20 "$LOGS/fuzz-build.log"
+  fi
+fi
+
 # --- pytest ----------------------------------------------------------------------------
 pytest_rc=0
 pytest_summary=""
@@ -76,15 +98,19 @@ total_skipped=$(( ct_skipped + py_skipped ))
 total_failed=$(( ct_failed + py_failed ))
 if [[ $ctest_rc -ne 0 && $ct_failed -eq 0 ]]; then total_failed=$((total_failed + 1)); fi
 if [[ $pytest_rc -ne 0 && $py_failed -eq 0 ]]; then total_failed=$((total_failed + 1)); fi
+if [[ -z "${GAUGEWATCH_SKIP_FUZZ:-}" ]]; then
+  if [[ $fuzz_rc -eq 0 ]]; then total_passed=$((total_passed + 1)); else total_failed=$((total_failed + 1)); fi
+fi
 
 echo
 echo "================================ summary ================================"
 echo "build:  ${build_s}s (setup + configure + build, $BUILD_DIR)"
 echo "ctest:  $ctest_summary   [exit $ctest_rc]"
+echo "fuzz:   $fuzz_summary   [exit $fuzz_rc]"
 echo "pytest: $pytest_summary   [exit $pytest_rc]"
 echo "time:   ${SECONDS}s in all; logs in $LOGS"
 echo "tests: $total_passed passed, $total_failed failed, $total_skipped skipped"
-if [[ $ctest_rc -ne 0 || $pytest_rc -ne 0 ]]; then
+if [[ $ctest_rc -ne 0 || $pytest_rc -ne 0 || $fuzz_rc -ne 0 ]]; then
   exit 1
 fi
 exit 0
