@@ -21,6 +21,7 @@
 #include "kernels/reference/fused_backward_bf16.h"
 #include "kernels/reference/metrics.h"
 #include "kernels/torch/attention_call.h"
+#include "kernels/torch/registration.h"
 
 namespace gaugewatch::torch_ops {
 namespace {
@@ -194,7 +195,7 @@ at::Tensor attention_metrics_cpu(const at::Tensor& grad_out, const at::Tensor& q
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gaugewatch, CPU, m) {
+void register_cpu_kernels(torch::Library& m) {
   m.impl("attention_backward", &attention_backward_cpu);
   m.impl("attention_backward_rows", &attention_backward_rows_cpu);
   m.impl("attention_metrics", &attention_metrics_cpu);

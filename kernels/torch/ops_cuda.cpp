@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/fp32_backward.h"
 #include "kernels/torch/attention_call.h"
+#include "kernels/torch/registration.h"
 
 namespace gaugewatch::torch_ops {
 namespace {
@@ -152,7 +153,7 @@ at::Tensor attention_metrics_cuda(const at::Tensor&, const at::Tensor&, const at
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gaugewatch, CUDA, m) {
+void register_cuda_kernels(torch::Library& m) {
   m.impl("attention_backward", &attention_backward_cuda);
   m.impl("attention_backward_rows", &attention_backward_rows_cuda);
   m.impl("attention_metrics", &attention_metrics_cuda);

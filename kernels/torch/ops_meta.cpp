@@ -10,6 +10,7 @@
 
 #include "kernels/reference/metric_catalogue.h"
 #include "kernels/torch/attention_call.h"
+#include "kernels/torch/registration.h"
 
 namespace gaugewatch::torch_ops {
 namespace {
@@ -54,7 +55,7 @@ at::Tensor attention_metrics_meta(const at::Tensor& grad_out, const at::Tensor& 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gaugewatch, Meta, m) {
+void register_meta_kernels(torch::Library& m) {
   m.impl("attention_backward", &attention_backward_meta);
   m.impl("attention_backward_rows", &attention_backward_rows_meta);
   m.impl("attention_metrics", &attention_metrics_meta);

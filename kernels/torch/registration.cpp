@@ -33,14 +33,23 @@
 //   (backend bf16). metric_names() -> str[] gives the names in the same order.
 //
 // A fragment (not TORCH_LIBRARY) so that other gaugewatch libraries, such as
-// the hooks, can add ops of their own to the namespace.
+// the hooks, can add ops of their own to the namespace. Registration is done
+// by one static registrar rather than the TORCH_LIBRARY macros, so that a
+// second copy of this library (another build, another path) finds the ops
+// already defined and stays inert: a duplicate definition would throw during
+// static initialization and abort the trainer.
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <cstdio>
+#include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/reference/metric_catalogue.h"
+#include "kernels/torch/registration.h"
 
 namespace gaugewatch::torch_ops {
 namespace {
@@ -51,9 +60,7 @@ std::vector<std::string> metric_names() {
   return names;
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(gaugewatch, m) {
+void define_ops(torch::Library& m) {
   m.def(
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, *, "
       "bool is_causal=False, float? scale=None, str backend=\"gproj\", str causal_alignment=\"top_left\", "
@@ -71,5 +78,49 @@ TORCH_LIBRARY_FRAGMENT(gaugewatch, m) {
   // No tensor arguments, so no dispatch key: one kernel for every caller.
   m.def("metric_names() -> str[]", &metric_names);
 }
+
+// The libraries live as long as the process (this shared object is never
+// unloaded while torch holds its kernels).
+class Registrar {
+ public:
+  Registrar() {
+    // Nothing may escape a static initializer of a library loaded into a trainer.
+    try {
+      register_all();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[gaugewatch] registering torch.ops.gaugewatch failed: %s\n", e.what());
+    }
+  }
+
+ private:
+  void register_all() {
+    if (c10::Dispatcher::singleton().findSchema({"gaugewatch::attention_backward", ""}).has_value()) {
+      std::fprintf(stderr,
+                   "[gaugewatch] torch.ops.gaugewatch is already registered by another copy of "
+                   "libgaugewatch_ops.so; this copy stays inert\n");
+      return;
+    }
+    defs_ = std::make_unique<torch::Library>(torch::Library::FRAGMENT, "gaugewatch", std::nullopt, __FILE__,
+                                             __LINE__);
+    define_ops(*defs_);
+    cpu_ = make_impl(c10::DispatchKey::CPU);
+    register_cpu_kernels(*cpu_);
+    meta_ = make_impl(c10::DispatchKey::Meta);
+    register_meta_kernels(*meta_);
+#ifdef GAUGEWATCH_OPS_CUDA
+    cuda_ = make_impl(c10::DispatchKey::CUDA);
+    register_cuda_kernels(*cuda_);
+#endif
+  }
+
+  static std::unique_ptr<torch::Library> make_impl(c10::DispatchKey key) {
+    return std::make_unique<torch::Library>(torch::Library::IMPL, "gaugewatch", key, __FILE__, __LINE__);
+  }
+  std::unique_ptr<torch::Library> defs_, cpu_, meta_, cuda_;
+};
+
+const Registrar kRegistrar;
+
+}  // namespace
 
 }  // namespace gaugewatch::torch_ops

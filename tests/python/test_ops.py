@@ -318,3 +318,32 @@ def test_cuda_opcheck_and_unbuilt_backends():
     with pytest.raises(RuntimeError, match="head dims 64, 128 and 256"):
         q = Problem(N=8, M=8, d=32, device="cuda")
         ops.attention_backward(*q.args(), backend="fp32")
+
+
+# --- a second copy of the library ----------------------------------------------------------------
+
+
+def test_second_copy_from_another_path_stays_inert(tmp_path):
+    """Two builds of the library in one process (e.g. the hooks' and a user's
+    load_library): the second finds the ops defined, says so once and stays
+    inert instead of aborting the process on a duplicate definition."""
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "libgaugewatch_ops_copy.so"
+    shutil.copy(_LIB, copy)
+    code = (
+        "import torch\n"
+        f"torch.ops.load_library({str(_LIB)!r})\n"
+        f"torch.ops.load_library({str(copy)!r})\n"
+        "names = torch.ops.gaugewatch.metric_names()\n"
+        "q = torch.randn(1, 1, 4, 64).bfloat16()\n"
+        "lse = torch.zeros(1, 1, 4)\n"
+        "dq, dk, dv = torch.ops.gaugewatch.attention_backward(q, q, q, q, q, lse, backend='fp32')\n"
+        "print(len(names), tuple(dq.shape))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["20", "(1,", "1,", "4,", "64)"]
+    assert result.stderr.count("already registered by another copy") == 1, result.stderr
