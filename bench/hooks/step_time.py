@@ -160,6 +160,12 @@ def main():
             rows[name]["samples_last_round"] = s["samples_submitted"]
             rows[name]["audit_ms_total_last_round"] = s["audit_us_total"] / 1e3
             rows[name]["audits_skipped_budget_last_round"] = s["audits_skipped_budget"]
+            # The library's whole account of the last round (backends that ran,
+            # fallbacks, audit skips and their reasons): a variant that shows no
+            # samples says why here.
+            rows[name]["stats_last_round"] = {k: v for k, v in s.items() if k != "layers"}
+            rows[name]["layers_last_round"] = [{k: v for k, v in layer.items() if k != "history"}
+                                               for layer in s.get("layers", [])][:4]
     report = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
