@@ -24,6 +24,23 @@ std::string describe(const gaugewatch::agent::AgentConfig& config) {
   out += "  database:    " + config.database + "\n";
   out += "  rules:       " + std::to_string(gaugewatch::agent::effective_rules(config).size()) +
          " threshold, " + std::to_string(config.promql_rules.size()) + " PromQL\n";
+  const auto num = [](double v) {
+    std::string text = std::to_string(v);
+    text.erase(text.find_last_not_of('0') + 1);
+    if (!text.empty() && text.back() == '.') text.pop_back();
+    return text;
+  };
+  out += "  rate limit:  " +
+         (config.trainer_sample_rate > 0
+              ? num(config.trainer_sample_rate) + " samples/s per trainer, burst " +
+                    num(config.trainer_sample_burst)
+              : std::string("(off)")) +
+         "\n";
+  out += "  retention:   audit " +
+         (config.audit_max_rows > 0 ? std::to_string(config.audit_max_rows) + " rows" : std::string("unbounded rows")) +
+         ", " + (config.audit_max_age_seconds > 0 ? num(config.audit_max_age_seconds) + " s" : std::string("no age bound")) +
+         "; decisions: newest per scope + " + std::to_string(config.decision_history) +
+         " superseded; every " + num(config.retention_interval_seconds) + " s\n";
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include "agent/common/backend_names.h"
@@ -45,6 +46,18 @@ double parse_positive(std::string_view text, std::string_view what) {
   return value;
 }
 
+double parse_non_negative(std::string_view text, std::string_view what) {
+  std::string copy(text);
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(copy.c_str(), &end);
+  if (copy.empty() || end != copy.c_str() + copy.size() || errno != 0 || !std::isfinite(value) ||
+      value < 0.0) {
+    throw ConfigError(std::string(what) + ": expected a number >= 0, got '" + copy + "'");
+  }
+  return value;
+}
+
 bool parse_bool(std::string_view text, std::string_view what) {
   if (text == "true" || text == "1" || text == "yes") return true;
   if (text == "false" || text == "0" || text == "no") return false;
@@ -70,7 +83,7 @@ struct Option {
 
 std::string fmt_double(double v) {
   std::ostringstream out;
-  out << v;
+  out << std::setprecision(12) << v;
   return out.str();
 }
 
@@ -95,7 +108,8 @@ const std::vector<Option>& options() {
        [](AgentConfig& c, std::string_view v, std::string_view) { c.tls_cert = v; }},
       {"tls_key", "PEM private key for TCP", [](const AgentConfig& c) { return c.tls_key; },
        [](AgentConfig& c, std::string_view v, std::string_view) { c.tls_key = v; }},
-      {"admin_token_file", "file holding the bearer token admin calls over TCP must present",
+      {"admin_token_file",
+       "file holding the bearer token admin calls and hook streams over TCP must present",
        [](const AgentConfig& c) { return c.admin_token_file; },
        [](AgentConfig& c, std::string_view v, std::string_view) { c.admin_token_file = v; }},
       {"http_listen", "address host:port of /metrics and /healthz (port 0: any free port)",
@@ -126,6 +140,38 @@ const std::vector<Option>& options() {
        [](const AgentConfig& c) { return fmt_double(c.promql_interval_seconds); },
        [](AgentConfig& c, std::string_view v, std::string_view w) {
          c.promql_interval_seconds = parse_positive(v, w);
+       }},
+      {"trainer_sample_rate",
+       "samples/s each trainer stream may send sustained; the excess is dropped (0: unlimited)",
+       [](const AgentConfig& c) { return fmt_double(c.trainer_sample_rate); },
+       [](AgentConfig& c, std::string_view v, std::string_view w) {
+         c.trainer_sample_rate = parse_non_negative(v, w);
+       }},
+      {"trainer_sample_burst", "samples a trainer stream may send at once above the rate",
+       [](const AgentConfig& c) { return fmt_double(c.trainer_sample_burst); },
+       [](AgentConfig& c, std::string_view v, std::string_view w) {
+         c.trainer_sample_burst = parse_non_negative(v, w);
+       }},
+      {"audit_max_rows", "retention: most audit log rows kept (0: no row bound)",
+       [](const AgentConfig& c) { return std::to_string(c.audit_max_rows); },
+       [](AgentConfig& c, std::string_view v, std::string_view w) {
+         c.audit_max_rows = parse_uint(v, w, 1'000'000'000'000ull);
+       }},
+      {"audit_max_age_seconds", "retention: audit log rows older than this are deleted (0: no age bound)",
+       [](const AgentConfig& c) { return fmt_double(c.audit_max_age_seconds); },
+       [](AgentConfig& c, std::string_view v, std::string_view w) {
+         c.audit_max_age_seconds = parse_non_negative(v, w);
+       }},
+      {"decision_history",
+       "retention: superseded decisions kept (the newest of each target scope always stays)",
+       [](const AgentConfig& c) { return std::to_string(c.decision_history); },
+       [](AgentConfig& c, std::string_view v, std::string_view w) {
+         c.decision_history = parse_uint(v, w, 1'000'000'000'000ull);
+       }},
+      {"retention_interval_seconds", "how often retention prunes the SQLite store",
+       [](const AgentConfig& c) { return fmt_double(c.retention_interval_seconds); },
+       [](AgentConfig& c, std::string_view v, std::string_view w) {
+         c.retention_interval_seconds = parse_positive(v, w);
        }},
   };
   return kOptions;
@@ -445,8 +491,17 @@ void check_config(const AgentConfig& config) {
       throw ConfigError("tcp_listen needs tls_cert and tls_key (TCP is TLS only)");
     }
     if (config.admin_token.empty()) {
-      throw ConfigError("tcp_listen needs admin_token_file with a non-empty token");
+      throw ConfigError("tcp_listen needs admin_token_file with a non-empty token (admin calls and hook streams over TCP present it)");
     }
+  }
+  if (config.trainer_sample_rate > 0.0 && config.trainer_sample_burst < 1.0) {
+    throw ConfigError("trainer_sample_burst must be >= 1 when trainer_sample_rate is set");
+  }
+  if (config.audit_max_age_seconds > 100.0 * 365 * 86400) {
+    throw ConfigError("audit_max_age_seconds: more than 100 years (use 0 for no age bound)");
+  }
+  if (config.retention_interval_seconds > 365.0 * 86400) {
+    throw ConfigError("retention_interval_seconds: more than a year");
   }
   if (config.http_listen.empty()) throw ConfigError("http_listen is empty");
   if (config.database.empty()) throw ConfigError("database is empty");

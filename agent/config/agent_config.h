@@ -83,6 +83,21 @@ struct AgentConfig {
   std::vector<PromqlRule> promql_rules;
   gaugewatch::v1::SamplingPolicy sampling;  // sent to every trainer in HelloAck
   Limits limits;
+  // Per-trainer-stream token bucket on incoming samples: a stream may send
+  // `trainer_sample_burst` samples at once and `trainer_sample_rate` per
+  // second sustained; the excess is dropped and counted. 0 = unlimited.
+  double trainer_sample_rate = 50000.0;
+  double trainer_sample_burst = 100000.0;
+  // Retention of the SQLite store, enforced by the housekeeping thread every
+  // `retention_interval_seconds`. Audit log: at most `audit_max_rows` rows and
+  // none older than `audit_max_age_seconds` (0 disables either bound).
+  // Decisions: the newest decision of each target scope is always kept (it
+  // defines the desired backend); of the superseded ones, the newest
+  // `decision_history` are kept.
+  std::uint64_t audit_max_rows = 1'000'000;
+  double audit_max_age_seconds = 30.0 * 86400.0;
+  std::uint64_t decision_history = 10'000;
+  double retention_interval_seconds = 300.0;
   std::string config_file;  // where the YAML came from (empty: none)
 };
 

@@ -26,6 +26,7 @@ struct RankSnap {
   bool expired;
   double last_seen_seconds;
   std::uint64_t hook_dropped;
+  std::uint64_t samples_shed;
 };
 
 void append_number(std::string& out, double value) {
@@ -185,6 +186,7 @@ std::string render_metrics(const ExpositionInput& input, ExpositionFormat format
     rank.expired = entry->expired;
     rank.last_seen_seconds = static_cast<double>(entry->last_seen_unix_ns) / 1e9;
     rank.hook_dropped = entry->hook_dropped;
+    rank.samples_shed = entry->samples_shed;
     for (std::size_t i = 0; i < entry->layers.size(); ++i) {
       const auto& layer = entry->layers[i];
       if (!layer.exported) continue;
@@ -235,6 +237,8 @@ std::string render_metrics(const ExpositionInput& input, ExpositionFormat format
   per_rank(AgentMetric::kRankLastSeen, [](const RankSnap& r) { return r.last_seen_seconds; });
   per_rank(AgentMetric::kRankHookDropped,
            [](const RankSnap& r) { return static_cast<double>(r.hook_dropped); });
+  per_rank(AgentMetric::kRankSamplesShed,
+           [](const RankSnap& r) { return static_cast<double>(r.samples_shed); });
 
   const auto& c = input.counters;
   const auto single = [&](AgentMetric id, double value) {
@@ -312,6 +316,26 @@ std::string render_metrics(const ExpositionInput& input, ExpositionFormat format
     w.sample_suffix(metric, "_sum", "", static_cast<double>(c.sample_age_sum_ns.load()) / 1e9);
     w.sample_suffix(metric, "_count", "", static_cast<double>(cumulative));
   }
+  {
+    const auto& metric = agent_metric(AgentMetric::kSamplesShed);
+    w.header(metric);
+    for (std::size_t r = 0; r < kShedReasonCount; ++r) {
+      w.sample_u(metric, label("reason", shed_reason_name(static_cast<ShedReason>(r))),
+                 c.samples_shed_total[r].load());
+    }
+  }
+  for (const auto id : {AgentMetric::kStorePrunedRows, AgentMetric::kStoreRows}) {
+    const auto& metric = agent_metric(id);
+    w.header(metric);
+    const auto& values =
+        id == AgentMetric::kStorePrunedRows ? c.store_pruned_rows_total : c.store_rows;
+    for (std::size_t t = 0; t < kStoreTableCount; ++t) {
+      w.sample_u(metric, label("table", store_table_name(static_cast<StoreTable>(t))),
+                 values[t].load());
+    }
+  }
+  single_u(AgentMetric::kRetentionRuns, c.retention_runs_total.load());
+  single_u(AgentMetric::kStreamsUnauthenticated, c.hook_streams_refused_total.load());
   w.finish();
   return out;
 }

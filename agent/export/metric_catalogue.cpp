@@ -33,6 +33,8 @@ std::vector<ExportedMetric> build() {
        "Unix time of the rank's last message.", "run,rank"},
       {"gaugewatch_rank_hook_dropped_samples_total", MetricType::kCounter, "",
        "Samples the rank's hook dropped from its bounded queue.", "run,rank"},
+      {"gaugewatch_rank_samples_shed_total", MetricType::kCounter, "",
+       "Valid samples of the rank the agent discarded (its stream's rate limit).", "run,rank"},
       {"gaugewatch_agent_build_info", MetricType::kInfo, "", "Agent version.", "version"},
       {"gaugewatch_agent_start_time_seconds", MetricType::kGauge, "seconds",
        "Unix time the agent started.", ""},
@@ -81,6 +83,18 @@ std::vector<ExportedMetric> build() {
        "Time the previous /metrics rendering took.", ""},
       {"gaugewatch_agent_sample_age_seconds", MetricType::kHistogram, "seconds",
        "Time from a trainer stamping a sample to the agent applying it.", "le"},
+      {"gaugewatch_agent_samples_shed_total", MetricType::kCounter, "",
+       "Valid samples the agent discarded, by reason (rate_limit: a trainer stream over "
+       "trainer_sample_rate).",
+       "reason"},
+      {"gaugewatch_agent_store_pruned_rows_total", MetricType::kCounter, "",
+       "SQLite rows deleted by retention, by table (audit, decisions).", "table"},
+      {"gaugewatch_agent_store_rows", MetricType::kGauge, "",
+       "SQLite rows after the last retention pass, by table (audit, decisions).", "table"},
+      {"gaugewatch_agent_retention_runs_total", MetricType::kCounter, "",
+       "Retention passes over the SQLite store.", ""},
+      {"gaugewatch_agent_hook_streams_unauthenticated_total", MetricType::kCounter, "",
+       "Trainer streams over TCP refused for a missing or wrong bearer token.", ""},
   };
   if (agent.size() != kAgentMetricCount) throw std::logic_error("agent metric table size");
   out.insert(out.end(), agent.begin(), agent.end());

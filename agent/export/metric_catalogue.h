@@ -24,6 +24,7 @@ enum class AgentMetric : std::size_t {
   kRankExpired,
   kRankLastSeen,
   kRankHookDropped,
+  kRankSamplesShed,
   kBuildInfo,
   kStartTime,
   kTrainersConnected,
@@ -49,6 +50,11 @@ enum class AgentMetric : std::size_t {
   kScrapes,
   kScrapeDuration,
   kSampleAge,
+  kSamplesShed,
+  kStorePrunedRows,
+  kStoreRows,
+  kRetentionRuns,
+  kStreamsUnauthenticated,
   kCount,
 };
 

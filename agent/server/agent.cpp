@@ -43,7 +43,7 @@ Agent::Agent(const AgentConfig& config) : config_(config) {
   start_seconds_ = static_cast<double>(unix_now_ns()) / 1e9;
   store_ = std::make_unique<DecisionStore>(config_.database);
   controller_ = std::make_unique<Controller>(config_, *store_, counters_);
-  hook_service_ = std::make_unique<HookServiceImpl>(*controller_);
+  hook_service_ = std::make_unique<HookServiceImpl>(*controller_, config_.admin_token);
   admin_service_ = std::make_unique<AdminServiceImpl>(*controller_, config_.admin_token);
   promql_ = std::make_unique<PromqlPoller>(config_, *controller_);
 
@@ -117,12 +117,21 @@ HttpServer::Response Agent::metrics(const std::string& accept) {
 
 void Agent::housekeeping() {
   const auto tick = std::chrono::milliseconds(static_cast<std::int64_t>(
-      std::clamp(config_.rank_expiry_seconds * 250.0, 50.0, 1000.0)));
+      std::clamp(std::min(config_.rank_expiry_seconds * 250.0,
+                          config_.retention_interval_seconds * 1000.0),
+                 50.0, 1000.0)));
   auto next_promql = std::chrono::steady_clock::now();
+  auto next_retention = std::chrono::steady_clock::now();  // a first pass at start-up
   std::unique_lock lock(mu_);
   while (!stopping_) {
     lock.unlock();
     controller_->expire_ranks();
+    if (std::chrono::steady_clock::now() >= next_retention) {
+      controller_->enforce_retention();
+      next_retention = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(static_cast<std::int64_t>(
+                           config_.retention_interval_seconds * 1000));
+    }
     if (!config_.promql_rules.empty() && std::chrono::steady_clock::now() >= next_promql) {
       promql_->poll_once();
       next_promql = std::chrono::steady_clock::now() +

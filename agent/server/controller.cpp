@@ -25,7 +25,9 @@ Controller::Controller(const AgentConfig& config, DecisionStore& store, AgentCou
 }
 
 std::shared_ptr<Session> Controller::open_session() {
-  auto session = std::make_shared<Session>(next_session_id_.fetch_add(1));
+  auto session =
+      std::make_shared<Session>(next_session_id_.fetch_add(1), config_.trainer_sample_rate,
+                                config_.trainer_sample_burst, steady_now_ns());
   counters_.connections_total.fetch_add(1);
   return session;
 }
@@ -112,6 +114,7 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
   }
   std::vector<Firing> firings;
   RankEntry& rank = *session.rank;
+  std::size_t admitted = 0;
   {
     std::lock_guard lock(rank.mu);
     if (rank.session_id != session.id()) {
@@ -122,14 +125,20 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
     rank.last_seen_steady_ns = steady_now_ns();
     rank.last_seen_unix_ns = unix_now_ns();
     rank.expired = false;
-    rank.samples += samples;
+    // Rate limit per stream: the first `admitted` samples are applied, the
+    // rest are dropped and counted. Never waits, so no other stream is held up.
+    admitted = static_cast<std::size_t>(
+        session.sample_bucket.take(samples, rank.last_seen_steady_ns));
+    if (admitted < samples) rank.samples_shed += samples - admitted;
+    rank.samples += admitted;
     if (batch.dropped_total() > rank.hook_dropped) {
       counters_.hook_dropped_total.fetch_add(batch.dropped_total() - rank.hook_dropped);
       rank.hook_dropped = batch.dropped_total();
     }
     std::uint64_t evaluations = 0;
     const std::int64_t now_unix = rank.last_seen_unix_ns;
-    for (const auto& sample : batch.samples()) {
+    for (std::size_t s = 0; s < admitted; ++s) {
+      const auto& sample = batch.samples(static_cast<int>(s));
       if (sample.unix_time_ns() != 0) counters_.observe_sample_age(now_unix - sample.unix_time_ns());
       LayerEntry& layer = rank.layers[sample.layer()];
       layer.latest = to_values(sample.metrics());
@@ -154,7 +163,11 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
     }
     counters_.rule_evaluations_total.fetch_add(evaluations);
   }
-  counters_.samples_received_total.fetch_add(samples);
+  counters_.samples_received_total.fetch_add(admitted);
+  if (admitted < samples) {
+    counters_.samples_shed_total[static_cast<std::size_t>(ShedReason::kRateLimit)].fetch_add(
+        samples - admitted);
+  }
   for (const auto& firing : firings) fire(session, firing);
   return {};
 }
@@ -383,6 +396,26 @@ void Controller::audit(v1::AuditKind kind, const std::string& run_id, const std:
 void Controller::expire_ranks() {
   const auto expiry_ns = static_cast<std::int64_t>(config_.rank_expiry_seconds * 1e9);
   counters_.ranks_expired_total.fetch_add(registry_.expire(steady_now_ns(), expiry_ns));
+}
+
+void Controller::enforce_retention() {
+  RetentionPolicy policy;
+  policy.audit_max_rows = config_.audit_max_rows;
+  policy.audit_max_age_ns = static_cast<std::int64_t>(config_.audit_max_age_seconds * 1e9);
+  policy.decision_history = config_.decision_history;
+  try {
+    const PruneResult result = store_.prune(policy, unix_now_ns());
+    const auto audit = static_cast<std::size_t>(StoreTable::kAudit);
+    const auto decisions = static_cast<std::size_t>(StoreTable::kDecisions);
+    counters_.store_pruned_rows_total[audit].fetch_add(result.audit_deleted);
+    counters_.store_pruned_rows_total[decisions].fetch_add(result.decisions_deleted);
+    counters_.store_rows[audit].store(result.audit_rows);
+    counters_.store_rows[decisions].store(result.decision_rows);
+    counters_.retention_runs_total.fetch_add(1);
+  } catch (const StoreError& e) {
+    counters_.store_errors_total.fetch_add(1);
+    std::fprintf(stderr, "gaugewatch-agent: retention pass failed: %s\n", e.what());
+  }
 }
 
 void Controller::status(v1::GetStatusResponse& out) const {

@@ -60,6 +60,10 @@ class Controller {
 
   // Expires silent ranks (call periodically).
   void expire_ranks();
+  // Prunes the SQLite store by the configured retention (call periodically,
+  // off the hot path); exports the rows deleted and left. A store error is
+  // counted and logged, and the next pass tries again.
+  void enforce_retention();
 
   const DecisionBook& book() const { return book_; }
   RunRegistry& registry() { return registry_; }

@@ -2,12 +2,18 @@
 
 #include <thread>
 
+#include "agent/server/bearer_auth.h"
+
 namespace gaugewatch::agent {
 
 grpc::Status HookServiceImpl::Connect(
-    grpc::ServerContext* /*context*/,
+    grpc::ServerContext* context,
     grpc::ServerReaderWriter<gaugewatch::v1::AgentMessage, gaugewatch::v1::TrainerMessage>*
         stream) {
+  if (auto status = authorize_peer(*context, token_, "hook streams"); !status.ok()) {
+    controller_.counters().hook_streams_refused_total.fetch_add(1);
+    return status;
+  }
   auto session = controller_.open_session();
   std::thread writer([&stream, session] {
     gaugewatch::v1::AgentMessage message;

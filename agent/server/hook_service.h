@@ -1,6 +1,10 @@
 #pragma once
 // gRPC HookService: one bidirectional stream per trainer, a thin wrapper over
-// Controller. A writer thread per stream drains the session's outbox.
+// Controller. A writer thread per stream drains the session's outbox. Streams
+// over TCP must carry the same bearer token as admin calls; over the unix
+// socket none is needed.
+
+#include <string>
 
 #include "agent/server/controller.h"
 #include "gaugewatch/v1/hook_service.grpc.pb.h"
@@ -9,7 +13,8 @@ namespace gaugewatch::agent {
 
 class HookServiceImpl final : public gaugewatch::v1::HookService::Service {
  public:
-  explicit HookServiceImpl(Controller& controller) : controller_(controller) {}
+  HookServiceImpl(Controller& controller, std::string token)
+      : controller_(controller), token_(std::move(token)) {}
 
   grpc::Status Connect(
       grpc::ServerContext* context,
@@ -18,6 +23,7 @@ class HookServiceImpl final : public gaugewatch::v1::HookService::Service {
 
  private:
   Controller& controller_;
+  const std::string token_;
 };
 
 }  // namespace gaugewatch::agent

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "agent/server/token_bucket.h"
 #include "agent/state/run_registry.h"
 #include "gaugewatch/v1/hook_service.pb.h"
 
@@ -20,7 +21,9 @@ class Session {
  public:
   static constexpr std::size_t kMaxOutbox = 4096;
 
-  explicit Session(std::uint64_t id) : id_(id) {}
+  // rate <= 0: no limit on incoming samples.
+  Session(std::uint64_t id, double sample_rate, double sample_burst, std::int64_t now_ns)
+      : sample_bucket(sample_rate, sample_burst, now_ns), id_(id) {}
 
   std::uint64_t id() const { return id_; }
 
@@ -37,6 +40,8 @@ class Session {
   std::string run_id;
   std::uint32_t rank_index = 0;
   std::uint32_t layer_count = 0;
+  // Incoming samples of this stream (read by its reader thread only).
+  TokenBucket sample_bucket;
 
   // Switch commands sent on this session and not yet acknowledged.
   std::mutex pending_mu;

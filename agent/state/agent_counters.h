@@ -15,6 +15,20 @@ inline constexpr std::array<double, 16> kSampleAgeBuckets = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
     0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,   10.0};
 
+// Why the agent discarded valid samples (gaugewatch_agent_samples_shed_total{reason}).
+enum class ShedReason : std::uint8_t { kRateLimit, kCount };
+inline constexpr std::size_t kShedReasonCount = static_cast<std::size_t>(ShedReason::kCount);
+inline constexpr const char* shed_reason_name(ShedReason reason) {
+  return reason == ShedReason::kRateLimit ? "rate_limit" : "unknown";
+}
+
+// Tables the retention pass prunes (gaugewatch_agent_store_*{table}).
+enum class StoreTable : std::uint8_t { kAudit, kDecisions, kCount };
+inline constexpr std::size_t kStoreTableCount = static_cast<std::size_t>(StoreTable::kCount);
+inline constexpr const char* store_table_name(StoreTable table) {
+  return table == StoreTable::kAudit ? "audit" : "decisions";
+}
+
 struct AgentCounters {
   // Cumulative counts are computed at exposition; here each bucket counts
   // the observations that fall in it (last one: above 10 s).
@@ -52,6 +66,12 @@ struct AgentCounters {
   std::atomic<std::uint64_t> scrapes_total{0};
   std::atomic<std::uint64_t> last_scrape_duration_ns{0};
   std::atomic<std::uint64_t> ranks_expired_total{0};
+  std::array<std::atomic<std::uint64_t>, kShedReasonCount> samples_shed_total{};
+  // Retention: rows deleted, rows left after the last pass, passes run.
+  std::array<std::atomic<std::uint64_t>, kStoreTableCount> store_pruned_rows_total{};
+  std::array<std::atomic<std::uint64_t>, kStoreTableCount> store_rows{};
+  std::atomic<std::uint64_t> retention_runs_total{0};
+  std::atomic<std::uint64_t> hook_streams_refused_total{0};  // TCP without the bearer token
 };
 
 }  // namespace gaugewatch::agent

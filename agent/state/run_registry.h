@@ -49,6 +49,7 @@ struct RankEntry {
   std::int64_t last_seen_unix_ns = 0;
   std::uint64_t samples = 0;
   std::uint64_t hook_dropped = 0;
+  std::uint64_t samples_shed = 0;  // valid samples discarded by the stream's rate limit
   std::vector<LayerEntry> layers;
 };
 

@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace gaugewatch::agent {
@@ -24,6 +25,7 @@ class Statement {
     sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
   }
   void bind_null(int index) { sqlite3_bind_null(stmt_, index); }
+  void reset() { sqlite3_reset(stmt_); }
   bool step() {
     const int rc = sqlite3_step(stmt_);
     if (rc == SQLITE_ROW) return true;
@@ -89,6 +91,7 @@ DecisionStore::DecisionStore(const std::string& path) {
         " kind INTEGER NOT NULL, run_id TEXT NOT NULL, rank INTEGER,"
         " command_id INTEGER NOT NULL, decision_id INTEGER NOT NULL, detail TEXT NOT NULL)");
     exec("CREATE INDEX IF NOT EXISTS audit_run ON audit(run_id)");
+    exec("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)");
   } catch (...) {
     sqlite3_close(db_);
     db_ = nullptr;
@@ -224,8 +227,96 @@ std::vector<gaugewatch::v1::AuditRecord> DecisionStore::audit(const std::string&
 
 std::uint64_t DecisionStore::max_command_id() const {
   std::lock_guard lock(mu_);
-  Statement stmt(db_, "SELECT COALESCE(MAX(command_id), 0) FROM audit");
+  Statement stmt(db_,
+                 "SELECT MAX(COALESCE((SELECT MAX(command_id) FROM audit), 0),"
+                 " COALESCE((SELECT value FROM meta WHERE key = 'max_command_id'), 0))");
   return stmt.step() ? static_cast<std::uint64_t>(stmt.integer(0)) : 0;
+}
+
+std::uint64_t DecisionStore::count_rows(const char* table) const {
+  std::lock_guard lock(mu_);
+  Statement stmt(db_, std::string("SELECT COUNT(*) FROM ") + table);
+  return stmt.step() ? static_cast<std::uint64_t>(stmt.integer(0)) : 0;
+}
+
+std::uint64_t DecisionStore::delete_in_chunks(const char* delete_sql, std::int64_t bound) {
+  std::uint64_t deleted = 0;
+  for (;;) {
+    std::lock_guard lock(mu_);
+    Statement stmt(db_, delete_sql);
+    stmt.bind(1, bound);
+    stmt.bind(2, kPruneChunkRows);
+    stmt.step();
+    const auto changed = static_cast<std::uint64_t>(sqlite3_changes(db_));
+    deleted += changed;
+    if (changed < static_cast<std::uint64_t>(kPruneChunkRows)) return deleted;
+  }
+}
+
+PruneResult DecisionStore::prune(const RetentionPolicy& policy, std::int64_t now_unix_ns) {
+  PruneResult result;
+  // Command ids continue from the largest stored one after a restart; keep
+  // that number even when the audit rows holding it are deleted.
+  {
+    std::lock_guard lock(mu_);
+    exec(
+        "INSERT INTO meta (key, value) SELECT 'max_command_id', COALESCE(MAX(command_id), 0)"
+        " FROM audit WHERE true ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)");
+  }
+  if (policy.audit_max_age_ns > 0) {
+    result.audit_deleted += delete_in_chunks(
+        "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ns < ?1 ORDER BY id LIMIT ?2)",
+        now_unix_ns - policy.audit_max_age_ns);
+  }
+  if (policy.audit_max_rows > 0) {
+    std::int64_t cutoff = -1;
+    {
+      std::lock_guard lock(mu_);
+      Statement stmt(db_, "SELECT id FROM audit ORDER BY id DESC LIMIT 1 OFFSET ?");
+      stmt.bind(1, static_cast<std::int64_t>(policy.audit_max_rows));
+      if (stmt.step()) cutoff = stmt.integer(0);
+    }
+    if (cutoff >= 0) {
+      result.audit_deleted += delete_in_chunks(
+          "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE id <= ?1 ORDER BY id LIMIT ?2)",
+          cutoff);
+    }
+  }
+  // Superseded decisions beyond the history bound: rank > 1 within their
+  // scope, newest first, after the first `decision_history` of them.
+  std::vector<std::int64_t> doomed;
+  {
+    std::lock_guard lock(mu_);
+    Statement stmt(db_,
+                   "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY run_id, all_runs,"
+                   " rank, layers ORDER BY id DESC) AS n FROM decisions) WHERE n > 1"
+                   " ORDER BY id DESC LIMIT -1 OFFSET ?");
+    stmt.bind(1, static_cast<std::int64_t>(policy.decision_history));
+    while (stmt.step()) doomed.push_back(stmt.integer(0));
+  }
+  for (std::size_t begin = 0; begin < doomed.size();
+       begin += static_cast<std::size_t>(kPruneChunkRows)) {
+    const std::size_t end =
+        std::min(doomed.size(), begin + static_cast<std::size_t>(kPruneChunkRows));
+    std::lock_guard lock(mu_);
+    exec("BEGIN");
+    try {
+      Statement stmt(db_, "DELETE FROM decisions WHERE id = ?");
+      for (std::size_t i = begin; i < end; ++i) {
+        stmt.bind(1, doomed[i]);
+        stmt.step();
+        stmt.reset();
+        result.decisions_deleted += static_cast<std::uint64_t>(sqlite3_changes(db_));
+      }
+      exec("COMMIT");
+    } catch (...) {
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      throw;
+    }
+  }
+  result.audit_rows = count_rows("audit");
+  result.decision_rows = count_rows("decisions");
+  return result;
 }
 
 }  // namespace gaugewatch::agent

@@ -19,8 +19,26 @@ class StoreError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Retention bounds (0 disables a bound). See AgentConfig.
+struct RetentionPolicy {
+  std::uint64_t audit_max_rows = 0;
+  std::int64_t audit_max_age_ns = 0;
+  std::uint64_t decision_history = 0;  // superseded decisions kept
+};
+
+struct PruneResult {
+  std::uint64_t audit_deleted = 0;
+  std::uint64_t decisions_deleted = 0;
+  std::uint64_t audit_rows = 0;      // left after the pass
+  std::uint64_t decision_rows = 0;
+};
+
 class DecisionStore {
  public:
+  // Rows deleted per transaction by prune(): the store's lock is released
+  // between chunks so that writers on the hot path wait at most one chunk.
+  static constexpr std::int64_t kPruneChunkRows = 2000;
+
   // Opens or creates the database at `path`. Throws StoreError.
   explicit DecisionStore(const std::string& path);
   ~DecisionStore();
@@ -39,11 +57,24 @@ class DecisionStore {
                                                   std::uint32_t limit) const;
   std::vector<gaugewatch::v1::AuditRecord> audit(const std::string& run_id,
                                                  std::uint32_t limit) const;
+  // Largest command id ever stored (survives pruning of the audit log).
   std::uint64_t max_command_id() const;
+
+  // Applies the retention policy. Decisions: the newest decision of each
+  // target scope (run_id, all_runs, rank, layers) is always kept, since an
+  // older one of the same scope can never be the newest that covers a layer;
+  // of the superseded ones the newest `decision_history` stay. Audit log:
+  // rows older than now - audit_max_age_ns go, then all but the newest
+  // audit_max_rows. Throws StoreError.
+  PruneResult prune(const RetentionPolicy& policy, std::int64_t now_unix_ns);
+  std::uint64_t count_rows(const char* table) const;
   std::string journal_mode() const;
 
  private:
   void exec(const char* sql);
+  // Runs `delete_sql` (one int64 bound at ?1, the chunk size at ?2) until it
+  // deletes fewer than a chunk; locks per chunk. Returns rows deleted.
+  std::uint64_t delete_in_chunks(const char* delete_sql, std::int64_t bound);
   std::vector<gaugewatch::v1::Decision> query_decisions(const std::string& sql,
                                                         const std::string& run_id,
                                                         std::int64_t limit) const;

@@ -54,8 +54,11 @@ v1::Sample SimTrainer::make_sample(std::uint64_t step, std::uint32_t layer, doub
   return sample;
 }
 
-SimTrainer::SimTrainer(std::shared_ptr<grpc::Channel> channel, v1::Hello hello)
-    : stub_(v1::HookService::NewStub(std::move(channel))), hello_(std::move(hello)) {}
+SimTrainer::SimTrainer(std::shared_ptr<grpc::Channel> channel, v1::Hello hello,
+                       std::string bearer_token)
+    : stub_(v1::HookService::NewStub(std::move(channel))),
+      hello_(std::move(hello)),
+      bearer_token_(std::move(bearer_token)) {}
 
 SimTrainer::~SimTrainer() {
   if (stream_ && !finished_) {
@@ -66,11 +69,15 @@ SimTrainer::~SimTrainer() {
 }
 
 bool SimTrainer::start(std::chrono::milliseconds timeout) {
+  if (!bearer_token_.empty()) context_.AddMetadata("authorization", "Bearer " + bearer_token_);
   stream_ = stub_->Connect(&context_);
   v1::TrainerMessage message;
   *message.mutable_hello() = hello_;
-  if (!stream_->Write(message)) return false;
+  const bool wrote = stream_->Write(message);
+  // The reader runs even if the write failed: it sees the end of the stream
+  // (e.g. a refused call), so wait_end() reports the agent's status.
   reader_ = std::thread([this] { read_loop(); });
+  if (!wrote) return false;
   std::unique_lock lock(mu_);
   return cv_.wait_for(lock, timeout, [this] { return got_ack_ || ended_; }) && got_ack_;
 }

@@ -26,7 +26,9 @@ class SimTrainer {
   // A sample with every catalogue metric set (live_dq_discrepancy = dq).
   static gaugewatch::v1::Sample make_sample(std::uint64_t step, std::uint32_t layer, double dq);
 
-  SimTrainer(std::shared_ptr<grpc::Channel> channel, gaugewatch::v1::Hello hello);
+  // `bearer_token` non-empty: sent as "authorization: Bearer <token>" (TCP).
+  SimTrainer(std::shared_ptr<grpc::Channel> channel, gaugewatch::v1::Hello hello,
+             std::string bearer_token = "");
   ~SimTrainer();
   SimTrainer(const SimTrainer&) = delete;
   SimTrainer& operator=(const SimTrainer&) = delete;
@@ -57,6 +59,7 @@ class SimTrainer {
                                            gaugewatch::v1::AgentMessage>>
       stream_;
   gaugewatch::v1::Hello hello_;
+  std::string bearer_token_;
   gaugewatch::v1::HelloAck hello_ack_;
   std::mutex mu_;
   std::mutex write_mu_;

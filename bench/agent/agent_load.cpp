@@ -114,9 +114,16 @@ int main(int argc, char** argv) {
   }
   TempDir dir;
   const std::string socket = dir.path() + "/agent.sock";
-  Subprocess agent({args.agent, "--grpc-socket", socket, "--http-listen", "127.0.0.1:0", "--database",
-                    dir.path() + "/agent.db", "--max-series", "1000000", "--default-rules", "false"},
-                   dir.path() + "/agent.log");
+  // Flat-out runs measure the agent's capacity: no per-trainer rate limit.
+  // Paced runs keep the embedded default limit (and report what it shed).
+  std::vector<std::string> agent_args = {args.agent, "--grpc-socket", socket, "--http-listen", "127.0.0.1:0",
+                                         "--database", dir.path() + "/agent.db", "--max-series", "1000000",
+                                         "--default-rules", "false"};
+  if (args.rate == 0) {
+    agent_args.push_back("--trainer-sample-rate");
+    agent_args.push_back("0");
+  }
+  Subprocess agent(agent_args, dir.path() + "/agent.log");
   std::uint16_t port = 0;
   for (int i = 0; i < 500 && port == 0; ++i) {
     std::smatch match;
@@ -186,6 +193,8 @@ int main(int argc, char** argv) {
   const double received =
       metric_value(after, "gaugewatch_agent_samples_received_total") -
       metric_value(before, "gaugewatch_agent_samples_received_total");
+  const std::string shed_sample = "gaugewatch_agent_samples_shed_total{reason=\"rate_limit\"}";
+  const double shed = metric_value(after, shed_sample) - metric_value(before, shed_sample);
 
   // Scrape time with the trainers idle (what Prometheus sees between bursts).
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -211,12 +220,12 @@ int main(int argc, char** argv) {
 
   std::printf(
       "{\"label\": \"%s\", \"offered_rate\": %.0f, \"trainers\": %u, \"layers\": %u, \"batch\": %u, \"seconds\": %.2f, "
-      "\"samples_sent\": %llu, \"samples_received\": %.0f, \"samples_per_second\": %.0f, "
+      "\"samples_sent\": %llu, \"samples_received\": %.0f, \"samples_shed\": %.0f, \"samples_per_second\": %.0f, "
       "\"ingest_p50_ms\": %.3f, \"ingest_p99_ms\": %.3f, \"layer_series\": %.0f, "
       "\"exposition_lines\": %.0f, \"exposition_bytes\": %zu, \"scrape_ms_median\": %.1f, "
       "\"scrape_ms_max\": %.1f, \"render_ms\": %.1f, \"agent_rss_mib\": %.1f, \"agent_peak_rss_mib\": %.1f}\n",
       args.label.c_str(), args.rate, args.trainers, args.layers, args.batch, elapsed,
-      static_cast<unsigned long long>(sent.load()), received, received / elapsed, p50, p99, series, lines,
+      static_cast<unsigned long long>(sent.load()), received, shed, received / elapsed, p50, p99, series, lines,
       bytes, scrape_ms[2], scrape_ms[4], render_ms, rss, hwm);
   return 0;
 }

@@ -125,6 +125,69 @@ TEST(AgentConfig, ErrorsNameTheKey) {
   EXPECT_THROW(load_config({"--max-series"}, env_of({}), cl), ConfigError);
 }
 
+TEST(AgentConfig, RateLimitAndRetentionFromDefaultsYamlEnvAndFlags) {
+  CommandLine cl;
+  AgentConfig config = load_config({}, env_of({}), cl);
+  // Embedded defaults: the load benchmark's paced runs offer 100k samples/s
+  // over 16 or 64 trainers (<= 6.25k per trainer): far under the limit.
+  EXPECT_DOUBLE_EQ(config.trainer_sample_rate, 50000.0);
+  EXPECT_DOUBLE_EQ(config.trainer_sample_burst, 100000.0);
+  EXPECT_EQ(config.audit_max_rows, 1'000'000u);
+  EXPECT_DOUBLE_EQ(config.audit_max_age_seconds, 30.0 * 86400.0);
+  EXPECT_EQ(config.decision_history, 10'000u);
+  EXPECT_DOUBLE_EQ(config.retention_interval_seconds, 300.0);
+
+  apply_yaml(R"(
+trainer_sample_rate: 2000
+trainer_sample_burst: 500
+audit_max_rows: 0
+audit_max_age_seconds: 3600
+decision_history: 7
+retention_interval_seconds: 0.5
+)",
+             config);
+  EXPECT_DOUBLE_EQ(config.trainer_sample_rate, 2000.0);
+  EXPECT_DOUBLE_EQ(config.trainer_sample_burst, 500.0);
+  EXPECT_EQ(config.audit_max_rows, 0u);
+  EXPECT_DOUBLE_EQ(config.audit_max_age_seconds, 3600.0);
+  EXPECT_EQ(config.decision_history, 7u);
+  EXPECT_DOUBLE_EQ(config.retention_interval_seconds, 0.5);
+  EXPECT_NO_THROW(check_config(config));
+
+  config = load_config({"--trainer-sample-rate", "0", "--audit-max-rows=25"},
+                       env_of({{"GAUGEWATCH_AGENT_TRAINER_SAMPLE_RATE", "10"},
+                               {"GAUGEWATCH_AGENT_DECISION_HISTORY", "3"},
+                               {"GAUGEWATCH_AGENT_AUDIT_MAX_AGE_SECONDS", "0"}}),
+                       cl);
+  EXPECT_DOUBLE_EQ(config.trainer_sample_rate, 0.0);  // flag beats environment
+  EXPECT_EQ(config.audit_max_rows, 25u);
+  EXPECT_EQ(config.decision_history, 3u);
+  EXPECT_DOUBLE_EQ(config.audit_max_age_seconds, 0.0);
+
+  const std::string help = help_text();
+  for (const char* flag : {"--trainer-sample-rate", "--trainer-sample-burst", "--audit-max-rows",
+                           "--audit-max-age-seconds", "--decision-history",
+                           "--retention-interval-seconds", "GAUGEWATCH_AGENT_AUDIT_MAX_ROWS"}) {
+    EXPECT_NE(help.find(flag), std::string::npos) << flag;
+  }
+
+  AgentConfig bad;
+  EXPECT_THROW(apply_yaml("trainer_sample_rate: -1", bad), ConfigError);
+  EXPECT_THROW(apply_yaml("audit_max_age_seconds: forever", bad), ConfigError);
+  EXPECT_THROW(apply_yaml("retention_interval_seconds: 0", bad), ConfigError);
+  EXPECT_THROW(apply_yaml("decision_history: -2", bad), ConfigError);
+  bad = AgentConfig{};
+  bad.trainer_sample_burst = 0.5;
+  EXPECT_THROW(check_config(bad), ConfigError);
+  bad.trainer_sample_rate = 0;  // unlimited: the burst does not matter
+  EXPECT_NO_THROW(check_config(bad));
+  bad.audit_max_age_seconds = 1e300;
+  EXPECT_THROW(check_config(bad), ConfigError);
+  bad.audit_max_age_seconds = 0;
+  bad.retention_interval_seconds = 1e12;
+  EXPECT_THROW(check_config(bad), ConfigError);
+}
+
 TEST(AgentConfig, TcpNeedsTlsAndToken) {
   AgentConfig config;
   config.tcp_listen = "127.0.0.1:0";

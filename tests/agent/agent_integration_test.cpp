@@ -366,8 +366,8 @@ TEST(AgentIntegration, TcpTlsAdminWithoutTokenIsRefused) {
     EXPECT_TRUE(admin->GetStatus(&context, {}, &response).ok());
     EXPECT_EQ(response.agent_version(), "0.1.0");
   }
-  // A trainer over TCP + TLS.
-  SimTrainer trainer(channel, SimTrainer::make_hello("run-tcp", 0, 1, 2));
+  // A trainer over TCP + TLS presents the same bearer token.
+  SimTrainer trainer(channel, SimTrainer::make_hello("run-tcp", 0, 1, 2), "s3cret-token");
   ASSERT_TRUE(trainer.start());
   ASSERT_TRUE(trainer.send_batch(batch_of(1, 0, 0.01)));
   EXPECT_TRUE(trainer.finish().ok());
@@ -384,6 +384,58 @@ TEST(AgentIntegration, TcpTlsAdminWithoutTokenIsRefused) {
             kCtlOk)
       << err2.str();
   EXPECT_NE(out2.str().find("\"agent_version\": \"0.1.0\""), std::string::npos) << out2.str();
+}
+
+// Hook streams over TCP need the admin bearer token; over the unix socket of
+// the same agent they do not.
+TEST(AgentIntegration, TcpHookStreamWithoutTokenIsRefused) {
+  TempDir dir;
+  ASSERT_TRUE(write_self_signed_certificate(dir.path() + "/cert.pem", dir.path() + "/key.pem"));
+  AgentConfig config = hermetic_config(dir);
+  config.tcp_listen = "127.0.0.1:0";
+  config.tls_cert = dir.path() + "/cert.pem";
+  config.tls_key = dir.path() + "/key.pem";
+  config.admin_token = "hook-token-42";
+  Agent agent(config);
+  ASSERT_GT(agent.tcp_port(), 0);
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = slurp(dir.path() + "/cert.pem");
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(agent.tcp_port()),
+                                     grpc::SslCredentials(ssl));
+
+  for (const std::string& token : {std::string(), std::string("wrong-token")}) {
+    SimTrainer intruder(channel, SimTrainer::make_hello("run-x", 0, 1, 2), token);
+    EXPECT_FALSE(intruder.start(seconds(10))) << "token '" << token << "'";
+    const grpc::Status status = intruder.wait_end(seconds(10));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << "token '" << token << "': " << status.error_message();
+    if (token.empty()) {
+      EXPECT_NE(status.error_message().find("authorization: Bearer"), std::string::npos)
+          << status.error_message();
+    }
+  }
+  // Nothing of the refused streams reached the state.
+  auto admin = v1::AdminService::NewStub(unix_channel(config));
+  EXPECT_EQ(list_runs(*admin, "run-x").runs_size(), 0);
+  EXPECT_NE(scrape(agent).find("gaugewatch_agent_hook_streams_unauthenticated_total 2\n"),
+            std::string::npos);
+  EXPECT_NE(scrape(agent).find("gaugewatch_agent_connections_total 0\n"), std::string::npos);
+
+  // With the token over TCP, and without one over the unix socket: accepted.
+  SimTrainer tcp_trainer(channel, SimTrainer::make_hello("run-x", 0, 2, 2), "hook-token-42");
+  ASSERT_TRUE(tcp_trainer.start());
+  ASSERT_TRUE(tcp_trainer.send_batch(batch_of(1, 0, 0.01)));
+  SimTrainer unix_trainer(unix_channel(config), SimTrainer::make_hello("run-x", 1, 2, 2));
+  ASSERT_TRUE(unix_trainer.start());
+  ASSERT_TRUE(unix_trainer.send_batch(batch_of(1, 1, 0.01)));
+  ASSERT_TRUE(eventually([&] {
+    auto runs = list_runs(*admin, "run-x");
+    return runs.runs_size() == 1 && runs.runs(0).ranks_size() == 2 &&
+           runs.runs(0).ranks(0).layers(0).samples() == 1 &&
+           runs.runs(0).ranks(1).layers(1).samples() == 1;
+  }));
+  EXPECT_TRUE(tcp_trainer.finish().ok());
+  EXPECT_TRUE(unix_trainer.finish().ok());
 }
 
 TEST(AgentIntegration, SamplingCaptureCommandsAndCaptureRule) {

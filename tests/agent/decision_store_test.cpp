@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "agent/server/token_bucket.h"
 #include "agent/state/decision_book.h"
 #include "tests/agent/temp_dir.h"
 
@@ -62,6 +63,123 @@ TEST(DecisionStore, WalModeAndSurvivesReopen) {
   EXPECT_TRUE(store.audit("r2", 10).empty());
 }
 
+v1::AuditRecord audit_at(std::int64_t time_ns, std::uint64_t command_id) {
+  v1::AuditRecord record;
+  record.set_unix_time_ns(time_ns);
+  record.set_kind(v1::AUDIT_KIND_COMMAND_SENT);
+  record.set_run_id("r1");
+  record.set_command_id(command_id);
+  record.set_detail("switch");
+  return record;
+}
+
+TEST(DecisionStoreRetention, AuditByAgeThenByRowsKeepsTheNewest) {
+  TempDir dir;
+  DecisionStore store(dir.path() + "/agent.db");
+  constexpr std::int64_t kSecond = 1'000'000'000;
+  const std::int64_t now = 1'000'000 * kSecond;
+  // 3000 old rows (an hour old and more; more than one prune chunk), then 100 recent ones.
+  for (int i = 0; i < 3000; ++i) {
+    auto record = audit_at(now - 7200 * kSecond + i, static_cast<std::uint64_t>(i + 1));
+    store.add_audit(record);
+  }
+  for (int i = 0; i < 100; ++i) {
+    auto record = audit_at(now - 60 * kSecond + i, 0);
+    store.add_audit(record);
+  }
+  ASSERT_EQ(store.count_rows("audit"), 3100u);
+  RetentionPolicy policy;
+  policy.audit_max_age_ns = 3600 * kSecond;
+  PruneResult result = store.prune(policy, now);
+  EXPECT_EQ(result.audit_deleted, 3000u);
+  EXPECT_EQ(result.audit_rows, 100u);
+  EXPECT_EQ(store.count_rows("audit"), 100u);
+  for (const auto& record : store.audit("", 1000)) {
+    EXPECT_GE(record.unix_time_ns(), now - 3600 * kSecond);
+  }
+  // The command ids of the deleted rows still count: ids continue after 3000.
+  EXPECT_EQ(store.max_command_id(), 3000u);
+
+  policy.audit_max_rows = 30;
+  result = store.prune(policy, now);
+  EXPECT_EQ(result.audit_deleted, 70u);
+  EXPECT_EQ(result.audit_rows, 30u);
+  const auto left = store.audit("", 1000);
+  ASSERT_EQ(left.size(), 30u);
+  EXPECT_EQ(left.front().audit_id(), 3100u);  // newest first: the newest 30 stay
+  EXPECT_EQ(left.back().audit_id(), 3071u);
+  // Nothing more to do: a second pass deletes nothing.
+  EXPECT_EQ(store.prune(policy, now).audit_deleted, 0u);
+  // Unbounded policy deletes nothing either.
+  EXPECT_EQ(store.prune(RetentionPolicy{}, now).audit_deleted, 0u);
+  EXPECT_EQ(store.count_rows("audit"), 30u);
+
+  // Everything aged out: the table is empty, the largest command id survives
+  // the prune and a reopen.
+  policy.audit_max_age_ns = 1;
+  store.prune(policy, now + 3600 * kSecond);
+  EXPECT_EQ(store.count_rows("audit"), 0u);
+  EXPECT_EQ(store.max_command_id(), 3000u);
+  DecisionStore reopened(dir.path() + "/agent.db");
+  EXPECT_EQ(reopened.max_command_id(), 3000u);
+}
+
+TEST(DecisionStoreRetention, DecisionsKeepNewestPerScopePlusBoundedHistory) {
+  TempDir dir;
+  DecisionStore store(dir.path() + "/agent.db");
+  std::vector<v1::Decision> added;
+  auto add = [&](v1::Decision d) {
+    store.add_decision(d);
+    added.push_back(d);
+  };
+  // Oldest: run r1, all layers -> pivot (its scope never gets a newer one).
+  add(decision("r1", false, std::nullopt, {}, v1::BACKEND_PIVOT));
+  add(decision("", true, std::nullopt, {4}, v1::BACKEND_FP32));
+  // 20 flips of r1 rank 0 layer 1, and 10 of r1 rank 1 layers 2,3.
+  for (int i = 0; i < 20; ++i) {
+    add(decision("r1", false, 0, {1}, i % 2 ? v1::BACKEND_GPROJ : v1::BACKEND_STOCK));
+    if (i % 2 == 0) {
+      add(decision("r1", false, 1, {2, 3}, i % 4 ? v1::BACKEND_STOCK : v1::BACKEND_GPROJ));
+    }
+  }
+  ASSERT_EQ(store.count_rows("decisions"), 32u);
+  DecisionBook before;
+  for (const auto& d : store.all_decisions()) before.add(d);
+
+  RetentionPolicy policy;
+  policy.decision_history = 5;
+  const PruneResult result = store.prune(policy, 0);
+  // 4 scopes keep their newest; of the 28 superseded, the newest 5 stay.
+  EXPECT_EQ(result.decisions_deleted, 23u);
+  EXPECT_EQ(result.decision_rows, 9u);
+  const auto kept = store.all_decisions();
+  ASSERT_EQ(kept.size(), 9u);
+  EXPECT_EQ(kept[0].decision_id(), added[0].decision_id());  // the oldest, still in force
+  EXPECT_EQ(kept[1].decision_id(), added[1].decision_id());
+  EXPECT_EQ(kept.back().decision_id(), added.back().decision_id());
+
+  // The desired backend of every (run, rank, layer) is what it was.
+  DecisionBook after;
+  for (const auto& d : kept) after.add(d);
+  for (const char* run : {"r1", "r2"}) {
+    for (std::uint32_t rank = 0; rank < 3; ++rank) {
+      for (std::uint32_t layer = 0; layer < 6; ++layer) {
+        const auto a = before.desired(run, rank, layer);
+        const auto b = after.desired(run, rank, layer);
+        EXPECT_EQ(a.backend, b.backend) << run << " " << rank << " " << layer;
+        EXPECT_EQ(a.decision_id, b.decision_id) << run << " " << rank << " " << layer;
+      }
+    }
+  }
+  EXPECT_EQ(before.desired("r1", 0, 1).backend, v1::BACKEND_GPROJ);
+  EXPECT_EQ(after.desired("r1", 3, 0).backend, v1::BACKEND_PIVOT);
+  EXPECT_EQ(after.desired("r7", 3, 4).backend, v1::BACKEND_FP32);
+
+  policy.decision_history = 0;
+  EXPECT_EQ(store.prune(policy, 0).decisions_deleted, 5u);
+  EXPECT_EQ(store.count_rows("decisions"), 4u);
+}
+
 TEST(DecisionStore, UnopenableDatabaseThrows) {
   EXPECT_THROW(DecisionStore("/nonexistent-dir/x/agent.db"), StoreError);
 }
@@ -82,6 +200,46 @@ TEST(DecisionBook, NewestCoveringDecisionWins) {
   EXPECT_EQ(book.desired("r9", 0, 2).decision_id, 2u);
   EXPECT_EQ(book.desired("r9", 0, 1).backend, v1::BACKEND_UNSPECIFIED);
   EXPECT_EQ(book.desired("r1", 7, 1).backend, v1::BACKEND_STOCK);
+}
+
+TEST(DecisionBook, HoldsOnlyTheNewestDecisionPerScope) {
+  DecisionBook book;
+  std::uint64_t id = 0;
+  for (int i = 0; i < 1000; ++i) {
+    auto d = decision("r1", false, 0, {1, 2}, i % 2 ? v1::BACKEND_GPROJ : v1::BACKEND_STOCK);
+    d.set_decision_id(++id);
+    book.add(d);
+  }
+  auto other = decision("r1", false, 0, {2, 1}, v1::BACKEND_FP32);  // another layer order: another scope
+  other.set_decision_id(++id);
+  book.add(other);
+  EXPECT_EQ(book.size(), 1001u);
+  EXPECT_EQ(book.in_force(), 2u);
+  EXPECT_EQ(book.desired("r1", 0, 1).backend, v1::BACKEND_FP32);
+  auto narrow = decision("r1", false, 0, {1}, v1::BACKEND_PIVOT);
+  narrow.set_decision_id(++id);
+  book.add(narrow);
+  EXPECT_EQ(book.in_force(), 3u);
+  EXPECT_EQ(book.desired("r1", 0, 1).backend, v1::BACKEND_PIVOT);
+  EXPECT_EQ(book.desired("r1", 0, 2).backend, v1::BACKEND_FP32);
+}
+
+TEST(TokenBucket, GrantsBurstThenRateAndNeverMore) {
+  constexpr std::int64_t kMs = 1'000'000;
+  TokenBucket bucket(1000.0, 200.0, 0);
+  EXPECT_EQ(bucket.take(150, 0), 150u);
+  EXPECT_EQ(bucket.take(150, 0), 50u);  // the burst is spent
+  EXPECT_EQ(bucket.take(10, 0), 0u);
+  EXPECT_EQ(bucket.take(100, 10 * kMs), 10u);   // 10 ms at 1000/s
+  EXPECT_EQ(bucket.take(100, 10 * kMs), 0u);
+  EXPECT_EQ(bucket.take(1000, 5000 * kMs), 200u);  // refill caps at the burst
+  EXPECT_EQ(bucket.take(1, 4000 * kMs), 0u);     // time going backwards grants nothing
+  // Half tokens accumulate.
+  EXPECT_EQ(bucket.take(1, 5000 * kMs + kMs / 2), 0u);
+  EXPECT_EQ(bucket.take(1, 5001 * kMs), 1u);
+  TokenBucket unlimited(0.0, 0.0, 0);
+  EXPECT_TRUE(unlimited.unlimited());
+  EXPECT_EQ(unlimited.take(1u << 30, 0), 1u << 30);
 }
 
 }  // namespace
