@@ -264,6 +264,7 @@ int cmd_status(Client& client, const Options& o, std::ostream& out) {
       << "ranks expired     " << response.ranks_expired() << "\n"
       << "samples received  " << response.samples_received_total() << "\n"
       << "samples rejected  " << response.samples_rejected_total() << "\n"
+      << "samples shed      " << response.samples_shed_total() << " (rate limit)\n"
       << "decisions         " << response.decisions_total() << "\n"
       << "rules             " << response.rules() << "\n"
       << "grpc              " << response.grpc_listen() << "\n"

@@ -439,6 +439,9 @@ void Controller::status(v1::GetStatusResponse& out) const {
   out.set_ranks_expired(expired);
   out.set_samples_received_total(counters_.samples_received_total.load());
   out.set_samples_rejected_total(counters_.samples_rejected_total.load());
+  std::uint64_t shed = 0;
+  for (const auto& reason : counters_.samples_shed_total) shed += reason.load();
+  out.set_samples_shed_total(shed);
   out.set_decisions_total(book_.size());
   out.set_rules(static_cast<std::uint32_t>(rules_.size()));
   out.set_grpc_listen(config_.grpc_socket.empty() ? config_.tcp_listen

@@ -135,6 +135,7 @@ void RunRegistry::list(const gaugewatch::v1::ListRunsRequest& request,
     rank->set_last_seen_unix_time_ns(entry->last_seen_unix_ns);
     rank->set_samples(entry->samples);
     rank->set_hook_dropped_total(entry->hook_dropped);
+    rank->set_samples_shed_total(entry->samples_shed);
     if (!request.include_layers()) continue;
     for (std::size_t i = 0; i < entry->layers.size(); ++i) {
       const auto& layer = entry->layers[i];

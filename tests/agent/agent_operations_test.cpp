@@ -8,10 +8,12 @@
 #include <atomic>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <chrono>
 #include <string>
 #include <thread>
 
+#include "agent/ctl/ctl_commands.h"
 #include "agent/export/http_server.h"
 #include "agent/server/agent.h"
 #include "agent/testing/sim_trainer.h"
@@ -131,6 +133,24 @@ TEST(AgentRateLimit, FloodingTrainerIsShedNormalTrainerUnaffected) {
   EXPECT_TRUE(has_line(text, "gaugewatch_rank_samples_shed_total{run=\"run-calm\",rank=\"0\"} 0"));
   EXPECT_TRUE(has_line(text, "gaugewatch_agent_samples_received_total " +
                                  std::to_string(applied + kCalmSamples)));
+  // The admin API and gaugewatchctl show the same counts.
+  {
+    grpc::ClientContext context;
+    v1::GetStatusResponse status;
+    ASSERT_TRUE(admin->GetStatus(&context, {}, &status).ok());
+    EXPECT_EQ(status.samples_shed_total(), dropped);
+    EXPECT_EQ(status.samples_received_total(), applied + kCalmSamples);
+    EXPECT_EQ(list_runs(*admin, "run-flood").runs(0).ranks(0).samples_shed_total(), dropped);
+    EXPECT_EQ(list_runs(*admin, "run-calm").runs(0).ranks(0).samples_shed_total(), 0u);
+    std::ostringstream out, err;
+    ASSERT_EQ(run_ctl({"status", "--socket", config.grpc_socket}, out, err,
+                      [](const char*) -> const char* { return nullptr; }),
+              kCtlOk)
+        << err.str();
+    EXPECT_NE(out.str().find("samples shed      " + std::to_string(dropped) + " (rate limit)"),
+              std::string::npos)
+        << out.str();
+  }
   // Shedding is not a rejection: both streams are still open and end cleanly.
   EXPECT_TRUE(has_line(text, "gaugewatch_agent_trainers_connected 2"));
   EXPECT_TRUE(has_line(text, "gaugewatch_agent_samples_rejected_total 0"));
