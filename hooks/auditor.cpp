@@ -14,6 +14,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -38,6 +39,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kQueueCapacity = 4;
+// A sampled step queues one job per sampled layer at once; on CUDA the thread
+// drains them only as fast as the GPU reaches each layer's backward (the host
+// runs ahead), so the queue takes a whole step's layers, up to this many.
+constexpr std::size_t kMaxSampleQueue = 16;
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using MetricsFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -83,7 +88,9 @@ class Auditor {
   bool submit(Job job) {
     std::lock_guard lock(mu_);
     // Captures were asked for by the agent: they get room beyond the samples' share.
-    const std::size_t capacity = job.capture ? 2 * kQueueCapacity : kQueueCapacity;
+    const std::size_t samples =
+        std::min<std::size_t>(kMaxSampleQueue, std::max<std::size_t>(kQueueCapacity, job.plan.sampled_layers));
+    const std::size_t capacity = job.capture ? samples + kQueueCapacity : samples;
     if (stopping_ || queue_.size() >= capacity) return false;
     queue_.push_back(std::move(job));
     cv_.notify_all();
@@ -215,17 +222,26 @@ void write_capture(const Job& job) {
 }
 
 void Auditor::run(Job& job) {
-  const auto start = Clock::now();
-  const double queue_us = std::chrono::duration<double, std::micro>(start - job.queued).count();
   double backward_us = job.backward_us;
 #if defined(GAUGEWATCH_HOOKS_CUDA)
   if (job.copied) {
     job.copied->synchronize();  // the side stream's copies (never the training stream)
     if (job.backward_start && job.backward_end) {
-      backward_us = 1000.0 * static_cast<double>(job.backward_start->elapsed_time(*job.backward_end));
+      try {
+        backward_us = 1000.0 * static_cast<double>(job.backward_start->elapsed_time(*job.backward_end));
+      } catch (const std::exception& e) {
+        // A timing that cannot be read costs the timing, not the sample.
+        log_once("backward-timing", std::string("CUDA event timing of the sampled backward failed (logged once): ") +
+                                        short_what(e));
+      }
     }
   }
 #endif
+  // The audit's own time starts when its operands are on the host: waiting
+  // for the GPU to reach the sampled backward (the training stream runs ahead
+  // of the host) is queue time, not audit time charged to the budget.
+  const auto start = Clock::now();
+  const double queue_us = std::chrono::duration<double, std::micro>(start - job.queued).count();
   if (job.capture) write_capture(job);
   if (!job.sample) return;
   const Operands& s = job.slice;
@@ -252,6 +268,19 @@ void Auditor::run(Job& job) {
     sample.metrics[i] = p[i];
   }
   auto slot = [&](reference::MetricId id) -> double& { return sample.metrics[static_cast<std::size_t>(id)]; };
+  // live_gauge_violation (NUMERICS.md: the same backend's dQ with every key
+  // translated by minus the mean key): the op measures it on this slice for
+  // the stock fused BF16 numerics ("live" in the op) and for GProj; report
+  // the one of the backend that ran. The op has none for pivot or fp32.
+  auto op_value = [&](reference::MetricId id) {
+    const auto i = static_cast<std::int64_t>(id);
+    return i < v64.numel() ? p[i] : std::nan("");
+  };
+  if (job.ran == Backend::kStock || job.ran == Backend::kBf16) {
+    slot(reference::MetricId::kLiveGaugeViolation) = op_value(reference::MetricId::kLiveGaugeViolation);
+  } else if (job.ran == Backend::kGproj) {
+    slot(reference::MetricId::kLiveGaugeViolation) = op_value(reference::MetricId::kGprojGaugeViolation);
+  }
   slot(reference::MetricId::kLiveDqDiscrepancy) = relative_error(job.live_dq, dq);
   if (job.compare_dkdv) {
     slot(reference::MetricId::kLiveDkDiscrepancy) = relative_error(job.live_dk, dk);
@@ -373,9 +402,21 @@ std::shared_ptr<CudaTiming> start_backward_timing(const at::Tensor& q) {
 #endif
 }
 
-void audit_call(const AuditCall& c, const BackwardPlan& plan, Backend ran, double backward_us) {
+at::Tensor canonical_lse(const at::Tensor& lse, std::int64_t q_len) {
+  if (!lse.defined()) return lse;
+  at::Tensor t = lse;
+  if (t.dim() == 4 && t.size(3) == 1) t = t.select(3, 0);                 // cuDNN
+  if (t.dim() == 3 && t.size(2) > q_len) t = t.narrow(2, 0, q_len);      // efficient: padding
+  return t;
+}
+
+void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, double backward_us) {
   try {
-    if (c.q.dim() != 4 || c.k.dim() != 4 || c.lse.dim() != 3 || !c.dq.defined() || c.q.is_nested()) {
+    AuditCall c = call;
+    if (c.q.dim() == 4 && !c.q.is_nested()) c.lse = canonical_lse(c.lse, c.q.size(2));
+    if (c.q.dim() != 4 || c.k.dim() != 4 || !c.lse.defined() || c.lse.dim() != 3 || !c.dq.defined() ||
+        c.q.is_nested() || c.lse.size(0) != c.q.size(0) || c.lse.size(1) != c.q.size(1) ||
+        c.lse.size(2) != c.q.size(2)) {
       rt::count_audit_skipped("unsupported operand layout");
       return;
     }

@@ -7,7 +7,8 @@
 // contiguous copy, microseconds) and hands them to the auditor thread, which
 // runs gaugewatch::attention_metrics and the FP32 recompute
 // (gaugewatch::attention_backward backend "fp32") on them and measures the
-// live backward's discrepancy. The thread's queue is bounded (4 jobs): a full
+// live backward's discrepancy. The thread's queue is bounded (4 jobs, or the
+// step's sampled layers up to 16; captures get 4 more): a full
 // queue skips the sample. Its run time is charged against the overhead budget
 // (runtime.h), which skips later sampled steps when exceeded.
 //
@@ -47,6 +48,13 @@ struct AuditCall {
   const char* op = "";                     // intercepted op, for the logs
   std::shared_ptr<CudaTiming> timing;      // from start_backward_timing, or nullptr
 };
+
+// The log-sum-exp of an intercepted call as (B, H, N), a view: the ops return
+// it in different layouts (torch 2.11, torch/_meta_registrations.py): the CPU
+// and CUDA flash ops (B, H, N); cuDNN (B, H, N, 1); efficient attention
+// (B, H, ceil(N / 32) * 32), padded. Anything else is returned unchanged
+// (the caller's shape checks then refuse it).
+at::Tensor canonical_lse(const at::Tensor& lse, std::int64_t q_len);
 
 // Queues the audit and / or capture of `call` (plan.sample / plan.capture);
 // never throws.

@@ -44,6 +44,10 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
 #include <array>
 #include <chrono>
 #include <cstdlib>
@@ -142,11 +146,14 @@ std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, 
     return refuse("attention mask / bias");
   }
   if (info.cum_seq_q.defined() || q.is_nested()) return refuse("packed / nested sequences");
-  if (q.dim() != 4 || k.dim() != 4 || lse.dim() != 3) return refuse("not (B, H, N, d)");
+  if (q.dim() != 4 || k.dim() != 4) return refuse("not (B, H, N, d)");
+  // cuDNN's lse is (B, H, N, 1), efficient attention's padded: the ops take (B, H, N).
+  const Tensor lse3 = canonical_lse(lse, q.size(2)).contiguous();
+  if (lse3.dim() != 3 || lse3.size(2) != q.size(2)) return refuse("log-sum-exp not (B, H, N)");
   auto op = gaugewatch_backward_op();
   if (!op) return refuse("libgaugewatch_ops is not loaded");
   try {
-    auto [dq, dk, dv] = op->call(grad_out.contiguous(), q, k, v, out, lse, info.is_causal, info.scale, b,
+    auto [dq, dk, dv] = op->call(grad_out.contiguous(), q, k, v, out, lse3, info.is_causal, info.scale, b,
                                  "top_left", std::nullopt, std::nullopt, false, true);
     dq = dq.to(q.scalar_type());
     dk = dk.to(k.scalar_type());
@@ -415,6 +422,40 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient(const Tensor& q, const Tens
   return {outs[0], outs[1], i.philox_seed, i.philox_offset};
 }
 
+// --- versions for the agent's Hello ----------------------------------------------
+// CUDA builds: the CUDA runtime's version and the CUDA version the installed
+// driver supports ("13.0"), when a driver is there; "" without one (a CPU
+// machine) and in CPU-only builds. Neither call creates a CUDA context or
+// initializes the driver (safe before a fork).
+int cuda_driver_number() {
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+  int version = 0;
+  if (cudaDriverGetVersion(&version) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return version;
+#else
+  return 0;
+#endif
+}
+
+std::string cuda_driver_version() { return format_cuda_version(cuda_driver_number()); }
+
+std::string cuda_runtime_version() {
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+  if (cuda_driver_number() <= 0) return "";
+  int version = 0;
+  if (cudaRuntimeGetVersion(&version) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  return format_cuda_version(version);
+#else
+  return "";
+#endif
+}
+
 // --- ops for the Python helper ---------------------------------------------------
 std::string stats_op() { return stats_json(); }
 std::vector<std::string> layer_names_op() { return layer_names(); }
@@ -437,7 +478,7 @@ struct Registration {
         log_line("GAUGEWATCH_DISABLE is set: SDPA is not intercepted");
         return;
       }
-      rt::set_versions(TORCH_VERSION, "", "");
+      rt::set_versions(TORCH_VERSION, cuda_runtime_version(), cuda_driver_version());
       defs = std::make_unique<torch::Library>(torch::Library::DEF, "gaugewatch_hooks", std::nullopt, __FILE__,
                                               __LINE__);
       defs->def("stats() -> str", &stats_op);

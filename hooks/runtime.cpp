@@ -109,7 +109,10 @@ BackwardPlan Runtime::on_backward(const ForwardPlan& forward) {
   }
   plan.layer = id;
   if (id < 0) return plan;
-  if (sample_layers_.count(id) != 0 && sampled_done_.insert(id).second && plan.step == step_) plan.sample = true;
+  if (sample_layers_.count(id) != 0 && sampled_done_.insert(id).second && plan.step == step_) {
+    plan.sample = true;
+    plan.sampled_layers = static_cast<std::uint32_t>(sample_layers_.size());
+  }
   if (auto it = capture_arms_.find(id); it != capture_arms_.end()) {
     plan.capture = true;
     if (--it->second == 0) capture_arms_.erase(it);
@@ -143,6 +146,7 @@ void Runtime::count_fallback() {
 void Runtime::count_audit_skipped(const char* why) {
   std::lock_guard lock(mu_);
   ++audits_skipped_other_;
+  ++audits_skipped_reasons_[why];
   log_once(std::string("audit-skip:") + why, std::string("audit sample skipped: ") + why + " (logged once)");
 }
 
@@ -314,7 +318,12 @@ void Runtime::submit_sample(v1::Sample sample, double audit_us) {
     credit_us_ -= audit_us;
     audit_us_total_ += audit_us;
     ++samples_submitted_;
-    if (sample.layer() < layers_.size()) ++layers_[sample.layer()].samples;
+    if (sample.layer() < layers_.size()) {
+      LayerRecord& layer = layers_[sample.layer()];
+      ++layer.samples;
+      layer.latest_step = static_cast<std::int64_t>(sample.step());
+      layer.latest = sample.metrics();
+    }
     reporter = reporter_.get();
   }
   if (reporter != nullptr) reporter->enqueue_sample(std::move(sample));
@@ -399,6 +408,7 @@ std::string Runtime::stats_json_locked() {
   j["samples_submitted"] = samples_submitted_;
   j["audits_skipped_budget"] = audits_skipped_budget_;
   j["audits_skipped_other"] = audits_skipped_other_;
+  j["audits_skipped_reasons"] = audits_skipped_reasons_;
   j["audit_us_total"] = audit_us_total_;
   j["commands_applied"] = commands_applied_;
   j["commands_rejected"] = commands_rejected_;
@@ -421,6 +431,19 @@ std::string Runtime::stats_json_locked() {
     const LayerRecord& l = layers_[i];
     nlohmann::json history = nlohmann::json::array();
     for (const auto& [step, backend] : l.history) history.push_back({step, std::string(backend_name(backend))});
+    // The latest sample's metrics that were set, by their wire names.
+    nlohmann::json latest = nlohmann::json::object();
+    if (l.latest_step >= 0) {
+      latest["step"] = l.latest_step;
+      const auto* reflection = l.latest.GetReflection();
+      std::vector<const google::protobuf::FieldDescriptor*> fields;
+      reflection->ListFields(l.latest, &fields);
+      for (const auto* field : fields) {
+        if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) {
+          latest[field->name()] = reflection->GetDouble(l.latest, field);
+        }
+      }
+    }
     layers.push_back({{"index", i},
                       {"name", l.name},
                       {"backend", std::string(backend_name(l.backend))},
@@ -428,7 +451,8 @@ std::string Runtime::stats_json_locked() {
                       {"backward_calls", l.backward_calls},
                       {"samples", l.samples},
                       {"last_backward_step", l.last_backward_step},
-                      {"history", history}});
+                      {"history", history},
+                      {"latest", latest}});
   }
   j["layers"] = layers;
   return j.dump();
@@ -532,6 +556,11 @@ v1::Sample to_proto(const SampleData& d) {
   t->set_queue_us(std::isfinite(d.queue_us) ? std::max(0.0, d.queue_us) : 0.0);
   sample.set_unix_time_ns(d.unix_time_ns);
   return sample;
+}
+
+std::string format_cuda_version(int version) {
+  if (version <= 0) return "";
+  return std::to_string(version / 1000) + "." + std::to_string((version % 1000) / 10);
 }
 
 namespace rt {

@@ -47,6 +47,7 @@ struct BackwardPlan {
   std::uint64_t step = 0;
   Backend backend = Backend::kStock;
   bool sample = false;
+  std::uint32_t sampled_layers = 0;  // with sample: layers sampled in this step (the auditor's queue takes them all)
   bool capture = false;
   std::uint32_t max_heads = 1;
   std::uint32_t max_rows = 128;
@@ -76,5 +77,10 @@ void submit_sample(const SampleData& sample);
 void add_shutdown_hook(std::function<void()> hook);
 void set_versions(std::string torch, std::string cuda, std::string driver);
 }  // namespace rt
+
+// "major.minor" of a CUDA version number as cudaRuntimeGetVersion /
+// cudaDriverGetVersion return it (1000 * major + 10 * minor: 13000 -> "13.0",
+// 12040 -> "12.4"); "" for 0 or less (no driver, no CUDA).
+std::string format_cuda_version(int version);
 
 }  // namespace gaugewatch::hooks

@@ -31,6 +31,9 @@ struct LayerRecord {
   Backend last_ran = Backend::kStock;
   // (first step, backend) each time the backward that actually ran changed.
   std::vector<std::pair<std::uint64_t, Backend>> history;
+  // The metrics of the layer's latest submitted sample (stats "latest").
+  std::int64_t latest_step = -1;
+  gaugewatch::v1::LayerMetrics latest;
 };
 
 class Runtime final : public Reporter::Source {
@@ -129,6 +132,7 @@ class Runtime final : public Reporter::Source {
   std::uint64_t samples_submitted_ = 0;
   std::uint64_t audits_skipped_budget_ = 0;
   std::uint64_t audits_skipped_other_ = 0;
+  std::map<std::string, std::uint64_t> audits_skipped_reasons_;  // why, for audits_skipped_other_
   std::uint64_t commands_applied_ = 0;
   std::uint64_t commands_rejected_ = 0;
   double audit_us_total_ = 0.0;

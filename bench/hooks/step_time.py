@@ -166,6 +166,10 @@ def main():
             rows[name]["stats_last_round"] = {k: v for k, v in s.items() if k != "layers"}
             rows[name]["layers_last_round"] = [{k: v for k, v in layer.items() if k != "history"}
                                                for layer in s.get("layers", [])][:4]
+            if name == "sampling_defaults" and s["samples_submitted"] == 0:
+                print(f"warning: {name} submitted no samples; skipped audits by reason: "
+                      f"{s.get('audits_skipped_reasons')}, over budget: {s['audits_skipped_budget']}",
+                      file=sys.stderr, flush=True)
     report = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),

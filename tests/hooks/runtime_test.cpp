@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "hooks/runtime_state.h"
 
 namespace gaugewatch::hooks {
@@ -107,6 +109,26 @@ TEST(Runtime, SamplerRotatesThroughLayersOnEveryNthStep) {
   EXPECT_EQ(sampled[4], (std::vector<std::int64_t>{0, 1}));
 }
 
+TEST(Runtime, SampledCallsCarryTheStepsSampledLayerCount) {
+  // The auditor's queue is sized from it: a step's sampled layers all fit.
+  HookConfig c = no_agent();
+  c.every_n_steps = 1;
+  c.layer_fraction = 0.75;
+  Runtime rt(c);
+  for (int step = 0; step < 3; ++step) {
+    int sampled = 0;
+    for (const auto& plan : train_pass(rt, 8)) {
+      if (!plan.sample) {
+        EXPECT_EQ(plan.sampled_layers, 0u);
+        continue;
+      }
+      ++sampled;
+      EXPECT_EQ(plan.sampled_layers, 6u);  // ceil(0.75 * 8)
+    }
+    EXPECT_EQ(sampled, 6) << "step " << step;
+  }
+}
+
 TEST(Runtime, SwitchAppliesAtTheNextPassBoundary) {
   Runtime rt(no_agent());
   train_pass(rt, 3);
@@ -159,6 +181,55 @@ TEST(Runtime, HelloListsLayersWithTheirBackends) {
   EXPECT_EQ(hello.layers(0).backend(), v1::BACKEND_STOCK);
   EXPECT_EQ(hello.layers(1).backend(), v1::BACKEND_FP32);
   EXPECT_EQ(hello.layers(1).name(), "attn.1");
+}
+
+TEST(Runtime, HelloCarriesTheVersionsAsSet) {
+  Runtime rt(no_agent());
+  rt.set_versions("2.11.0+cu130", format_cuda_version(13000), format_cuda_version(12080));
+  train_pass(rt, 1);
+  const v1::Hello hello = rt.hello();
+  EXPECT_EQ(hello.torch_version(), "2.11.0+cu130");
+  EXPECT_EQ(hello.cuda_version(), "13.0");
+  EXPECT_EQ(hello.driver_version(), "12.8");
+}
+
+TEST(Runtime, CudaVersionNumbersFormatAsMajorMinor) {
+  EXPECT_EQ(format_cuda_version(13000), "13.0");
+  EXPECT_EQ(format_cuda_version(12040), "12.4");
+  EXPECT_EQ(format_cuda_version(12090), "12.9");
+  EXPECT_EQ(format_cuda_version(11080), "11.8");
+  EXPECT_EQ(format_cuda_version(0), "");   // cudaDriverGetVersion without a driver
+  EXPECT_EQ(format_cuda_version(-1), "");
+}
+
+TEST(Runtime, SkippedAuditsAreCountedByReason) {
+  Runtime rt(no_agent());
+  train_pass(rt, 2);
+  rt.count_audit_skipped("unsupported operand layout");
+  rt.count_audit_skipped("unsupported operand layout");
+  rt.count_audit_skipped("auditor busy (queue full)");
+  const std::string stats = rt.stats_json();
+  EXPECT_NE(stats.find("\"audits_skipped_other\":3"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"audits_skipped_reasons\":{\"auditor busy (queue full)\":1,"
+                       "\"unsupported operand layout\":2}"),
+            std::string::npos)
+      << stats;
+}
+
+TEST(Runtime, StatsKeepTheLatestSampleOfEachLayer) {
+  Runtime rt(no_agent());
+  train_pass(rt, 2);
+  SampleData data;
+  data.step = 0;
+  data.layer = 1;
+  data.metrics.fill(std::nan(""));
+  data.metrics[static_cast<std::size_t>(reference::MetricId::kLiveGaugeViolation)] = 0.25;
+  data.metrics[static_cast<std::size_t>(reference::MetricId::kKeyRms)] = -1.0;  // not reportable: left out
+  rt.submit_sample(to_proto(data), 10.0);
+  const std::string stats = rt.stats_json();
+  EXPECT_NE(stats.find("\"latest\":{\"live_gauge_violation\":0.25,\"step\":0}"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"latest\":{}"), std::string::npos) << stats;  // layer 0: no sample yet
+  EXPECT_NE(stats.find("\"samples_submitted\":1"), std::string::npos) << stats;
 }
 
 }  // namespace

@@ -12,9 +12,12 @@ killed mid-run and restarted (training completes, the hook reconnects);
 layer identity under activation checkpointing, gradient accumulation and
 no-grad eval forwards; a second copy of the library stays inert."""
 
+import ctypes
 import json
+import math
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -102,11 +105,14 @@ class Agent:
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout)
 
-    def layers(self, run_id):
+    def rank(self, run_id):
         runs = self.ctl_json("layers", "--run", run_id).get("runs", [])
         if not runs or not runs[0].get("ranks"):
-            return []
-        return runs[0]["ranks"][0].get("layers", [])
+            return {}
+        return runs[0]["ranks"][0]
+
+    def layers(self, run_id):
+        return self.rank(run_id).get("layers", [])
 
 
 @pytest.fixture
@@ -121,6 +127,24 @@ def agent_factory(binaries, workdir):
     yield make
     for agent in agents:
         agent.stop()
+
+
+def torch_version():
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                         text=True, timeout=120)
+    return out.stdout.strip()
+
+
+def cuda_driver_version():
+    """cuDriverGetVersion through ctypes, as "major.minor"; "" without a CUDA driver."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return ""
+    version = ctypes.c_int(0)
+    if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value <= 0:
+        return ""
+    return f"{version.value // 1000}.{(version.value % 1000) // 10}"
 
 
 def trainer_env(lib, workdir, run_id, socket, mode, **extra):
@@ -216,6 +240,26 @@ def test_rule_switches_layer_at_step_boundary(mode, binaries, workdir, agent_fac
     assert [layer["name"] for layer in layers] == NAMES[mode]
     assert all(int(layer.get("samples", 0)) > 0 for layer in layers), layers
     assert all(layer["latest"].get("live_dq_discrepancy", 0) > 0 for layer in layers), layers
+    # The translation audit of the backend in use reaches the agent too (stock
+    # layers: the op's stock figure; layer 1 after its switch: GProj's).
+    for layer in layers:
+        gauge = layer["latest"].get("live_gauge_violation")
+        assert gauge is not None and math.isfinite(gauge) and gauge > 0, layer
+    # ... and is the figure the hook computed for that layer's latest sample.
+    hook_latest = {layer["name"]: layer["latest"] for layer in stats["layers"]}
+    assert all(hook_latest[layer["name"]].get("live_gauge_violation") is not None for layer in layers), hook_latest
+
+    # The Hello's versions as the agent keeps them: torch's, and the CUDA
+    # runtime's / driver's ("major.minor") when a CUDA driver is there, else empty.
+    rank = agent.rank(run_id)
+    assert rank.get("torch_version") == torch_version().split("+")[0], rank  # TORCH_VERSION: no local suffix
+    cuda, driver = rank["cuda_version"], rank["driver_version"]
+    expected_driver = cuda_driver_version()
+    assert driver == expected_driver, (rank, expected_driver)
+    if expected_driver:
+        assert re.fullmatch(r"\d+\.\d+", cuda), rank
+    else:
+        assert cuda == "", rank
 
     # The rule fired for layer 1 only; the hook acked the switch at step S.
     decisions = agent.ctl_json("history", "--run", run_id, "--audit")
@@ -233,6 +277,10 @@ def test_rule_switches_layer_at_step_boundary(mode, binaries, workdir, agent_fac
     ack_steps = {a["detail"] for a in acked}
     assert f"step {switch_step}" in ack_steps, (ack_steps, switch_step)
     assert stats["backward_calls"]["gproj"] == 25 - switch_step
+    # Layer 1's latest sample, once it ran gproj, reports GProj's translation audit as the live one.
+    latest_1 = hook_latest[NAMES[mode][1]]
+    if latest_1["step"] >= switch_step:
+        assert latest_1["live_gauge_violation"] == latest_1["gproj_gauge_violation"], latest_1
     assert stats["fallbacks"] == 0
 
     # The capture command wrote layer 0's operands, readable by `gaugewatch audit`.
