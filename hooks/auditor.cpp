@@ -455,14 +455,20 @@ void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, do
       if (!job.sample && !job.capture) return;
       const c10::cuda::CUDAGuard guard(c.q.device());
       const c10::cuda::CUDAStream training = c10::cuda::getCurrentCUDAStream(c.q.device().index());
-      static std::map<c10::DeviceIndex, c10::cuda::CUDAStream>* side_streams = new std::map<c10::DeviceIndex, c10::cuda::CUDAStream>();
-      auto it = side_streams->find(c.q.device().index());
-      if (it == side_streams->end()) {
-        it = side_streams->emplace(c.q.device().index(),
-                                   c10::cuda::getStreamFromPool(/*isHighPriority=*/false, c.q.device().index()))
-                 .first;
-      }
-      const c10::cuda::CUDAStream side = it->second;
+      // One side stream per device; the backwards of several devices run on
+      // their own autograd threads, hence the lock.
+      static std::mutex* side_streams_mu = new std::mutex;
+      static auto* side_streams = new std::map<c10::DeviceIndex, c10::cuda::CUDAStream>();
+      const c10::cuda::CUDAStream side = [&] {
+        std::lock_guard streams_lock(*side_streams_mu);
+        auto it = side_streams->find(c.q.device().index());
+        if (it == side_streams->end()) {
+          it = side_streams->emplace(c.q.device().index(),
+                                     c10::cuda::getStreamFromPool(/*isHighPriority=*/false, c.q.device().index()))
+                   .first;
+        }
+        return it->second;
+      }();
       auto ready = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
       ready->record(training);
       ready->block(side);
