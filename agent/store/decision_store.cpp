@@ -91,19 +91,35 @@ DecisionStore::DecisionStore(const std::string& path) {
         " kind INTEGER NOT NULL, run_id TEXT NOT NULL, rank INTEGER,"
         " command_id INTEGER NOT NULL, decision_id INTEGER NOT NULL, detail TEXT NOT NULL)");
     exec("CREATE INDEX IF NOT EXISTS audit_run ON audit(run_id)");
+    exec("CREATE INDEX IF NOT EXISTS audit_time ON audit(time_ns)");
     exec("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)");
+    // A second connection for retention (see prune()).
+    if (sqlite3_open_v2(path.c_str(), &prune_db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX,
+                        nullptr) != SQLITE_OK) {
+      throw StoreError("cannot open database '" + path + "' for retention: " +
+                       (prune_db_ ? sqlite3_errmsg(prune_db_) : "out of memory"));
+    }
+    sqlite3_busy_timeout(prune_db_, 5000);
+    exec_on(prune_db_, "PRAGMA synchronous=NORMAL");
   } catch (...) {
+    sqlite3_close(prune_db_);
+    prune_db_ = nullptr;
     sqlite3_close(db_);
     db_ = nullptr;
     throw;
   }
 }
 
-DecisionStore::~DecisionStore() { sqlite3_close(db_); }
+DecisionStore::~DecisionStore() {
+  sqlite3_close(prune_db_);
+  sqlite3_close(db_);
+}
 
-void DecisionStore::exec(const char* sql) {
+void DecisionStore::exec(const char* sql) { exec_on(db_, sql); }
+
+void DecisionStore::exec_on(sqlite3* db, const char* sql) {
   char* error = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &error) != SQLITE_OK) {
     std::string message = error ? error : "unknown error";
     sqlite3_free(error);
     throw StoreError(std::string("sqlite: ") + message + " in: " + sql);
@@ -239,55 +255,71 @@ std::uint64_t DecisionStore::count_rows(const char* table) const {
   return stmt.step() ? static_cast<std::uint64_t>(stmt.integer(0)) : 0;
 }
 
+std::int64_t DecisionStore::prune_query_int(const char* sql, std::int64_t bound,
+                                            std::int64_t fallback) {
+  Statement stmt(prune_db_, sql);
+  stmt.bind(1, bound);
+  if (!stmt.step() || stmt.is_null(0)) return fallback;
+  return stmt.integer(0);
+}
+
+void DecisionStore::keep_max_command_id(std::int64_t command_id) {
+  if (command_id <= 0) return;
+  Statement stmt(prune_db_,
+                 "INSERT INTO meta (key, value) VALUES ('max_command_id', ?)"
+                 " ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)");
+  stmt.bind(1, command_id);
+  stmt.step();
+}
+
 std::uint64_t DecisionStore::delete_in_chunks(const char* delete_sql, std::int64_t bound) {
   std::uint64_t deleted = 0;
+  Statement stmt(prune_db_, delete_sql);
   for (;;) {
-    std::lock_guard lock(mu_);
-    Statement stmt(db_, delete_sql);
     stmt.bind(1, bound);
     stmt.bind(2, kPruneChunkRows);
-    stmt.step();
-    const auto changed = static_cast<std::uint64_t>(sqlite3_changes(db_));
+    stmt.step();  // one statement, one short write transaction
+    stmt.reset();
+    const auto changed = static_cast<std::uint64_t>(sqlite3_changes(prune_db_));
     deleted += changed;
     if (changed < static_cast<std::uint64_t>(kPruneChunkRows)) return deleted;
   }
 }
 
 PruneResult DecisionStore::prune(const RetentionPolicy& policy, std::int64_t now_unix_ns) {
+  // Everything here runs on the pruning connection: its reads (scans, counts)
+  // see a WAL snapshot and never block the hot path's writes on the main
+  // connection; its writes are single chunk-sized transactions.
+  std::lock_guard prune_lock(prune_mu_);
   PruneResult result;
-  // Command ids continue from the largest stored one after a restart; keep
-  // that number even when the audit rows holding it are deleted.
-  {
-    std::lock_guard lock(mu_);
-    exec(
-        "INSERT INTO meta (key, value) SELECT 'max_command_id', COALESCE(MAX(command_id), 0)"
-        " FROM audit WHERE true ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)");
-  }
   if (policy.audit_max_age_ns > 0) {
+    const std::int64_t cutoff_ns = now_unix_ns - policy.audit_max_age_ns;
+    // Command ids continue from the largest stored one after a restart; keep
+    // that number before the rows holding it go.
+    keep_max_command_id(prune_query_int(
+        "SELECT MAX(command_id) FROM audit WHERE time_ns < ?", cutoff_ns, 0));
     result.audit_deleted += delete_in_chunks(
-        "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ns < ?1 ORDER BY id LIMIT ?2)",
-        now_unix_ns - policy.audit_max_age_ns);
+        "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ns < ?1"
+        " ORDER BY time_ns LIMIT ?2)",
+        cutoff_ns);
   }
   if (policy.audit_max_rows > 0) {
-    std::int64_t cutoff = -1;
-    {
-      std::lock_guard lock(mu_);
-      Statement stmt(db_, "SELECT id FROM audit ORDER BY id DESC LIMIT 1 OFFSET ?");
-      stmt.bind(1, static_cast<std::int64_t>(policy.audit_max_rows));
-      if (stmt.step()) cutoff = stmt.integer(0);
-    }
-    if (cutoff >= 0) {
+    const std::int64_t cutoff_id =
+        prune_query_int("SELECT id FROM audit ORDER BY id DESC LIMIT 1 OFFSET ?",
+                        static_cast<std::int64_t>(policy.audit_max_rows), -1);
+    if (cutoff_id >= 0) {
+      keep_max_command_id(
+          prune_query_int("SELECT MAX(command_id) FROM audit WHERE id <= ?", cutoff_id, 0));
       result.audit_deleted += delete_in_chunks(
           "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE id <= ?1 ORDER BY id LIMIT ?2)",
-          cutoff);
+          cutoff_id);
     }
   }
   // Superseded decisions beyond the history bound: rank > 1 within their
   // scope, newest first, after the first `decision_history` of them.
   std::vector<std::int64_t> doomed;
   {
-    std::lock_guard lock(mu_);
-    Statement stmt(db_,
+    Statement stmt(prune_db_,
                    "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY run_id, all_runs,"
                    " rank, layers ORDER BY id DESC) AS n FROM decisions) WHERE n > 1"
                    " ORDER BY id DESC LIMIT -1 OFFSET ?");
@@ -298,24 +330,26 @@ PruneResult DecisionStore::prune(const RetentionPolicy& policy, std::int64_t now
        begin += static_cast<std::size_t>(kPruneChunkRows)) {
     const std::size_t end =
         std::min(doomed.size(), begin + static_cast<std::size_t>(kPruneChunkRows));
-    std::lock_guard lock(mu_);
-    exec("BEGIN");
+    exec_on(prune_db_, "BEGIN IMMEDIATE");
     try {
-      Statement stmt(db_, "DELETE FROM decisions WHERE id = ?");
+      Statement stmt(prune_db_, "DELETE FROM decisions WHERE id = ?");
       for (std::size_t i = begin; i < end; ++i) {
         stmt.bind(1, doomed[i]);
         stmt.step();
         stmt.reset();
-        result.decisions_deleted += static_cast<std::uint64_t>(sqlite3_changes(db_));
+        result.decisions_deleted += static_cast<std::uint64_t>(sqlite3_changes(prune_db_));
       }
-      exec("COMMIT");
+      exec_on(prune_db_, "COMMIT");
     } catch (...) {
-      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      sqlite3_exec(prune_db_, "ROLLBACK", nullptr, nullptr, nullptr);
       throw;
     }
   }
-  result.audit_rows = count_rows("audit");
-  result.decision_rows = count_rows("decisions");
+  for (auto [table, rows] : {std::pair{"audit", &result.audit_rows},
+                              std::pair{"decisions", &result.decision_rows}}) {
+    Statement stmt(prune_db_, std::string("SELECT COUNT(*) FROM ") + table);
+    *rows = stmt.step() ? static_cast<std::uint64_t>(stmt.integer(0)) : 0;
+  }
   return result;
 }
 

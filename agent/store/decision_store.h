@@ -35,8 +35,8 @@ struct PruneResult {
 
 class DecisionStore {
  public:
-  // Rows deleted per transaction by prune(): the store's lock is released
-  // between chunks so that writers on the hot path wait at most one chunk.
+  // Rows deleted per transaction by prune(): writers on the hot path wait at
+  // most for one chunk.
   static constexpr std::int64_t kPruneChunkRows = 2000;
 
   // Opens or creates the database at `path`. Throws StoreError.
@@ -72,14 +72,24 @@ class DecisionStore {
 
  private:
   void exec(const char* sql);
-  // Runs `delete_sql` (one int64 bound at ?1, the chunk size at ?2) until it
-  // deletes fewer than a chunk; locks per chunk. Returns rows deleted.
+  void exec_on(sqlite3* db, const char* sql);
+  // On the pruning connection (caller holds prune_mu_): runs `delete_sql`
+  // (one int64 bound at ?1, the chunk size at ?2) until it deletes fewer than
+  // a chunk, each chunk its own transaction. Returns rows deleted.
   std::uint64_t delete_in_chunks(const char* delete_sql, std::int64_t bound);
+  // First column of the first row of `sql` (one int64 bound), or `fallback`.
+  std::int64_t prune_query_int(const char* sql, std::int64_t bound, std::int64_t fallback);
+  // Records the largest command id in the meta table (survives the audit rows).
+  void keep_max_command_id(std::int64_t command_id);
   std::vector<gaugewatch::v1::Decision> query_decisions(const std::string& sql,
                                                         const std::string& run_id,
                                                         std::int64_t limit) const;
   mutable std::mutex mu_;
   sqlite3* db_ = nullptr;
+  // Retention's own connection: its scans read a WAL snapshot and never hold
+  // mu_, so the hot path's writes on db_ wait at most for one chunk's commit.
+  std::mutex prune_mu_;
+  sqlite3* prune_db_ = nullptr;
 };
 
 }  // namespace gaugewatch::agent

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "agent/server/token_bucket.h"
 #include "agent/state/decision_book.h"
@@ -122,6 +125,47 @@ TEST(DecisionStoreRetention, AuditByAgeThenByRowsKeepsTheNewest) {
   EXPECT_EQ(store.max_command_id(), 3000u);
   DecisionStore reopened(dir.path() + "/agent.db");
   EXPECT_EQ(reopened.max_command_id(), 3000u);
+}
+
+// Retention runs on its own connection while the hot path keeps writing:
+// no write fails (busy) or is lost, and the pass deletes exactly the old rows.
+TEST(DecisionStoreRetention, ConcurrentWritesDuringPruneSucceed) {
+  TempDir dir;
+  DecisionStore store(dir.path() + "/agent.db");
+  constexpr std::int64_t kSecond = 1'000'000'000;
+  const std::int64_t now = 2'000'000 * kSecond;
+  constexpr int kOld = 30000;  // 15 chunks
+  for (int i = 0; i < kOld; ++i) {
+    auto record = audit_at(now - 86400 * kSecond + i, 0);
+    store.add_audit(record);
+  }
+  std::atomic<bool> pruning{true};
+  std::atomic<int> written{0};
+  std::atomic<int> written_while_pruning{0};
+  std::string failure;
+  std::thread writer([&] {
+    try {
+      for (int i = 0; i < 400; ++i) {
+        auto record = audit_at(now, static_cast<std::uint64_t>(100000 + i));
+        store.add_audit(record);
+        ++written;
+        if (pruning.load()) ++written_while_pruning;
+      }
+    } catch (const StoreError& e) {
+      failure = e.what();
+    }
+  });
+  RetentionPolicy policy;
+  policy.audit_max_age_ns = 3600 * kSecond;
+  const PruneResult result = store.prune(policy, now);
+  pruning = false;
+  writer.join();
+  EXPECT_TRUE(failure.empty()) << failure;
+  EXPECT_EQ(written.load(), 400);
+  EXPECT_EQ(result.audit_deleted, static_cast<std::uint64_t>(kOld));
+  EXPECT_EQ(store.count_rows("audit"), 400u);
+  EXPECT_EQ(store.max_command_id(), 100399u);
+  std::printf("writes during the prune: %d of 400\n", written_while_pruning.load());
 }
 
 TEST(DecisionStoreRetention, DecisionsKeepNewestPerScopePlusBoundedHistory) {
