@@ -62,17 +62,19 @@ lines = [
     "L layers each. Ingest latency = agent-side age of a sample when applied (trainer stamps it just "
     "before the write), from the agent's `gaugewatch_agent_sample_age_seconds` histogram, linearly "
     "interpolated inside its bucket (bounds 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250 ms ...). "
-    "Flat-out runs saturate the agent, so their latency is queueing; paced runs offer 100k samples/s. "
+    "Flat-out runs saturate the agent, so their latency is queueing, and run without the per-trainer "
+    "rate limit (`--trainer-sample-rate 0`); paced runs offer 100k samples/s under the embedded default "
+    "limit (shed = samples it dropped). "
     "Scrape = client GET /metrics with trainers idle (median / max of 5); render = agent-side.",
     "",
-    "| run | trainers x layers | series | offered/s | sustained samples/s | ingest p50 / p99 ms | scrape median / max ms | render ms | exposition | agent RSS (peak) MiB |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| run | trainers x layers | series | offered/s | sustained samples/s | shed | ingest p50 / p99 ms | scrape median / max ms | render ms | exposition | agent RSS (peak) MiB |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 for r in data["runs"]:
     offered = "max" if r["offered_rate"] == 0 else f"{r['offered_rate']:,.0f}"
     lines.append(
         f"| {r['label']} | {r['trainers']} x {r['layers']} | {r['layer_series']:,.0f} | {offered} | "
-        f"{r['samples_per_second']:,.0f} | {r['ingest_p50_ms']:.2f} / {r['ingest_p99_ms']:.2f} | "
+        f"{r['samples_per_second']:,.0f} | {r.get('samples_shed', 0):,.0f} | {r['ingest_p50_ms']:.2f} / {r['ingest_p99_ms']:.2f} | "
         f"{r['scrape_ms_median']:.1f} / {r['scrape_ms_max']:.1f} | {r['render_ms']:.1f} | "
         f"{r['exposition_lines']:,.0f} lines, {r['exposition_bytes']/1e6:.1f} MB | "
         f"{r['agent_rss_mib']:.1f} ({r['agent_peak_rss_mib']:.1f}) |")
