@@ -141,10 +141,15 @@ AttentionInputs make_inputs(const ScenarioSpec& spec) {
   fill_normal(in.grad_out, sh.q_elements(), rng);
   const int64_t kv_heads_total = sh.batch * sh.kv_heads;
 
-  if (spec.kind == "random" || spec.kind == "sink" || spec.kind == "two_key") {
-    // Sink-like: keys share a large common offset; queries are sharp (gain)
-    // so most rows put almost all weight on one key, as late-training layers do.
-  } else if (spec.kind == "massive_key") {
+  // random, sink and two_key differ only in their parameters (shape, query
+  // gain, common offsets): sink-like inputs are keys sharing a large offset
+  // with sharp queries, so most rows put almost all weight on one key, as
+  // late-training layers do. The two kinds below also reshape the keys.
+  const auto kinds = scenario_kinds();
+  if (std::find(kinds.begin(), kinds.end(), spec.kind) == kinds.end()) {
+    throw std::invalid_argument("unknown scenario kind '" + spec.kind + "'");
+  }
+  if (spec.kind == "massive_key") {
     // Key 0 of every head has norm massive_key_norm along a random direction
     // u; queries with a positive component along u attend it with p ~ 1,
     // the others split their attention among the ordinary keys.
@@ -171,8 +176,6 @@ AttentionInputs make_inputs(const ScenarioSpec& spec) {
       }
     }
     for (auto& x : in.q) x = round_bf16(x * 0.05f);
-  } else {
-    throw std::invalid_argument("unknown scenario kind '" + spec.kind + "'");
   }
   add_common_offset(in.k, kv_heads_total, sh.kv_len, d, spec.key_offset_rms, rng);
   add_common_offset(in.q, sh.batch * sh.q_heads, sh.q_len, d, spec.query_offset_rms, rng);
