@@ -91,18 +91,19 @@ class Writer {
 
   // name{labels} value
   void sample(const ExportedMetric& metric, std::string_view labels, double value) {
-    out_ += metric.name;
-    if (!labels.empty()) {
-      out_ += '{';
-      out_ += labels;
-      out_ += '}';
-    }
-    out_ += ' ';
+    series(metric, labels);
     append_number(out_, value);
     out_ += '\n';
   }
 
   void sample_u(const ExportedMetric& metric, std::string_view labels, std::uint64_t value) {
+    series(metric, labels);
+    append_uint(out_, value);
+    out_ += '\n';
+  }
+
+  // "name{labels} ": what every sample line starts with.
+  void series(const ExportedMetric& metric, std::string_view labels) {
     out_ += metric.name;
     if (!labels.empty()) {
       out_ += '{';
@@ -110,8 +111,6 @@ class Writer {
       out_ += '}';
     }
     out_ += ' ';
-    append_uint(out_, value);
-    out_ += '\n';
   }
 
   // name_suffix{labels} value, for histogram parts.

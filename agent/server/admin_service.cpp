@@ -90,8 +90,14 @@ grpc::Status AdminServiceImpl::SetSampling(grpc::ServerContext* context,
   v1::Command command;
   *command.mutable_set_sampling() = p;
   command.set_reason("admin");
+  return send_admin_command(*context, request->target(), command, response);
+}
+
+// Audits then sends an admin command; a store failure means neither happened.
+grpc::Status AdminServiceImpl::send_admin_command(const grpc::ServerContext& context, const v1::Target& target,
+                                                  const v1::Command& command, v1::CommandResponse* response) {
   try {
-    response->set_commands_sent(controller_.send_command(request->target(), command, context->peer()));
+    response->set_commands_sent(controller_.send_command(target, command, context.peer()));
   } catch (const StoreError& e) {
     controller_.counters().store_errors_total.fetch_add(1);
     return {grpc::StatusCode::UNAVAILABLE, std::string("not audited, not sent: ") + e.what()};
@@ -114,13 +120,7 @@ grpc::Status AdminServiceImpl::CaptureOperands(grpc::ServerContext* context,
   command.mutable_capture()->set_layer(request->target().layers(0));
   command.mutable_capture()->set_count(request->count());
   command.set_reason("admin");
-  try {
-    response->set_commands_sent(controller_.send_command(request->target(), command, context->peer()));
-  } catch (const StoreError& e) {
-    controller_.counters().store_errors_total.fetch_add(1);
-    return {grpc::StatusCode::UNAVAILABLE, std::string("not audited, not sent: ") + e.what()};
-  }
-  return grpc::Status::OK;
+  return send_admin_command(*context, request->target(), command, response);
 }
 
 grpc::Status AdminServiceImpl::ListDecisions(grpc::ServerContext* context,
