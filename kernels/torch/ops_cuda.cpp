@@ -144,19 +144,12 @@ Grads attention_backward_rows_cuda(const at::Tensor& grad_out, const at::Tensor&
   return run_fp32(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, slices, rows, deterministic, center_keys);
 }
 
-at::Tensor attention_metrics_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  const at::Tensor&, const at::Tensor&, bool, std::optional<double>, c10::string_view,
-                                  const std::optional<at::Tensor>&, const std::optional<at::Tensor>&) {
-  TORCH_CHECK(false, "gaugewatch: attention_metrics on CUDA needs the metric reduction kernels, which are not "
-                     "built yet (issue 3, item 3); pass CPU tensors for the reference metrics");
-}
-
 }  // namespace
 
 void register_cuda_kernels(torch::Library& m) {
   m.impl("attention_backward", &attention_backward_cuda);
   m.impl("attention_backward_rows", &attention_backward_rows_cuda);
-  m.impl("attention_metrics", &attention_metrics_cuda);
+  register_cuda_metrics(m);
 }
 
 }  // namespace gaugewatch::torch_ops

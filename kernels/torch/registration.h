@@ -13,6 +13,8 @@ void register_cpu_kernels(torch::Library& m);
 void register_meta_kernels(torch::Library& m);
 #ifdef GAUGEWATCH_OPS_CUDA
 void register_cuda_kernels(torch::Library& m);
+// ops_cuda_metrics.cpp; called from register_cuda_kernels.
+void register_cuda_metrics(torch::Library& m);
 #endif
 
 }  // namespace gaugewatch::torch_ops
