@@ -305,7 +305,9 @@ export GAUGEWATCH_REQUIRE_GPU=1      # GPU tests fail instead of skipping when C
 export PYTHONUNBUFFERED=1
 
 # --- ctest ----------------------------------------------------------------------------------
-if [[ $CONFIGURED -eq 0 ]]; then
+if [[ $CONFIGURED -eq 0 && -n "${GW_SKIP_CTEST:-}" ]]; then
+  record ctest skipped 0 0 "GW_SKIP_CTEST set"
+elif [[ $CONFIGURED -eq 0 ]]; then
   : >"$OUT/ctest.log"
   run_step ctest "$OUT/ctest.log" 120 ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$CTEST_JOBS" --timeout 300
   record ctest "$(status_of $STEP_RC)" "$STEP_RC" "$STEP_S" "$(grep -E 'tests passed' "$OUT/ctest.log" | tail -1)"
@@ -318,6 +320,9 @@ fi
 # not hide the results of the others.
 : >"$OUT/pytest.log"
 mapfile -t py_files < <(find tests/python -maxdepth 1 \( -name 'test_*.py' -o -name '*_test.py' \) 2>/dev/null | sort)
+if [[ -n "${GW_ONLY_PYTEST:-}" ]]; then  # space-separated basenames: a focused run
+  mapfile -t py_files < <(for f in "${py_files[@]}"; do [[ " $GW_ONLY_PYTEST " == *" $(basename "$f") "* ]] && echo "$f"; done)
+fi
 if ((${#py_files[@]})); then
   t0=$(date +%s); worst=0; crashed=()
   for f in "${py_files[@]}"; do
@@ -336,6 +341,22 @@ else
   record pytest skipped 0 0 "no test files under tests/python"
 fi
 
+# --- compute-sanitizer ----------------------------------------------------------------------
+# memcheck, racecheck and synccheck over small calls of every CUDA backend
+# (tests/cuda/sanitize_kernels.py), restricted to gaugewatch's kernels.
+SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_ops.so" ]]; then
+  : >"$OUT/sanitizer.log"
+  t0=$(date +%s); worst=0; notes=()
+  for tool in memcheck racecheck synccheck; do
+    run_step "sanitizer $tool" "$OUT/sanitizer.log" 30 "$SAN" --tool "$tool" --error-exitcode 3 \
+      --kernel-regex kns=gaugewatch "$PY" tests/cuda/sanitize_kernels.py
+    [[ $STEP_RC -eq 0 ]] || worst=$STEP_RC
+    notes+=("$tool $(status_of $STEP_RC)")
+  done
+  record sanitizer "$(status_of $worst)" "$worst" $(( $(date +%s) - t0 )) "${notes[*]}"
+fi
+
 # --- bench ----------------------------------------------------------------------------------
 : >"$OUT/bench.log"
 BENCH_JSON_DIR="$TMP/bench"; mkdir -p "$BENCH_JSON_DIR"
@@ -346,6 +367,10 @@ if [[ -d "$BUILD_DIR/bin" ]]; then
   while IFS= read -r b; do benches+=("$b"); done < <(find "$BUILD_DIR/bin" -maxdepth 1 -type f -perm -u+x \( -name 'bench_*' -o -name '*_bench' \) | sort)
 fi
 while IFS= read -r s; do benches+=("$s"); done < <(find bench -type f -name '*.py' ! -name '_*' ! -path '*/results/*' ! -path '*/__pycache__/*' 2>/dev/null | sort)
+if [[ -n "${GW_ONLY_BENCH:-}" ]]; then  # space-separated basenames, "none" for no benchmarks
+  filtered=(); for b in "${benches[@]}"; do [[ " $GW_ONLY_BENCH " == *" $(basename "$b") "* ]] && filtered+=("$b"); done
+  benches=("${filtered[@]}")
+fi
 t0=$(date +%s)
 if ((${#benches[@]} == 0)); then
   say "bench: no benchmark binaries in $BUILD_DIR/bin and no bench/*.py scripts: skipped"

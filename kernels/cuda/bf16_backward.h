@@ -69,7 +69,7 @@ struct Bf16RowDiagnostics {
   float* p_max = nullptr;          // max_j P_ij
   float* logit_abs_max = nullptr;  // max_j |alpha s_ij| over visible keys
   int32_t* pivot = nullptr;        // j*(i) along M, -1 for rows with no key
-  bool any() const {
+  __host__ __device__ bool any() const {
     return row_mass || abs_row_mass || prob_mass || p_max || logit_abs_max || pivot;
   }
 };

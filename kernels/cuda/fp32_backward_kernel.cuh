@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/fp32_backward.h"
+#include "kernels/cuda/masking.cuh"
 
 namespace gaugewatch::gpu::detail {
 
@@ -117,38 +118,9 @@ __device__ __forceinline__ float scale_logit(float scale, float s) { return __fm
 #define GAUGEWATCH_DYNAMIC_SMEM(name) extern __shared__ float4 name[]
 #endif
 
-struct KeyRange {
-  int begin;
-  int end;
-};
-
 // visible_keys() of kernels/reference/attention_problem.cpp on the device.
 __device__ inline KeyRange visible_keys(const Args& a, int64_t row) {
-  int64_t q0 = 0, q1 = a.n, k0 = 0, k1 = a.m;
-  if (a.cu_q != nullptr) {
-    // Largest segment s with cu_q[s] <= row; empty segments are skipped.
-    int lo = 0, hi = a.num_segments - 1;
-    if (hi < 0) return {0, 0};
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (a.cu_q[mid] <= row) lo = mid; else hi = mid - 1;
-    }
-    auto clamp = [](int64_t x, int64_t lo_, int64_t hi_) { return x < lo_ ? lo_ : (x > hi_ ? hi_ : x); };
-    q0 = clamp(a.cu_q[lo], 0, a.n);
-    q1 = clamp(a.cu_q[lo + 1], q0, a.n);
-    k0 = clamp(a.cu_k[lo], 0, a.m);
-    k1 = clamp(a.cu_k[lo + 1], k0, a.m);
-    if (row < q0 || row >= q1) return {0, 0};
-  }
-  const int64_t i = row - q0, nq = q1 - q0, mk = k1 - k0;
-  int64_t end = mk;
-  if (a.causal == static_cast<int>(CausalMode::kTopLeft)) {
-    end = i + 1 < mk ? i + 1 : mk;
-  } else if (a.causal == static_cast<int>(CausalMode::kBottomRight)) {
-    end = i + 1 + mk - nq;
-    end = end < 0 ? 0 : (end > mk ? mk : end);
-  }
-  return {static_cast<int>(k0), static_cast<int>(k0 + end)};
+  return gpu::visible_keys(a.cu_q, a.cu_k, a.num_segments, a.n, a.m, a.causal, row);
 }
 
 // Slice s -> flat b * Hq + h, or -1 when a chosen slice is out of range.

@@ -1,7 +1,7 @@
-// CUDA implementations of the gaugewatch ops. Backend "fp32" runs the fused
-// FP32 backward (kernels/cuda/fp32_backward.h) on the current CUDA stream; the
-// fused BF16 backends and the metric reductions are not built yet (issue 3,
-// items 1 and 3) and fail with a TORCH_CHECK that says so.
+// CUDA implementations of the gaugewatch ops, on the current CUDA stream:
+// backend "fp32" runs the fused FP32 backward (kernels/cuda/fp32_backward.h),
+// backends "gproj", "pivot" and "bf16" the fused BF16 backward
+// (kernels/cuda/bf16_backward.h). attention_metrics: ops_cuda_metrics.cpp.
 // Schemas and semantics: kernels/torch/registration.cpp.
 
 #include <ATen/ATen.h>
@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/cuda/bf16_backward.h"
 #include "kernels/cuda/fp32_backward.h"
 #include "kernels/torch/attention_call.h"
 #include "kernels/torch/registration.h"
@@ -114,6 +115,83 @@ Grads run_fp32(const AttentionCall& call, const at::Tensor& grad_out, const at::
   return {dq, dk, dv};
 }
 
+gpu::Projection projection_of(Backend backend) {
+  switch (backend) {
+    case Backend::kGproj: return gpu::Projection::kGproj;
+    case Backend::kPivot: return gpu::Projection::kPivot;
+    default: return gpu::Projection::kNone;
+  }
+}
+
+// Element strides (batch, head, row) of a (B, H, L, d) BF16 operand, taken as
+// it is when its rows are contiguous and 16-byte aligned (SDPA's transposed
+// (B, L, H, d) views qualify), otherwise from a contiguous copy.
+at::Tensor kernel_operand(const at::Tensor& t, int64_t (&strides)[3]) {
+  // A dimension of size 1 is never stepped along: its stride is irrelevant.
+  auto stride_of = [](const at::Tensor& x, int i) { return x.size(i) > 1 ? x.stride(i) : int64_t{0}; };
+  bool usable = (t.size(3) <= 1 || t.stride(3) == 1) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int i = 0; i < 3; ++i) usable = usable && stride_of(t, i) % 8 == 0;
+  const at::Tensor u = usable ? t : t.contiguous();
+  for (int i = 0; i < 3; ++i) strides[i] = stride_of(u, i);
+  return u;
+}
+
+Grads run_bf16(const AttentionCall& call, Backend backend, const at::Tensor& grad_out, const at::Tensor& q,
+               const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+               const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+               bool deterministic) {
+  const auto& sh = call.shape;
+  TORCH_CHECK(sh.head_dim == 64 || sh.head_dim == 128, "gaugewatch: the fused BF16 backward (backend '",
+              backend_name(backend), "') supports head dims 64 and 128, got ", sh.head_dim,
+              "; use backend='fp32' for this head dim");
+  const c10::cuda::CUDAGuard guard(q.device());
+  gpu::Bf16BackwardParams p;
+  const at::Tensor qk = kernel_operand(q, p.q_strides);
+  const at::Tensor kk = kernel_operand(k, p.k_strides);
+  const at::Tensor vk = kernel_operand(v, p.v_strides);
+  const at::Tensor ok = kernel_operand(out, p.out_strides);
+  const at::Tensor gk = kernel_operand(grad_out, p.grad_out_strides);
+  const at::Tensor lk = lse.stride(2) == 1 ? lse : lse.contiguous();
+  p.lse_strides[0] = lk.stride(0);
+  p.lse_strides[1] = lk.stride(1);
+  p.q = static_cast<const uint16_t*>(qk.data_ptr());
+  p.k = static_cast<const uint16_t*>(kk.data_ptr());
+  p.v = static_cast<const uint16_t*>(vk.data_ptr());
+  p.out = static_cast<const uint16_t*>(ok.data_ptr());
+  p.grad_out = static_cast<const uint16_t*>(gk.data_ptr());
+  p.lse = lk.data_ptr<float>();
+  at::Tensor dq = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor dk = at::empty(k.sizes(), k.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor dv = at::empty(v.sizes(), v.options().memory_format(at::MemoryFormat::Contiguous));
+  p.dq = static_cast<uint16_t*>(dq.data_ptr());
+  p.dk = static_cast<uint16_t*>(dk.data_ptr());
+  p.dv = static_cast<uint16_t*>(dv.data_ptr());
+  p.batch = sh.batch;
+  p.q_heads = sh.q_heads;
+  p.kv_heads = sh.kv_heads;
+  p.q_len = sh.q_len;
+  p.kv_len = sh.kv_len;
+  p.head_dim = sh.head_dim;
+  p.scale = static_cast<float>(call.scale);
+  p.causal = to_gpu(call.causal);
+  p.projection = projection_of(backend);
+  p.deterministic = deterministic;
+  at::Tensor cu_q, cu_k;
+  if (call.packed) {
+    cu_q = device_offsets(*cu_seqlens_q, sh.q_len, "cu_seqlens_q", q);
+    cu_k = device_offsets(*cu_seqlens_k, sh.kv_len, "cu_seqlens_k", q);
+    p.cu_seqlens_q = cu_q.data_ptr<int32_t>();
+    p.cu_seqlens_k = cu_k.data_ptr<int32_t>();
+    p.num_segments = cu_q.numel() - 1;
+  }
+  const size_t bytes = gpu::bf16_backward_workspace_bytes(p);
+  const at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  const gpu::Status status =
+      gpu::bf16_attention_backward(p, workspace.data_ptr(), bytes, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(status.ok(), "gaugewatch: CUDA ", backend_name(backend), " backward failed: ", status.message);
+  return {dq, dk, dv};
+}
+
 Grads attention_backward_cuda(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                               const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool is_causal,
                               std::optional<double> scale, c10::string_view backend_arg,
@@ -123,10 +201,9 @@ Grads attention_backward_cuda(const at::Tensor& grad_out, const at::Tensor& q, c
                                                   cu_seqlens_q, cu_seqlens_k);
   const Backend backend = parse_backend(backend_arg);
   TORCH_CHECK(backend != Backend::kFp64, "gaugewatch: backend 'fp64' is the CPU reference only; pass CPU tensors");
-  TORCH_CHECK(backend == Backend::kFp32, "gaugewatch: backend '", backend_name(backend),
-              "' on CUDA needs the fused BF16 backward kernels, which are not built yet (issue 3, item 1); "
-              "use backend='fp32' on CUDA, or CPU tensors for the reference emulation of '",
-              backend_name(backend), "'");
+  if (backend != Backend::kFp32) {
+    return run_bf16(call, backend, grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, deterministic);
+  }
   return run_fp32(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, std::nullopt, std::nullopt, deterministic,
                   center_keys);
 }

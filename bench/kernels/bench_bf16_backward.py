@@ -1,0 +1,183 @@
+"""Benchmark: gaugewatch's fused BF16 backward (bf16, gproj, pivot) and FP32
+backward against PyTorch SDPA's flash, cuDNN and efficient backward, side by
+side in one process on the same operands.
+
+What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
+--rotate copies so L2 does not carry over between calls):
+  sdpa_<backend>  autograd backward of F.scaled_dot_product_attention under that
+                  backend (backward only: the graph is kept, retain_graph=True)
+  gw_<backend>    torch.ops.gaugewatch.attention_backward(backend=...), on the
+                  BF16 operands and SDPA flash's saved out and lse; includes
+                  the delta pre-pass and the workspace allocation
+Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
+Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16.
+
+Run (needs a GPU and the built ops library):
+  python3 bench/kernels/bench_bf16_backward.py [--json F] [--markdown F]
+Writes $GAUGEWATCH_BENCH_OUT/bench_bf16_backward.json when that is set (device.sh).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[2]
+
+SHAPES = [
+    # name, B, Hq, Hkv, N, d, causal
+    ("B4_H16_N4096_d64_causal", 4, 16, 16, 4096, 64, True),
+    ("B4_H16_N4096_d128_causal", 4, 16, 16, 4096, 128, True),
+    ("B2_H16_N8192_d128", 2, 16, 16, 8192, 128, False),
+    ("B4_Hq32_Hkv8_N4096_d128_causal_gqa", 4, 32, 8, 4096, 128, True),
+]
+GW = ("bf16", "gproj", "pivot", "fp32")
+
+
+def find_library():
+    env = os.environ.get("GAUGEWATCH_OPS_LIB")
+    if env:
+        return env
+    build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
+    for path in (build / "lib" / "libgaugewatch_ops.so", build / "kernels" / "torch" / "libgaugewatch_ops.so"):
+        if path.is_file():
+            return str(path)
+    return None
+
+
+def time_ms(fn, inputs, reps, warmup=3):
+    for i in range(warmup):
+        fn(inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(inputs[i % len(inputs)])
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def make_inputs(B, Hq, Hkv, N, d, causal, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
+    k = torch.randn(B, Hkv, N, d, device="cuda", generator=g).bfloat16()
+    v = torch.randn(B, Hkv, N, d, device="cuda", generator=g).bfloat16()
+    do = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
+    kk, vv = (k, v) if Hq == Hkv else (k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, kk, vv, 0.0, causal, False)[:2]
+    return dict(q=q, k=k, v=v, do=do, out=out, lse=lse.float())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--fp32-reps", type=int, default=3)
+    parser.add_argument("--rotate", type=int, default=3)
+    parser.add_argument("--shapes", default="", help="comma-separated subset of shape names")
+    parser.add_argument("--json", default="")
+    parser.add_argument("--markdown", default="")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_bf16_backward: no CUDA device; nothing to time")
+        return 0
+    lib = find_library()
+    if lib is None:
+        print("bench_bf16_backward: libgaugewatch_ops.so not found (GAUGEWATCH_OPS_LIB / GAUGEWATCH_BUILD_DIR)")
+        return 1
+    torch.ops.load_library(lib)
+    ops = torch.ops.gaugewatch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    props = torch.cuda.get_device_properties(0)
+    meta = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+            "driver": getattr(torch.cuda, "driver_version", lambda: None)() if hasattr(torch.cuda, "driver_version")
+            else None, "reps": args.reps, "rotate": args.rotate}
+    try:
+        import subprocess
+        meta["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                        capture_output=True, text=True, timeout=20).stdout.strip() or meta["driver"]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    cases = []
+    wanted = set(filter(None, args.shapes.split(",")))
+    for name, B, Hq, Hkv, N, d, causal in SHAPES:
+        if wanted and name not in wanted:
+            continue
+        flops = 2.5 * 4 * B * Hq * N * N * d * (0.5 if causal else 1.0)
+        inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed) for seed in range(args.rotate)]
+        row = {"shape": name, "B": B, "Hq": Hq, "Hkv": Hkv, "N": N, "d": d, "causal": causal}
+        for backend, kind in sdpa.items():
+            def prepare(x):
+                q, k, v = (x[n].detach().clone().requires_grad_() for n in ("q", "k", "v"))
+                with sdpa_kernel([kind]):
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hq != Hkv)
+                return dict(o=o, inputs=(q, k, v), do=x["do"])
+            try:
+                graphs = [prepare(x) for x in inputs]
+                row[f"sdpa_{backend}_ms"] = time_ms(
+                    lambda gph: torch.autograd.grad(gph["o"], gph["inputs"], gph["do"], retain_graph=True), graphs,
+                    args.reps)
+                del graphs
+            except RuntimeError as exc:  # a backend that refuses the shape (e.g. flash with GQA views)
+                row[f"sdpa_{backend}_ms"] = None
+                row[f"sdpa_{backend}_error"] = str(exc).splitlines()[0][:200]
+        for backend in GW:
+            def gw(x, b=backend):
+                return ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"], is_causal=causal,
+                                              backend=b)
+            row[f"gw_{backend}_ms"] = time_ms(gw, inputs, args.fp32_reps if backend == "fp32" else args.reps,
+                                              warmup=1 if backend == "fp32" else 3)
+        for key in [k[:-3] for k in list(row) if k.endswith("_ms")]:
+            ms = row[key + "_ms"]
+            row[key + "_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
+        cudnn = row.get("sdpa_cudnn_ms")
+        for key in [k[:-3] for k in list(row) if k.endswith("_ms")]:
+            ms = row[key + "_ms"]
+            row[key + "_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
+        row["gproj_over_flash"] = row["gw_gproj_ms"] / row["sdpa_flash_ms"] if row.get("sdpa_flash_ms") else None
+        row["gproj_over_bf16"] = row["gw_gproj_ms"] / row["gw_bf16_ms"]
+        row["pivot_over_bf16"] = row["gw_pivot_ms"] / row["gw_bf16_ms"]
+        cases.append(row)
+        print(json.dumps(row), flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+
+    def fmt(row, key):
+        ms = row.get(key + "_ms")
+        return "n/a" if ms is None else f"{ms:.3f} ({row[key + '_tflops']:.0f})"
+
+    cols = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "gw_bf16", "gw_gproj", "gw_pivot", "gw_fp32"]
+    lines = [f"GPU {meta['gpu']}, driver {meta['driver']}, torch {meta['torch']}, CUDA {meta['cuda']}, "
+             f"cuDNN {meta['cudnn']}; median of {args.reps} (fp32: {args.fp32_reps}); ms (effective TFLOP/s)", "",
+             "| shape | " + " | ".join(cols) + " | gproj/flash | gproj/bf16 | pivot/bf16 | gproj/cuDNN |",
+             "|---" * (len(cols) + 5) + "|"]
+    for row in cases:
+        ratio = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+        lines.append(f"| {row['shape']} | " + " | ".join(fmt(row, c) for c in cols) +
+                     f" | {ratio(row['gproj_over_flash'])} | {ratio(row['gproj_over_bf16'])} | "
+                     f"{ratio(row['pivot_over_bf16'])} | {ratio(row.get('gw_gproj_vs_cudnn'))} |")
+    markdown = "\n".join(lines)
+    print(markdown)
+    result = {"meta": meta, "cases": cases, "markdown": markdown}
+    path = args.json or (os.path.join(os.environ["GAUGEWATCH_BENCH_OUT"], "bench_bf16_backward.json")
+                         if os.environ.get("GAUGEWATCH_BENCH_OUT") else "")
+    if path:
+        Path(path).write_text(json.dumps(result, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

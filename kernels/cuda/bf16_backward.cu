@@ -1,0 +1,216 @@
+// Launcher of the fused BF16 attention backward: validation, workspace, the
+// delta pre-pass, and dispatch on (head dim, projection) to the kernel pair.
+// Math and layouts: kernels/cuda/bf16_backward.h; kernels:
+// kernels/cuda/bf16_backward_kernel.cuh.
+// Build: target gaugewatch_cuda (sm_90a). Run: tests/cuda/bf16_backward_test.cpp.
+
+#include "kernels/cuda/bf16_backward.h"
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/bf16_backward_kernel.cuh"
+
+namespace gaugewatch::gpu {
+
+namespace bf16 {
+template <int D, Projection P>
+cudaError_t launch(const Args& args, cudaStream_t stream);
+
+namespace {
+
+struct DeltaArgs {
+  const uint16_t* grad_out;
+  const uint16_t* out;
+  int64_t gs[3], os[3];
+  float* delta;
+  int hq, n, d;
+  int64_t rows;  // B * Hq * N
+};
+
+// delta_i = sum_c dO_ic O_ic in FP32 from the BF16 operands: one warp per row,
+// lane-strided partial sums and a fixed shuffle tree (bitwise repeatable).
+__global__ void __launch_bounds__(256) delta_kernel(const DeltaArgs a) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= a.rows) return;
+  const int64_t bh = row / a.n, i = row % a.n;
+  const int64_t b = bh / a.hq, h = bh % a.hq;
+  const uint16_t* go = a.grad_out + b * a.gs[0] + h * a.gs[1] + i * a.gs[2];
+  const uint16_t* o = a.out + b * a.os[0] + h * a.os[1] + i * a.os[2];
+  float sum = 0.0f;
+  for (int col = lane; col < a.d; col += 32) sum += mma::bf16_bits_to_float(go[col]) * mma::bf16_bits_to_float(o[col]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) a.delta[row] = sum;
+}
+
+}  // namespace
+}  // namespace bf16
+
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kMaxInt = 0x7fffffff;
+
+size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+Status invalid(std::string message) { return Status{cudaErrorInvalidValue, std::move(message)}; }
+
+struct Layout {
+  size_t delta = 0, row_a = 0, row_b = 0, total = 0;
+};
+
+Layout layout_of(const Bf16BackwardParams& p) {
+  const size_t rows = static_cast<size_t>(p.batch * p.q_heads * p.q_len);
+  Layout w;
+  w.delta = 0;
+  w.row_a = round_up(rows * sizeof(float));
+  w.row_b = w.row_a + round_up(rows * sizeof(float));
+  w.total = w.row_b + round_up(rows * sizeof(int32_t));
+  return w;
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+void Bf16BackwardParams::set_contiguous_strides() {
+  const int64_t qrow = head_dim, krow = head_dim;
+  q_strides[2] = grad_out_strides[2] = out_strides[2] = qrow;
+  q_strides[1] = grad_out_strides[1] = out_strides[1] = q_len * qrow;
+  q_strides[0] = grad_out_strides[0] = out_strides[0] = q_heads * q_len * qrow;
+  k_strides[2] = v_strides[2] = krow;
+  k_strides[1] = v_strides[1] = kv_len * krow;
+  k_strides[0] = v_strides[0] = kv_heads * kv_len * krow;
+  lse_strides[1] = q_len;
+  lse_strides[0] = q_heads * q_len;
+}
+
+Status validate(const Bf16BackwardParams& p) {
+  if (p.head_dim != 64 && p.head_dim != 128) {
+    return invalid("head_dim " + std::to_string(p.head_dim) +
+                   " is not supported by the fused BF16 backward (64 or 128); use backend fp32 for other head dims");
+  }
+  if (p.batch < 0 || p.q_heads <= 0 || p.kv_heads <= 0 || p.q_len < 0 || p.kv_len < 0) {
+    return invalid("shape must have batch, q_len, kv_len >= 0 and q_heads, kv_heads > 0");
+  }
+  if (p.q_heads % p.kv_heads != 0) {
+    return invalid("kv_heads " + std::to_string(p.kv_heads) + " does not divide q_heads " +
+                   std::to_string(p.q_heads));
+  }
+  if (p.q_len > kMaxInt || p.kv_len > kMaxInt) return invalid("sequence lengths must be below 2^31");
+  if (p.batch * p.q_heads > kMaxGridY || p.batch * p.kv_heads > kMaxGridY) {
+    return invalid("batch * heads must be at most 65535 (one grid row per batch and head)");
+  }
+  if (p.projection != Projection::kNone && p.projection != Projection::kGproj && p.projection != Projection::kPivot) {
+    return invalid("unknown projection");
+  }
+  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr) ||
+      (p.cu_seqlens_q != nullptr && p.num_segments <= 0)) {
+    return invalid("cu_seqlens_q and cu_seqlens_k must both be given (with num_segments > 0) or both be null");
+  }
+  const int64_t n_el = p.batch * p.q_heads * p.q_len, m_el = p.batch * p.kv_heads * p.kv_len;
+  if (n_el > 0 && (!p.q || !p.grad_out || !p.out || !p.lse || !p.dq)) {
+    return invalid("q, grad_out, out, lse and dq must be non-null");
+  }
+  if (m_el > 0 && (!p.k || !p.v || !p.dk || !p.dv)) return invalid("k, v, dk and dv must be non-null");
+  const void* ptrs[] = {p.q, p.k, p.v, p.out, p.grad_out, p.dq, p.dk, p.dv};
+  for (const void* ptr : ptrs) {
+    if (ptr != nullptr && !aligned16(ptr)) return invalid("BF16 tensors must be 16-byte aligned");
+  }
+  const int64_t* strides[] = {p.q_strides, p.k_strides, p.v_strides, p.out_strides, p.grad_out_strides};
+  for (const int64_t* s : strides) {
+    for (int i = 0; i < 3; ++i) {
+      if (s[i] % 8 != 0) {
+        return invalid("BF16 tensor strides must be multiples of 8 elements (16-byte rows); call .contiguous()");
+      }
+    }
+  }
+  return {};
+}
+
+size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layout_of(p).total; }
+
+Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
+  Status st = validate(p);
+  if (!st.ok()) return st;
+  const Layout w = layout_of(p);
+  if (workspace_bytes < w.total || (w.total > 0 && workspace == nullptr)) {
+    return invalid("workspace too small: need " + std::to_string(w.total) + " bytes");
+  }
+  const int64_t rows = p.batch * p.q_heads * p.q_len;
+  auto* ws = static_cast<char*>(workspace);
+
+  bf16::Args a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.grad_out = p.grad_out;
+  a.lse = p.lse;
+  for (int i = 0; i < 3; ++i) {
+    a.qs[i] = p.q_strides[i];
+    a.ks[i] = p.k_strides[i];
+    a.vs[i] = p.v_strides[i];
+    a.gs[i] = p.grad_out_strides[i];
+  }
+  a.ls[0] = p.lse_strides[0];
+  a.ls[1] = p.lse_strides[1];
+  a.dq = p.dq;
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.delta = reinterpret_cast<float*>(ws + w.delta);
+  a.row_a = reinterpret_cast<float*>(ws + w.row_a);
+  a.row_b = reinterpret_cast<int32_t*>(ws + w.row_b);
+  a.batch = static_cast<int>(p.batch);
+  a.hq = static_cast<int>(p.q_heads);
+  a.hkv = static_cast<int>(p.kv_heads);
+  a.group = static_cast<int>(p.q_heads / p.kv_heads);
+  a.n = static_cast<int>(p.q_len);
+  a.m = static_cast<int>(p.kv_len);
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * bf16::kLog2e;
+  a.causal = static_cast<int>(p.causal);
+  a.cu_q = p.cu_seqlens_q;
+  a.cu_k = p.cu_seqlens_k;
+  a.num_segments = static_cast<int>(p.num_segments);
+  a.diag = p.diagnostics;
+
+  if (rows > 0) {
+    bf16::DeltaArgs da{};
+    da.grad_out = p.grad_out;
+    da.out = p.out;
+    for (int i = 0; i < 3; ++i) {
+      da.gs[i] = p.grad_out_strides[i];
+      da.os[i] = p.out_strides[i];
+    }
+    da.delta = reinterpret_cast<float*>(ws + w.delta);
+    da.hq = a.hq;
+    da.n = a.n;
+    da.d = static_cast<int>(p.head_dim);
+    da.rows = rows;
+    bf16::delta_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(da);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return Status{err, std::string("delta pre-pass launch: ") + cudaGetErrorString(err)};
+  }
+
+  cudaError_t err = cudaSuccess;
+  const bool d64 = p.head_dim == 64;
+  switch (p.projection) {
+    case Projection::kNone:
+      err = d64 ? bf16::launch<64, Projection::kNone>(a, stream) : bf16::launch<128, Projection::kNone>(a, stream);
+      break;
+    case Projection::kGproj:
+      err = d64 ? bf16::launch<64, Projection::kGproj>(a, stream) : bf16::launch<128, Projection::kGproj>(a, stream);
+      break;
+    case Projection::kPivot:
+      err = d64 ? bf16::launch<64, Projection::kPivot>(a, stream) : bf16::launch<128, Projection::kPivot>(a, stream);
+      break;
+  }
+  if (err != cudaSuccess) return Status{err, std::string("bf16 backward launch: ") + cudaGetErrorString(err)};
+  return {};
+}
+
+}  // namespace gaugewatch::gpu

@@ -1,0 +1,6 @@
+// One instantiation of the fused BF16 backward: head dim 128, projection gproj.
+#include "kernels/cuda/bf16_backward_launch.cuh"
+
+namespace gaugewatch::gpu::bf16 {
+template cudaError_t launch<128, Projection::kGproj>(const Args&, cudaStream_t);
+}  // namespace gaugewatch::gpu::bf16

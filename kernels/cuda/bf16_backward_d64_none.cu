@@ -1,0 +1,6 @@
+// One instantiation of the fused BF16 backward: head dim 64, projection none.
+#include "kernels/cuda/bf16_backward_launch.cuh"
+
+namespace gaugewatch::gpu::bf16 {
+template cudaError_t launch<64, Projection::kNone>(const Args&, cudaStream_t);
+}  // namespace gaugewatch::gpu::bf16

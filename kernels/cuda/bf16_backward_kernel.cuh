@@ -1,0 +1,580 @@
+#pragma once
+// Kernel bodies of the fused BF16 attention backward (math, layouts and the
+// choice of structure: kernels/cuda/bf16_backward.h). Tensor cores through
+// mma.sync m16n8k16 (kernels/cuda/bf16_mma.cuh), cp.async double buffering,
+// XOR-swizzled shared tiles.
+//
+// Both main kernels run 8 warps on a 64-row x 64-key tile pair:
+//   phase 1 ("scores"): warp w takes rows 16 (w % 4).. and keys 32 (w / 4)..,
+//     computes S = Q K^T and dP = dO V^T (MMA), P, t = bf16(dS), r = bf16(P),
+//     and stores t and r to shared memory. This code is shared verbatim by
+//     both kernels: every element of S is the same sequence of MMAs over the
+//     head dim, so t and r are bit-identical in the two kernels.
+//   phase 2 ("contract"): the dq kernel's warp w owns rows 16 (w % 4).. and
+//     head-dim half w / 4 of dQ (and U = r K for gproj); the dkdv kernel's warp
+//     w owns keys 16 (w % 4).. and head-dim half w / 4 of dK and dV.
+// Build: instantiated in bf16_backward_d{64,128}_{none,gproj,pivot}.cu.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_backward.h"
+#include "kernels/cuda/bf16_mma.cuh"
+#include "kernels/cuda/masking.cuh"
+
+namespace gaugewatch::gpu::bf16 {
+
+inline constexpr int kWarps = 8;
+inline constexpr int kThreads = kWarps * 32;
+inline constexpr int kBr = 64;  // query rows per tile
+inline constexpr int kBc = 64;  // keys per tile
+inline constexpr float kLog2e = 1.4426950408889634f;
+// Blocks per SM the register allocation must allow: two at D = 64 (128
+// registers a thread); at D = 128 the accumulators need more than 128
+// registers, and spilling costs more than the second block would gain.
+template <int D>
+inline constexpr int kMinBlocks = D == 64 ? 2 : 1;
+
+// Device copy of the launch parameters (by value, in the kernel argument).
+struct Args {
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  const uint16_t* grad_out;
+  const float* lse;
+  int64_t qs[3], ks[3], vs[3], gs[3], ls[2];
+  uint16_t* dq;
+  uint16_t* dk;
+  uint16_t* dv;
+  const float* delta;  // (B, Hq, N) workspace
+  float* row_a;        // gproj: lambda; pivot: rho       (B, Hq, N) workspace
+  int32_t* row_b;      // pivot: j*                      (B, Hq, N) workspace
+  int batch, hq, hkv, group;
+  int n, m;
+  float scale, scale_log2;
+  int causal;
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  int num_segments;
+  Bf16RowDiagnostics diag;
+};
+
+__device__ __forceinline__ KeyRange row_keys(const Args& a, int row) {
+  if (row >= a.n) return {0, 0};
+  return visible_keys(a.cu_q, a.cu_k, a.num_segments, a.n, a.m, a.causal, row);
+}
+
+// Copies rows [row0, row0 + 64) of a (rows, D) BF16 matrix into a swizzled
+// shared tile; rows past `rows` are zero-filled.
+template <int D>
+__device__ __forceinline__ void load_tile_async(uint16_t* dst, const uint16_t* src, int64_t row_stride, int row0,
+                                                int rows) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  for (int idx = threadIdx.x; idx < kBr * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = row0 + r < rows;
+    const uint16_t* from = src + (valid ? static_cast<int64_t>(row0 + r) * row_stride + c * 8 : 0);
+    mma::cp_async_16(dst + mma::swz<D>(r, c), from, valid);
+  }
+}
+
+// Per-row inputs of phase 1 for the two rows a thread holds (g and g + 8 of
+// its warp's 16).
+struct RowInputs {
+  float lse_log2[2];
+  float delta[2];
+  int kb[2], ke[2];
+};
+
+// Phase 1 on one warp: S and dP for 16 rows x 32 keys (keys key0.. of the
+// tile, absolute index j0 + key0 + ...), then P, t, r; t and r go to the
+// swizzled [64][64] tiles ts/rs. `visit(half, nt, e, j, p, t, r, s)` sees
+// every element (half: row g or g + 8) for the row statistics.
+template <int D, class Visit>
+__device__ __forceinline__ void scores_phase(const Args& a, const uint16_t* qs, const uint16_t* gos, const uint16_t* ks,
+                                             const uint16_t* vs, uint16_t* ts, uint16_t* rs, int row0, int key0,
+                                             int j0, const RowInputs& in, Visit&& visit) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  constexpr int kNt = 4;  // 32 keys = 4 n-tiles of 8
+  float s[kNt][4], dp[kNt][4];
+#pragma unroll
+  for (int i = 0; i < kNt; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.0f;
+
+  const int a_row = row0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int a_chunk = lane >> 4;
+  const int b_row = key0 + (lane & 7) + (lane >> 4) * 8;
+  const int b_chunk = (lane >> 3) & 1;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t fa[4], fo[4];
+    mma::ldmatrix_x4(fa, qs + mma::swz<D>(a_row, kk * 2 + a_chunk));
+    mma::ldmatrix_x4(fo, gos + mma::swz<D>(a_row, kk * 2 + a_chunk));
+#pragma unroll
+    for (int np = 0; np < kNt / 2; ++np) {
+      uint32_t fk[4], fv[4];
+      mma::ldmatrix_x4(fk, ks + mma::swz<D>(b_row + np * 16, kk * 2 + b_chunk));
+      mma::ldmatrix_x4(fv, vs + mma::swz<D>(b_row + np * 16, kk * 2 + b_chunk));
+      mma::mma_bf16(s[2 * np], fa, fk[0], fk[1]);
+      mma::mma_bf16(s[2 * np + 1], fa, fk[2], fk[3]);
+      mma::mma_bf16(dp[2 * np], fo, fv[0], fv[1]);
+      mma::mma_bf16(dp[2 * np + 1], fo, fv[2], fv[3]);
+    }
+  }
+
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt) {
+    float tv[4], rv[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int half = e >> 1;
+      const int j = j0 + key0 + nt * 8 + 2 * c + (e & 1);
+      const bool visible = j >= in.kb[half] && j < in.ke[half];
+      // exp2(s alpha log2e - lse log2e) as FlashAttention forms it; a select,
+      // not a multiply, for masked keys, so NaN or Inf in padding never leaks.
+      const float p = visible ? mma::exp2_approx(fmaf(s[nt][e], a.scale_log2, -in.lse_log2[half])) : 0.0f;
+      const float t = visible ? mma::round_bf16(p * (dp[nt][e] - in.delta[half])) : 0.0f;
+      const float r = mma::round_bf16(p);
+      tv[e] = t;
+      rv[e] = r;
+      visit(half, j, visible, p, t, r, s[nt][e]);
+    }
+    const int col_chunk = (key0 + nt * 8) / 8;
+    const int rlo = row0 + g, rhi = row0 + g + 8;
+    *reinterpret_cast<uint32_t*>(ts + mma::swz<kBc>(rlo, col_chunk) + 2 * c) = mma::pack_bf16(tv[0], tv[1]);
+    *reinterpret_cast<uint32_t*>(ts + mma::swz<kBc>(rhi, col_chunk) + 2 * c) = mma::pack_bf16(tv[2], tv[3]);
+    *reinterpret_cast<uint32_t*>(rs + mma::swz<kBc>(rlo, col_chunk) + 2 * c) = mma::pack_bf16(rv[0], rv[1]);
+    *reinterpret_cast<uint32_t*>(rs + mma::swz<kBc>(rhi, col_chunk) + 2 * c) = mma::pack_bf16(rv[2], rv[3]);
+  }
+}
+
+// acc[16 x D/2] += X Y where X is 16 rows x 64 (from a [64][64] tile, rows
+// row0.., non-transposed, or its transpose: rows = columns key0.. of the tile)
+// and Y is 64 x D/2 (rows of a [64][D] tile, columns d0..).
+template <int D, bool kTransX>
+__device__ __forceinline__ void contract(float (&acc)[D / 16][4], const uint16_t* x, const uint16_t* y, int row0,
+                                         int d0) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kNt = D / 16;  // n-tiles of 8 in D/2 columns
+#pragma unroll
+  for (int kc = 0; kc < kBc / 16; ++kc) {
+    uint32_t fx[4];
+    if constexpr (kTransX) {
+      // A = X^T: stored rows are the contraction index.
+      const int srow = kc * 16 + (lane & 7) + (lane >> 4) * 8;
+      const int schunk = (row0 >> 3) + ((lane >> 3) & 1);
+      mma::ldmatrix_x4_trans(fx, x + mma::swz<kBc>(srow, schunk));
+    } else {
+      const int srow = row0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const int schunk = kc * 2 + (lane >> 4);
+      mma::ldmatrix_x4(fx, x + mma::swz<kBc>(srow, schunk));
+    }
+    const int yrow = kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int np = 0; np < kNt / 2; ++np) {
+      uint32_t fy[4];
+      mma::ldmatrix_x4_trans(fy, y + mma::swz<D>(yrow, (d0 >> 3) + np * 2 + (lane >> 4)));
+      mma::mma_bf16(acc[2 * np], fx, fy[0], fy[1]);
+      mma::mma_bf16(acc[2 * np + 1], fx, fy[2], fy[3]);
+    }
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void zero(float (&acc)[D / 16][4]) {
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+}
+
+// Shared memory of the dq kernel (BF16 elements): Q, dO, two K/V buffers, t, r.
+template <int D>
+struct DqSmem {
+  static constexpr int kTile = kBr * D;
+  static constexpr int kQ = 0, kGo = kTile, kK0 = 2 * kTile, kV0 = 3 * kTile, kK1 = 4 * kTile, kV1 = 5 * kTile;
+  static constexpr int kT = 6 * kTile, kR = kT + kBr * kBc;
+  // Row-statistic partials, float [2 halves][64 rows][8], reuse t and r after
+  // the key loop (16 KiB less keeps two blocks per SM at D = 128).
+  static constexpr int kStats = kT;
+  static constexpr size_t kBytes = static_cast<size_t>(kR + kBr * kBc) * 2;
+  static_assert(2 * kBr * 8 * sizeof(float) <= 2 * kBr * kBc * 2, "statistics must fit the t and r tiles");
+};
+
+template <int D, Projection P>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dq_kernel(const Args a) {
+  extern __shared__ __align__(128) uint16_t smem[];
+  using L = DqSmem<D>;
+  const int tiles = (a.n + kBr - 1) / kBr;
+  const int tile = a.causal != 0 ? tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int bh = blockIdx.y;
+  const int b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
+  const int i0 = tile * kBr;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int rg = warp & 3, half = warp >> 2;  // row group; key half (phase 1) / head-dim half (phase 2)
+  const int row0 = rg * 16;
+
+  const uint16_t* qp = a.q + b * a.qs[0] + h * a.qs[1];
+  const uint16_t* gp = a.grad_out + b * a.gs[0] + h * a.gs[1];
+  const uint16_t* kp = a.k + b * a.ks[0] + hk * a.ks[1];
+  const uint16_t* vp = a.v + b * a.vs[0] + hk * a.vs[1];
+  const float* lp = a.lse + b * a.ls[0] + h * a.ls[1];
+  const int64_t row_base = static_cast<int64_t>(bh) * a.n;
+
+  RowInputs in;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = i0 + row0 + g + 8 * hh;
+    const KeyRange kr = row_keys(a, row);
+    in.kb[hh] = kr.begin;
+    in.ke[hh] = kr.end;
+    in.lse_log2[hh] = row < a.n && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
+    in.delta[hh] = row < a.n ? a.delta[row_base + row] : 0.0f;
+  }
+  // Key tiles: from the first row's first visible key to the last row's end.
+  const int last_row = min(i0 + kBr, a.n) - 1;
+  const int j_begin = row_keys(a, i0).begin / kBc * kBc;
+  const int j_end = row_keys(a, last_row).end;
+
+  load_tile_async<D>(smem + L::kQ, qp, a.qs[2], i0, a.n);
+  load_tile_async<D>(smem + L::kGo, gp, a.gs[2], i0, a.n);
+  if (j_begin < j_end) {
+    load_tile_async<D>(smem + L::kK0, kp, a.ks[2], j_begin, a.m);
+    load_tile_async<D>(smem + L::kV0, vp, a.vs[2], j_begin, a.m);
+  }
+  mma::cp_async_commit();
+
+  float dq[D / 16][4], u[D / 16][4];
+  zero<D>(dq);
+  if constexpr (P == Projection::kGproj) zero<D>(u);
+  // Row statistics of this warp's key half, for its rows g and g + 8.
+  float rho[2] = {0, 0}, mass[2] = {0, 0}, abs_rho[2] = {0, 0}, pmax[2] = {-1, -1}, lmax[2] = {0, 0};
+  int parg[2] = {-1, -1};
+  const bool want_diag = a.diag.any();
+
+  int buf = 0;
+  for (int j0 = j_begin; j0 < j_end; j0 += kBc) {
+    if (j0 + kBc < j_end) {
+      load_tile_async<D>(smem + (buf ? L::kK0 : L::kK1), kp, a.ks[2], j0 + kBc, a.m);
+      load_tile_async<D>(smem + (buf ? L::kV0 : L::kV1), vp, a.vs[2], j0 + kBc, a.m);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint16_t* ks = smem + (buf ? L::kK1 : L::kK0);
+    const uint16_t* vs = smem + (buf ? L::kV1 : L::kV0);
+    scores_phase<D>(a, smem + L::kQ, smem + L::kGo, ks, vs, smem + L::kT, smem + L::kR, row0, half * 32, j0, in,
+                    [&](int hh, int j, bool visible, float p, float t, float r, float s) {
+                      rho[hh] += t;
+                      mass[hh] += r;
+                      if (want_diag) {
+                        abs_rho[hh] += fabsf(t);
+                        if (visible) lmax[hh] = fmaxf(lmax[hh], fabsf(a.scale * s));
+                      }
+                      if (P == Projection::kPivot || want_diag) {
+                        if (visible && p > pmax[hh]) {  // keys visited in increasing j: ties keep the lower
+                          pmax[hh] = p;
+                          parg[hh] = j;
+                        }
+                      }
+                    });
+    __syncthreads();
+    contract<D, false>(dq, smem + L::kT, ks, row0, half * (D / 2));
+    if constexpr (P == Projection::kGproj) contract<D, false>(u, smem + L::kR, ks, row0, half * (D / 2));
+    __syncthreads();
+    buf ^= 1;
+  }
+  mma::cp_async_wait<0>();
+
+  // Reduce the row statistics over the 4 lanes of a row (fixed xor order),
+  // then over the two key halves through shared memory (half 0 + half 1).
+  float* stats = reinterpret_cast<float*>(smem + L::kStats);  // [2 halves][64 rows][8]
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      rho[hh] += __shfl_xor_sync(0xffffffffu, rho[hh], off);
+      mass[hh] += __shfl_xor_sync(0xffffffffu, mass[hh], off);
+      abs_rho[hh] += __shfl_xor_sync(0xffffffffu, abs_rho[hh], off);
+      lmax[hh] = fmaxf(lmax[hh], __shfl_xor_sync(0xffffffffu, lmax[hh], off));
+      const float op = __shfl_xor_sync(0xffffffffu, pmax[hh], off);
+      const int oa = __shfl_xor_sync(0xffffffffu, parg[hh], off);
+      if (op > pmax[hh] || (op == pmax[hh] && oa >= 0 && (parg[hh] < 0 || oa < parg[hh]))) {
+        pmax[hh] = op;
+        parg[hh] = oa;
+      }
+    }
+    if (c == 0) {
+      float* st = stats + (half * kBr + row0 + g + 8 * hh) * 8;
+      st[0] = rho[hh];
+      st[1] = mass[hh];
+      st[2] = abs_rho[hh];
+      st[3] = pmax[hh];
+      st[4] = __int_as_float(parg[hh]);
+      st[5] = lmax[hh];
+    }
+  }
+  __syncthreads();
+  // Combined statistics of this thread's two rows (both halves).
+  float lam[2], rho_row[2];
+  int jstar[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float* s0 = stats + (row0 + g + 8 * hh) * 8;
+    const float* s1 = stats + (kBr + row0 + g + 8 * hh) * 8;
+    rho_row[hh] = s0[0] + s1[0];
+    const float m_row = s0[1] + s1[1];
+    lam[hh] = m_row > 0.0f ? rho_row[hh] / m_row : 0.0f;
+    const int a0 = __float_as_int(s0[4]), a1 = __float_as_int(s1[4]);
+    // Half 0 holds the lower keys of every tile, but a later tile's half 0
+    // can beat an earlier tile's half 1: compare values, ties to the lower j.
+    if (a1 >= 0 && (a0 < 0 || s1[3] > s0[3] || (s1[3] == s0[3] && a1 < a0))) {
+      jstar[hh] = a1;
+    } else {
+      jstar[hh] = a0;
+    }
+  }
+
+  // dQ' = alpha (dQacc - correction), rounded once to BF16.
+  const int d0 = half * (D / 2);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = i0 + row0 + g + 8 * hh;
+    if (row >= a.n) continue;
+    const int64_t orow = row_base + row;
+    uint16_t* out = a.dq + orow * D;
+    const uint16_t* kstar = (P == Projection::kPivot && jstar[hh] >= 0) ? kp + jstar[hh] * a.ks[2] : nullptr;
+#pragma unroll
+    for (int nt = 0; nt < D / 16; ++nt) {
+      const int col = d0 + nt * 8 + 2 * c;
+      float x0 = dq[nt][2 * hh], x1 = dq[nt][2 * hh + 1];
+      if constexpr (P == Projection::kGproj) {
+        x0 -= lam[hh] * u[nt][2 * hh];
+        x1 -= lam[hh] * u[nt][2 * hh + 1];
+      } else if constexpr (P == Projection::kPivot) {
+        if (kstar != nullptr) {
+          x0 -= rho_row[hh] * mma::bf16_bits_to_float(kstar[col]);
+          x1 -= rho_row[hh] * mma::bf16_bits_to_float(kstar[col + 1]);
+        }
+      }
+      *reinterpret_cast<uint32_t*>(out + col) = mma::pack_bf16(a.scale * x0, a.scale * x1);
+    }
+    // One thread per row writes the per-row outputs.
+    if (half == 0 && c == 0) {
+      if constexpr (P == Projection::kGproj) a.row_a[orow] = lam[hh];
+      if constexpr (P == Projection::kPivot) {
+        a.row_a[orow] = rho_row[hh];
+        a.row_b[orow] = jstar[hh];
+      }
+      if (want_diag) {
+        const float* s0 = stats + (row0 + g + 8 * hh) * 8;
+        const float* s1 = stats + (kBr + row0 + g + 8 * hh) * 8;
+        if (a.diag.row_mass) a.diag.row_mass[orow] = rho_row[hh];
+        if (a.diag.prob_mass) a.diag.prob_mass[orow] = s0[1] + s1[1];
+        if (a.diag.abs_row_mass) a.diag.abs_row_mass[orow] = s0[2] + s1[2];
+        if (a.diag.p_max) a.diag.p_max[orow] = fmaxf(fmaxf(s0[3], s1[3]), 0.0f);
+        if (a.diag.logit_abs_max) a.diag.logit_abs_max[orow] = fmaxf(s0[5], s1[5]);
+        if (a.diag.pivot) a.diag.pivot[orow] = jstar[hh];
+      }
+    }
+  }
+}
+
+// Shared memory of the dkdv kernel (BF16 elements): K, V, two Q/dO buffers,
+// -lambda Q (gproj), t, r; then per-row arrays for two buffers, then the FP32
+// pivot fix-up [64][D] (pivot only).
+template <int D, Projection P>
+struct DkdvSmem {
+  static constexpr int kTile = kBr * D;
+  static constexpr int kK = 0, kV = kTile, kQ0 = 2 * kTile, kG0 = 3 * kTile, kQ1 = 4 * kTile, kG1 = 5 * kTile;
+  static constexpr int kLq = 6 * kTile;
+  static constexpr int kT = kLq + (P == Projection::kGproj ? kTile : 0), kR = kT + kBr * kBc;
+  static constexpr int kRows = kR + kBr * kBc;  // float [2 buffers][6][64]
+  static constexpr int kRowFloats = 2 * 6 * kBr;
+  static constexpr int kFix = kRows + kRowFloats * 2;  // float [64][D]
+  static constexpr size_t kBytes =
+      static_cast<size_t>(kFix) * 2 + (P == Projection::kPivot ? static_cast<size_t>(kBc) * D * 4 : 0);
+};
+
+// Row arrays of one query tile in the dkdv kernel.
+struct RowArrays {
+  float* lse_log2;
+  float* delta;
+  float* row_a;  // lambda or rho
+  int* row_b;    // j*
+  int* kb;
+  int* ke;
+};
+
+__device__ __forceinline__ RowArrays row_arrays(float* base, int buf) {
+  float* p = base + buf * 6 * kBr;
+  return {p, p + kBr, p + 2 * kBr, reinterpret_cast<int*>(p + 3 * kBr), reinterpret_cast<int*>(p + 4 * kBr),
+          reinterpret_cast<int*>(p + 5 * kBr)};
+}
+
+// First row in [lo, hi) for which pred(row) holds, pred monotone (false..true).
+template <class Pred>
+__device__ __forceinline__ int first_row(int lo, int hi, Pred pred) {
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (pred(mid)) hi = mid; else lo = mid + 1;
+  }
+  return lo;
+}
+
+template <int D, Projection P>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dkdv_kernel(const Args a) {
+  extern __shared__ __align__(128) uint16_t smem[];
+  using L = DkdvSmem<D, P>;
+  // Key tile 0 has the most query rows under causal masking: it goes first.
+  const int ktile = static_cast<int>(blockIdx.x);
+  const int bhk = blockIdx.y;
+  const int b = bhk / a.hkv, hk = bhk % a.hkv;
+  const int j0 = ktile * kBc;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int rg = warp & 3, half = warp >> 2;
+  const int row0 = rg * 16;
+
+  const uint16_t* kp = a.k + b * a.ks[0] + hk * a.ks[1];
+  const uint16_t* vp = a.v + b * a.vs[0] + hk * a.vs[1];
+  float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
+
+  // Query rows that see a key of [j0, j0 + 64): visible ranges are monotone
+  // along the rows, so two binary searches bound them.
+  const int j1 = min(j0 + kBc, a.m);
+  const int r_begin = first_row(0, a.n, [&](int r) { return row_keys(a, r).end > j0; });
+  const int r_end = first_row(r_begin, a.n, [&](int r) { return row_keys(a, r).begin >= j1; });
+  const int t_begin = r_begin / kBr, t_end = r_begin < r_end ? (r_end + kBr - 1) / kBr : t_begin;
+  const int tiles = t_end - t_begin;
+  const int iters = tiles * a.group;
+
+  load_tile_async<D>(smem + L::kK, kp, a.ks[2], j0, a.m);
+  load_tile_async<D>(smem + L::kV, vp, a.vs[2], j0, a.m);
+
+  // Issues the loads of iteration `it` (query head, query tile) into buffer `buf`.
+  auto stage = [&](int it, int buf) {
+    const int h = hk * a.group + it / tiles;
+    const int i0 = (t_begin + it % tiles) * kBr;
+    load_tile_async<D>(smem + (buf ? L::kQ1 : L::kQ0), a.q + b * a.qs[0] + h * a.qs[1], a.qs[2], i0, a.n);
+    load_tile_async<D>(smem + (buf ? L::kG1 : L::kG0), a.grad_out + b * a.gs[0] + h * a.gs[1], a.gs[2], i0,
+                       a.n);
+    const RowArrays ra = row_arrays(rows_base, buf);
+    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + h) * a.n;
+    const float* lp = a.lse + b * a.ls[0] + h * a.ls[1];
+    for (int r = threadIdx.x; r < kBr; r += kThreads) {
+      const int row = i0 + r;
+      const KeyRange kr = row_keys(a, row);
+      const bool ok = row < a.n;
+      ra.kb[r] = kr.begin;
+      ra.ke[r] = kr.end;
+      ra.lse_log2[r] = ok && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
+      ra.delta[r] = ok ? a.delta[row_base + row] : 0.0f;
+      if constexpr (P != Projection::kNone) ra.row_a[r] = ok ? a.row_a[row_base + row] : 0.0f;
+      if constexpr (P == Projection::kPivot) ra.row_b[r] = ok ? a.row_b[row_base + row] : -1;
+    }
+  };
+  if (iters > 0) stage(0, 0);
+  mma::cp_async_commit();
+
+  float dk[D / 16][4], dv[D / 16][4];
+  zero<D>(dk);
+  zero<D>(dv);
+  float* fix = reinterpret_cast<float*>(smem + L::kFix);
+  if constexpr (P == Projection::kPivot) {
+    for (int idx = threadIdx.x; idx < kBc * D; idx += kThreads) fix[idx] = 0.0f;
+    __syncthreads();
+  }
+
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < iters) {
+      stage(it + 1, buf ^ 1);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
+    const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
+    const RowArrays ra = row_arrays(rows_base, buf);
+
+    if constexpr (P == Projection::kGproj) {
+      // bf16(-lambda_i q_i): GEMM 7 then accumulates into dK with the sign
+      // folded in (negation is exact in BF16).
+      uint16_t* lq = smem + L::kLq;
+      for (int idx = threadIdx.x; idx < kBr * (D / 2); idx += kThreads) {
+        const int r = idx / (D / 2), cc = (idx % (D / 2)) * 2;
+        const int off = mma::swz<D>(r, cc >> 3) + (cc & 7);
+        const float lam = ra.row_a[r];
+        const uint32_t qq = *reinterpret_cast<const uint32_t*>(qs + off);
+        const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
+        const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
+        *reinterpret_cast<uint32_t*>(lq + off) = mma::pack_bf16(-lam * q0, -lam * q1);
+      }
+    }
+
+    RowInputs in;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = row0 + g + 8 * hh;
+      in.kb[hh] = ra.kb[r];
+      in.ke[hh] = ra.ke[r];
+      in.lse_log2[hh] = ra.lse_log2[r];
+      in.delta[hh] = ra.delta[r];
+    }
+    scores_phase<D>(a, qs, gos, smem + L::kK, smem + L::kV, smem + L::kT, smem + L::kR, row0, half * 32, j0, in,
+                    [](int, int, bool, float, float, float, float) {});
+    __syncthreads();
+    contract<D, true>(dv, smem + L::kR, gos, row0, half * (D / 2));
+    contract<D, true>(dk, smem + L::kT, qs, row0, half * (D / 2));
+    if constexpr (P == Projection::kGproj) contract<D, true>(dk, smem + L::kR, smem + L::kLq, row0, half * (D / 2));
+    if constexpr (P == Projection::kPivot) {
+      // fix[j - j0][col] += rho_i q_i[col] for rows whose pivot is in this
+      // tile: thread owns (column, key parity), rows in order: deterministic.
+      constexpr int kOwners = kThreads / D;  // 4 (D = 64) or 2 (D = 128)
+      const int col = threadIdx.x % D, part = threadIdx.x / D;
+      for (int r = 0; r < kBr; ++r) {
+        const int js = ra.row_b[r] - j0;
+        if (js < 0 || js >= kBc || js % kOwners != part) continue;
+        const float qv = mma::bf16_bits_to_float(qs[mma::swz<D>(r, col >> 3) + (col & 7)]);
+        fix[js * D + col] += ra.row_a[r] * qv;
+      }
+    }
+    __syncthreads();
+  }
+  mma::cp_async_wait<0>();
+
+  // dK = bf16(alpha (dKacc - fix)), dV = bf16(dVacc). Keys past M are not written.
+  const int d0 = half * (D / 2);
+  const int64_t key_base = static_cast<int64_t>(bhk) * a.m;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int kl = row0 + g + 8 * hh;
+    const int key = j0 + kl;
+    if (key >= a.m) continue;
+    uint16_t* dko = a.dk + (key_base + key) * D;
+    uint16_t* dvo = a.dv + (key_base + key) * D;
+#pragma unroll
+    for (int nt = 0; nt < D / 16; ++nt) {
+      const int col = d0 + nt * 8 + 2 * c;
+      float x0 = dk[nt][2 * hh], x1 = dk[nt][2 * hh + 1];
+      if constexpr (P == Projection::kPivot) {
+        x0 -= fix[kl * D + col];
+        x1 -= fix[kl * D + col + 1];
+      }
+      *reinterpret_cast<uint32_t*>(dko + col) = mma::pack_bf16(a.scale * x0, a.scale * x1);
+      *reinterpret_cast<uint32_t*>(dvo + col) = mma::pack_bf16(dv[nt][2 * hh], dv[nt][2 * hh + 1]);
+    }
+  }
+}
+
+}  // namespace gaugewatch::gpu::bf16

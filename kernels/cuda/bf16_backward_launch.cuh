@@ -1,0 +1,38 @@
+#pragma once
+// Launch template of the fused BF16 backward for one (head dim, projection):
+// the query-outer dq kernel, then the key-outer dkdv kernel, on one stream
+// (the second reads the first's per-row lambda / rho / j*). Instantiated once
+// per pair in bf16_backward_d{64,128}_{none,gproj,pivot}.cu so that each
+// translation unit stays small (CI compiles on 2 cores).
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/bf16_backward_kernel.cuh"
+
+namespace gaugewatch::gpu::bf16 {
+
+template <int D, Projection P>
+cudaError_t launch(const Args& a, cudaStream_t stream) {
+  constexpr int kDqSmem = static_cast<int>(DqSmem<D>::kBytes);
+  constexpr int kKvSmem = static_cast<int>(DkdvSmem<D, P>::kBytes);
+  static_assert(kDqSmem <= 227 * 1024 && kKvSmem <= 227 * 1024, "tile does not fit one SM's shared memory");
+  cudaError_t err = cudaFuncSetAttribute(dq_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem);
+  if (err != cudaSuccess) return err;
+  err = cudaFuncSetAttribute(dkdv_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kKvSmem);
+  if (err != cudaSuccess) return err;
+  const int64_t bhq = static_cast<int64_t>(a.batch) * a.hq, bhk = static_cast<int64_t>(a.batch) * a.hkv;
+  const dim3 dq_grid(static_cast<unsigned>((a.n + kBr - 1) / kBr), static_cast<unsigned>(bhq));
+  if (dq_grid.x > 0 && dq_grid.y > 0) {
+    dq_kernel<D, P><<<dq_grid, kThreads, kDqSmem, stream>>>(a);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 kv_grid(static_cast<unsigned>((a.m + kBc - 1) / kBc), static_cast<unsigned>(bhk));
+  if (kv_grid.x > 0 && kv_grid.y > 0) {
+    dkdv_kernel<D, P><<<kv_grid, kThreads, kKvSmem, stream>>>(a);
+    err = cudaGetLastError();
+  }
+  return err;
+}
+
+}  // namespace gaugewatch::gpu::bf16

@@ -1,0 +1,46 @@
+"""Small calls of every CUDA backend of gaugewatch::attention_backward, for
+compute-sanitizer (memcheck, racecheck, synccheck) in scripts/device.sh:
+multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64
+and 128. Exits non-zero on any Python-side failure; the sanitizer's own exit
+code (--error-exitcode) reports hazards.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
+torch.ops.load_library(os.environ.get("GAUGEWATCH_OPS_LIB", str(build / "lib" / "libgaugewatch_ops.so")))
+ops = torch.ops.gaugewatch
+
+CASES = [
+    dict(B=1, Hq=2, Hkv=1, N=70, M=130, d=64, causal=True, alignment="top_left"),
+    dict(B=1, Hq=1, Hkv=1, N=130, M=70, d=128, causal=True, alignment="bottom_right"),
+    dict(B=2, Hq=2, Hkv=2, N=65, M=65, d=64, causal=False, alignment="top_left"),
+    dict(B=1, Hq=2, Hkv=2, N=100, M=90, d=128, causal=True, alignment="top_left",
+         cu_q=[0, 1, 60, 60, 100], cu_k=[0, 30, 31, 50, 90]),
+]
+
+for case in CASES:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, Hq, Hkv, N, M, d = (case[x] for x in ("B", "Hq", "Hkv", "N", "M", "d"))
+    q = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
+    k = torch.randn(B, Hkv, M, d, device="cuda", generator=g).bfloat16()
+    v = torch.randn(B, Hkv, M, d, device="cuda", generator=g).bfloat16()
+    do = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
+    out = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
+    lse = torch.full((B, Hq, N), 5.0, device="cuda")
+    kw = dict(is_causal=case["causal"], causal_alignment=case["alignment"])
+    if "cu_q" in case:
+        kw.update(cu_seqlens_q=torch.tensor(case["cu_q"], dtype=torch.int32, device="cuda"),
+                  cu_seqlens_k=torch.tensor(case["cu_k"], dtype=torch.int32, device="cuda"))
+    for backend in ("bf16", "gproj", "pivot", "fp32"):
+        grads = ops.attention_backward(do, q, k, v, out, lse, backend=backend, **kw)
+        torch.cuda.synchronize()
+        if not all(torch.isfinite(x).all().item() for x in grads):
+            print(f"non-finite gradient: backend {backend}, case {case}")
+            sys.exit(1)
+print(f"sanitize_kernels: {len(CASES)} cases x 4 backends ran")
