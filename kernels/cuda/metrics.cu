@@ -91,21 +91,6 @@ Layout layout_of(const MetricsShape& s) {
   return w;
 }
 
-detail::Args mask_args(const MetricsShape& s) {
-  detail::Args a{};
-  a.batch = s.batch;
-  a.hq = s.q_heads;
-  a.hkv = s.kv_heads;
-  a.n = s.q_len;
-  a.m = s.kv_len;
-  a.cu_q = s.cu_seqlens_q;
-  a.cu_k = s.cu_seqlens_k;
-  a.num_segments = static_cast<int>(s.num_segments);
-  a.causal = static_cast<int>(s.causal);
-  a.scale = static_cast<float>(s.scale);
-  return a;
-}
-
 }  // namespace
 
 Status validate(const MetricsParams& p) {
@@ -147,7 +132,10 @@ Status attention_metrics(const MetricsParams& p, void* workspace, size_t workspa
   if (err != cudaSuccess) return launch_error("metrics key centre", err);
 
   detail::GeometryArgs g{};
-  g.mask = mask_args(s);
+  g.cu_q = s.cu_seqlens_q;
+  g.cu_k = s.cu_seqlens_k;
+  g.num_segments = static_cast<int>(s.num_segments);
+  g.causal = static_cast<int>(s.causal);
   g.q = p.q;
   g.k = p.k;
   g.centre = centre;

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/cuda/fp32_backward_kernel.cuh"  // Args (masking), visible_keys
 #include "kernels/cuda/metrics.h"
 
 namespace gaugewatch::gpu::detail {
@@ -75,7 +74,10 @@ struct TranslateArgs {
 };
 
 struct GeometryArgs {
-  Args mask;  // masking fields only: n, m, cu_q, cu_k, num_segments, causal
+  const int32_t* cu_q;  // masking as kernels/cuda/masking.cuh
+  const int32_t* cu_k;
+  int num_segments;
+  int causal;  // CausalMode
   const float* q;
   const float* k;
   const float* centre;

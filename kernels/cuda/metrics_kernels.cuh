@@ -27,8 +27,13 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/cuda/fp32_backward_kernel.cuh"  // visible_keys, scale_logit, GAUGEWATCH_DYNAMIC_SMEM
+#include "kernels/cuda/masking.cuh"
 #include "kernels/cuda/metrics_args.cuh"
+
+// The block's dynamic shared memory; the CPU emulation supplies its own.
+#ifndef GAUGEWATCH_DYNAMIC_SMEM
+#define GAUGEWATCH_DYNAMIC_SMEM(name) extern __shared__ float4 name[]
+#endif
 
 namespace gaugewatch::gpu::detail {
 
@@ -243,7 +248,7 @@ __global__ void __launch_bounds__(kMetricsThreads) geometry_kernel(const Geometr
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kGeoRows, n = n0 + r;
   const bool row_ok = n < a.n;
   KeyRange range{0, 0};
-  if (row_ok) range = visible_keys(a.mask, n);
+  if (row_ok) range = gpu::visible_keys(a.cu_q, a.cu_k, a.num_segments, a.n, a.m, a.causal, n);
   const bool visible = range.end > range.begin;
   const float* kh = a.k + (b * a.hkv + hk) * a.m * d;
   const float* ch = a.centre + (b * a.hkv + hk) * d;
@@ -292,7 +297,7 @@ __global__ void __launch_bounds__(kMetricsThreads) geometry_kernel(const Geometr
       const int jj = lane + kGeoLanes * bb;
       const int64_t j = j0 + jj;
       const bool seen = j >= range.begin && j < range.end;
-      s[bb] = seen ? scale_logit(a.scale_f, dot_fma(qs + r * ld, ks + jj * ld, d)) : -INFINITY;
+      s[bb] = seen ? __fmul_rn(a.scale_f, dot_fma(qs + r * ld, ks + jj * ld, d)) : -INFINITY;
       tile_max = fmaxf(tile_max, s[bb]);
     }
     tile_max = group_max(tile_max);
@@ -347,7 +352,7 @@ __global__ void __launch_bounds__(kMetricsThreads) geometry_kernel(const Geometr
       const int jj = lane + kGeoLanes * bb;
       const int64_t j = j0 + jj;
       if (j >= range.begin && j < range.end) {
-        const float sp = scale_logit(a.scale_f, dot_fma(qs + r * ld, ks + jj * ld, d));
+        const float sp = __fmul_rn(a.scale_f, dot_fma(qs + r * ld, ks + jj * ld, d));
         const double w = exp(static_cast<double>(sp) - static_cast<double>(m_run)) * inv_l_d;
         var_part += w * static_cast<double>(dist2(ks + jj * ld, mus + r * ld, d));
         logit_part = fmax(logit_part, fabs(static_cast<double>(sp) + alpha_qc));
