@@ -65,6 +65,28 @@ def time_ms(fn, inputs, reps, warmup=3):
     return statistics.median(times)
 
 
+def kernel_breakdown(ops, x, causal, calls=3):
+    """Mean device time per call of each kernel the gw backends launch (us),
+    from torch.profiler: where the time goes inside one backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for backend in ("bf16", "gproj", "pivot"):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"], is_causal=causal,
+                                       backend=backend)
+            torch.cuda.synchronize()
+        times = {}
+        for evt in prof.key_averages():
+            if evt.device_type is not None and "gaugewatch" in evt.key:
+                short = evt.key.split("(")[0].split("::")[-1].split("<")[0]
+                total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+                times[short] = times.get(short, 0.0) + total / calls
+        out[backend] = {k: round(v, 1) for k, v in times.items()}
+    return out
+
+
 def make_inputs(B, Hq, Hkv, N, d, causal, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
@@ -141,6 +163,7 @@ def main():
         for key in [k[:-3] for k in list(row) if k.endswith("_ms")]:
             ms = row[key + "_ms"]
             row[key + "_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
+        row["kernels_us"] = kernel_breakdown(ops, inputs[0], causal)
         cudnn = row.get("sdpa_cudnn_ms")
         for key in [k[:-3] for k in list(row) if k.endswith("_ms")]:
             ms = row[key + "_ms"]

@@ -396,8 +396,8 @@ struct DkdvSmem {
   static constexpr int kK = 0, kV = kTile, kQ0 = 2 * kTile, kG0 = 3 * kTile, kQ1 = 4 * kTile, kG1 = 5 * kTile;
   static constexpr int kLq = 6 * kTile;
   static constexpr int kT = kLq + (P == Projection::kGproj ? kTile : 0), kR = kT + kBr * kBc;
-  static constexpr int kRows = kR + kBr * kBc;  // float [2 buffers][6][64]
-  static constexpr int kRowFloats = 2 * 6 * kBr;
+  static constexpr int kRows = kR + kBr * kBc;  // float [2 buffers][7][64]
+  static constexpr int kRowFloats = 2 * 7 * kBr;
   static constexpr int kFix = kRows + kRowFloats * 2;  // float [64][D]
   static constexpr size_t kBytes =
       static_cast<size_t>(kFix) * 2 + (P == Projection::kPivot ? static_cast<size_t>(kBc) * D * 4 : 0);
@@ -411,12 +411,13 @@ struct RowArrays {
   int* row_b;    // j*
   int* kb;
   int* ke;
+  unsigned* hits;  // pivot: bit r set when row r's j* is in this key tile (2 words)
 };
 
 __device__ __forceinline__ RowArrays row_arrays(float* base, int buf) {
-  float* p = base + buf * 6 * kBr;
+  float* p = base + buf * 7 * kBr;
   return {p, p + kBr, p + 2 * kBr, reinterpret_cast<int*>(p + 3 * kBr), reinterpret_cast<int*>(p + 4 * kBr),
-          reinterpret_cast<int*>(p + 5 * kBr)};
+          reinterpret_cast<int*>(p + 5 * kBr), reinterpret_cast<unsigned*>(p + 6 * kBr)};
 }
 
 // First row in [lo, hi) for which pred(row) holds, pred monotone (false..true).
@@ -478,7 +479,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dkdv_kernel(const Arg
       ra.lse_log2[r] = ok && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
       ra.delta[r] = ok ? a.delta[row_base + row] : 0.0f;
       if constexpr (P != Projection::kNone) ra.row_a[r] = ok ? a.row_a[row_base + row] : 0.0f;
-      if constexpr (P == Projection::kPivot) ra.row_b[r] = ok ? a.row_b[row_base + row] : -1;
+      if constexpr (P == Projection::kPivot) {
+        const int js = ok ? a.row_b[row_base + row] : -1;
+        ra.row_b[r] = js;
+        // Threads 0..63 are warps 0 and 1, whole: one ballot word each.
+        const unsigned word = __ballot_sync(0xffffffffu, js >= j0 && js < j0 + kBc);
+        if ((threadIdx.x & 31) == 0) ra.hits[threadIdx.x >> 5] = word;
+      }
     }
   };
   if (iters > 0) stage(0, 0);
@@ -540,11 +547,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dkdv_kernel(const Arg
     if constexpr (P == Projection::kPivot) {
       // fix[j - j0][col] += rho_i q_i[col] for rows whose pivot is in this
       // tile: thread owns (column, key parity), rows in order: deterministic.
+      // Only the rows flagged at staging are visited (usually none or a few,
+      // all 64 for the tile holding an attention sink).
       constexpr int kOwners = kThreads / D;  // 4 (D = 64) or 2 (D = 128)
       const int col = threadIdx.x % D, part = threadIdx.x / D;
-      for (int r = 0; r < kBr; ++r) {
+      for (uint64_t left = ra.hits[0] | (static_cast<uint64_t>(ra.hits[1]) << 32); left != 0; left &= left - 1) {
+        const int r = __ffsll(static_cast<long long>(left)) - 1;
         const int js = ra.row_b[r] - j0;
-        if (js < 0 || js >= kBc || js % kOwners != part) continue;
+        if (js % kOwners != part) continue;
         const float qv = mma::bf16_bits_to_float(qs[mma::swz<D>(r, col >> 3) + (col & 7)]);
         fix[js * D + col] += ra.row_a[r] * qv;
       }

@@ -49,7 +49,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 // c += a b (BF16 inputs, FP32 accumulate; the hardware rounds nothing but the
 // final FP32 sums).
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  // Not volatile: a pure function of its registers, free to be scheduled.
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -83,7 +84,7 @@ __device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) {
 // instruction in every kernel, so P is bit-identical wherever it is rebuilt.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
-  asm volatile("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 
