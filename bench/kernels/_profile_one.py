@@ -1,0 +1,27 @@
+"""One call of gaugewatch::attention_backward on a benchmark shape, for ncu:
+  ncu --kernel-name regex:gaugewatch -c 2 --section SpeedOfLight ... \
+      python3 bench/kernels/_profile_one.py --backend gproj --d 128
+(The leading underscore keeps scripts/device.sh from running it as a benchmark.)
+"""
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+parser = argparse.ArgumentParser()
+parser.add_argument("--backend", default="gproj")
+parser.add_argument("--B", type=int, default=4)
+parser.add_argument("--H", type=int, default=16)
+parser.add_argument("--N", type=int, default=4096)
+parser.add_argument("--d", type=int, default=128)
+parser.add_argument("--noncausal", action="store_true")
+args = parser.parse_args()
+build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
+torch.ops.load_library(os.environ.get("GAUGEWATCH_OPS_LIB", str(build / "lib" / "libgaugewatch_ops.so")))
+causal = not args.noncausal
+q, k, v, do = (torch.randn(args.B, args.H, args.N, args.d, device="cuda").bfloat16() for _ in range(4))
+out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)[:2]
+torch.ops.gaugewatch.attention_backward(do, q, k, v, out, lse.float(), is_causal=causal, backend=args.backend)
+torch.cuda.synchronize()
