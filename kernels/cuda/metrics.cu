@@ -1,6 +1,6 @@
 // Launcher of the metric reductions: validates, carves the workspace and
 // enqueues the kernels of metrics_kernels.cuh in order (centre, geometry, row
-// partials, norms, medians, finish). Math: kernels/cuda/metrics.h.
+// finish, row partials, norms, medians, finish). Math: kernels/cuda/metrics.h.
 // Host code only (no <<<>>>; metrics_launch.cu launches), so the CPU emulation
 // compiles this same file against its runtime.
 // Build: target gaugewatch_cuda (sm_90a). Run: build/bin/gaugewatch_cuda_metrics_tests.
@@ -153,6 +153,8 @@ Status attention_metrics(const MetricsParams& p, void* workspace, size_t workspa
   g.scale = s.scale;
   err = detail::launch_geometry(g, s.batch * s.q_heads, stream);
   if (err != cudaSuccess) return launch_error("metrics geometry", err);
+  err = detail::launch_row_finish(g, s.q_rows(), stream);
+  if (err != cudaSuccess) return launch_error("metrics row finish", err);
 
   err = detail::launch_row_stats(detail::RowStatsArgs{p.row_mass, p.abs_row_mass, g.offset, g.ratio, g.p_max,
                                                       g.logit_max, s.q_rows(), at(w.row_partials)},

@@ -128,6 +128,7 @@ size_t geometry_smem_bytes(int d);
 cudaError_t launch_key_centre(const CentreArgs& args, int64_t heads, cudaStream_t stream);
 cudaError_t launch_translate(const TranslateArgs& args, cudaStream_t stream);
 cudaError_t launch_geometry(const GeometryArgs& args, int64_t slices, cudaStream_t stream);
+cudaError_t launch_row_finish(const GeometryArgs& args, int64_t rows, cudaStream_t stream);
 cudaError_t launch_row_stats(const RowStatsArgs& args, cudaStream_t stream);
 cudaError_t launch_norms(const NormArgs& args, cudaStream_t stream);
 cudaError_t launch_medians(const MedianArgs& args, cudaStream_t stream);

@@ -10,8 +10,10 @@
 //         l = sum exp(s' - m), U = sum exp(s' - m) k'  ->  mu' = U / l, p_max = 1 / l
 //       pass 2 over the same tiles: sum_j p_j ||k'_j - mu'||^2 with p_j in FP64 (no
 //         underflow below e^-87), max |s' + alpha q.c|
-//       writes offset, spread, ratio, p_max, logit max per row (FP64, rows with no
-//       visible key / no spread marked kExcluded)
+//       writes offset^2, sigma^2, p_max, logit max per row (FP64; rows with no
+//       visible key marked kExcluded)
+//   row_finish_kernel      one thread/row: offset, spread = sqrt, ratio (kExcluded when
+//                          the spread is 0)
 //   row_stats_kernel       grid (kRowBlocks): per block max / sum / count partials
 //   norms_kernel           grid (kNormBlocks, jobs): sum (a - b)^2 and sum b^2 partials
 //   medians_kernel         grid (3): exact median by radix select (4 bits a pass) on the
@@ -76,6 +78,24 @@ __device__ __forceinline__ float bits_float(uint32_t u) {
   float x;
   std::memcpy(&x, &u, sizeof x);
   return x;
+#endif
+}
+
+// Correctly rounded reciprocals without the division slow-path call (whose
+// calling convention spills the geometry kernel's registers); the host
+// fallback rounds the same way.
+__device__ __forceinline__ float recip(float x) {
+#ifdef __CUDA_ARCH__
+  return __frcp_rn(x);
+#else
+  return 1.0f / x;
+#endif
+}
+__device__ __forceinline__ double recip(double x) {
+#ifdef __CUDA_ARCH__
+  return __drcp_rn(x);
+#else
+  return 1.0 / x;
 #endif
 }
 
@@ -232,7 +252,8 @@ __device__ __forceinline__ void load_centred_keys(float* ks, const float* kh, co
   }
 }
 
-__global__ void __launch_bounds__(kMetricsThreads) geometry_kernel(const GeometryArgs a) {
+// minBlocks 1: with the default, ptxas caps it at 64 registers and spills.
+__global__ void __launch_bounds__(kMetricsThreads, 1) geometry_kernel(const GeometryArgs a) {
   GAUGEWATCH_DYNAMIC_SMEM(smem4);
   __shared__ double red[kMetricsThreads];
   __shared__ int row_begin[kGeoRows];
@@ -325,7 +346,7 @@ __global__ void __launch_bounds__(kMetricsThreads) geometry_kernel(const Geometr
     }
   }
   const float l = group_sum(l_part);
-  const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+  const float inv_l = l > 0.0f ? recip(l) : 0.0f;
   double offset_part = 0.0;
 #pragma unroll
   for (int cc = 0; cc < kMaxColsPerLane; ++cc) {
@@ -341,7 +362,7 @@ __global__ void __launch_bounds__(kMetricsThreads) geometry_kernel(const Geometr
 
   // Pass 2: sum_j p_j ||k'_j - mu'||^2 with p_j = exp(s' - m) / l in FP64.
   double var_part = 0.0, logit_part = 0.0;
-  const double inv_l_d = l > 0.0f ? 1.0 / static_cast<double>(l) : 0.0;
+  const double inv_l_d = l > 0.0f ? recip(static_cast<double>(l)) : 0.0;
   for (int64_t j0 = j_begin; j0 < j_end; j0 += kGeoKeys) {
     const int64_t count = j_end - j0 < kGeoKeys ? j_end - j0 : kGeoKeys;
     __syncthreads();
@@ -365,20 +386,34 @@ __global__ void __launch_bounds__(kMetricsThreads) geometry_kernel(const Geometr
     const int64_t row = slice * a.n + n;
     const double excluded = bits_double(kExcluded);
     if (visible && l > 0.0f) {
-      const double offset = sqrt(offset2), spread = sqrt(var);
-      a.offset[row] = offset;
-      a.spread[row] = spread;
-      a.ratio[row] = spread > 0.0 ? offset / spread : excluded;  // one key: unbounded, left out
+      // sqrt and the ratio in row_finish_kernel (their slow paths are calls)
+      a.offset[row] = offset2;
+      a.spread[row] = var;
       a.p_max[row] = inv_l_d;  // the largest p is exp(0) / l
       a.logit_max[row] = logit;
     } else {
       a.offset[row] = excluded;
       a.spread[row] = excluded;
-      a.ratio[row] = excluded;
       a.p_max[row] = 0.0;
       a.logit_max[row] = 0.0;
     }
   }
+}
+
+// offset = sqrt(offset^2), spread = sqrt(var), ratio = offset / spread (a row
+// on one key has no spread: its ratio is unbounded and left out).
+__global__ void __launch_bounds__(kMetricsThreads) row_finish_kernel(const GeometryArgs a, int64_t rows) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMetricsThreads + threadIdx.x;
+  if (row >= rows) return;
+  const double excluded = bits_double(kExcluded);
+  if (double_bits(a.offset[row]) == kExcluded) {
+    a.ratio[row] = excluded;
+    return;
+  }
+  const double offset = sqrt(a.offset[row]), spread = sqrt(a.spread[row]);
+  a.offset[row] = offset;
+  a.spread[row] = spread;
+  a.ratio[row] = spread > 0.0 ? offset / spread : excluded;
 }
 
 // --- reductions ---------------------------------------------------------------------------

@@ -44,6 +44,12 @@ cudaError_t launch_geometry(const GeometryArgs& args, int64_t slices, cudaStream
   return cudaGetLastError();
 }
 
+cudaError_t launch_row_finish(const GeometryArgs& args, int64_t rows, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  row_finish_kernel<<<blocks_for(rows), kMetricsThreads, 0, stream>>>(args, rows);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_row_stats(const RowStatsArgs& args, cudaStream_t stream) {
   row_stats_kernel<<<kRowBlocks, kMetricsThreads, 0, stream>>>(args);
   return cudaGetLastError();

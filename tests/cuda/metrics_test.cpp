@@ -63,6 +63,11 @@ cudaError_t launch_geometry(const GeometryArgs& args, int64_t slices, cudaStream
   emu::run_grid(grid, kMetricsThreads, geometry_smem_bytes(args.d), [&] { geometry_kernel(args); });
   return cudaSuccess;
 }
+cudaError_t launch_row_finish(const GeometryArgs& args, int64_t rows, cudaStream_t) {
+  const auto blocks = static_cast<unsigned>((rows + kMetricsThreads - 1) / kMetricsThreads);
+  if (blocks > 0) emu::run_grid(dim3(blocks), kMetricsThreads, 0, [&] { row_finish_kernel(args, rows); });
+  return cudaSuccess;
+}
 cudaError_t launch_row_stats(const RowStatsArgs& args, cudaStream_t) {
   emu::run_grid(dim3(kRowBlocks), kMetricsThreads, 0, [&] { row_stats_kernel(args); });
   return cudaSuccess;
