@@ -48,8 +48,11 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -125,7 +128,80 @@ std::optional<c10::TypedOperatorHandle<BackwardFn>> gaugewatch_backward_op() {
   return op;
 }
 
-bool projection_backend(Backend b) { return b == Backend::kGproj || b == Backend::kPivot || b == Backend::kBf16; }
+// Whether gaugewatch::attention_backward runs `backend` on CUDA: probed once
+// per (backend, device) at its first use by a tiny call of the op (B = H = 1,
+// N = M = 16, the call's head dim, causal) on the current stream; nullopt:
+// it ran and returned BF16 gradients of the operands' shapes; otherwise why
+// not (the op's c10::Error, without its backtrace). The result is logged and
+// kept in the stats ("cuda_backends").
+std::optional<std::string> cuda_backend_refusal(Backend backend, const Tensor& like) {
+  static std::mutex* mu = new std::mutex;
+  static auto* results = new std::map<std::pair<int, int>, std::optional<std::string>>();
+  const std::pair<int, int> key{static_cast<int>(backend), static_cast<int>(like.device().index())};
+  std::lock_guard lock(*mu);
+  if (auto it = results->find(key); it != results->end()) return it->second;
+  const std::string b(backend_name(backend));
+  std::optional<std::string> why;
+  auto op = gaugewatch_backward_op();
+  if (!op) {
+    why = "libgaugewatch_ops is not loaded";
+  } else {
+    try {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      const auto bf16 = like.options().dtype(at::kBFloat16);
+      const std::int64_t n = 16, d = like.size(-1);
+      // q = k = 0: causal row i attends uniformly to its i + 1 keys, so
+      // out = v's mean = 1 and lse = log(i + 1): a consistent forward.
+      const Tensor q = at::zeros({1, 1, n, d}, bf16), k = at::zeros({1, 1, n, d}, bf16);
+      const Tensor v = at::ones({1, 1, n, d}, bf16), o = at::ones({1, 1, n, d}, bf16);
+      const Tensor grad = at::ones({1, 1, n, d}, bf16);
+      const Tensor lse = at::arange(1, n + 1, like.options().dtype(at::kFloat)).log().view({1, 1, n});
+      auto [dq, dk, dv] = op->call(grad, q, k, v, o, lse, true, std::nullopt, b, "top_left", std::nullopt,
+                                   std::nullopt, false, true);
+      if (!dq.defined() || dq.sizes() != q.sizes() || dk.sizes() != k.sizes() || dv.sizes() != v.sizes() ||
+          dq.scalar_type() != at::kBFloat16 || !dq.is_cuda()) {
+        why = "the op returned " + std::string(dq.defined() ? c10::toString(dq.scalar_type()) : "nothing") +
+              " gradients of unexpected shape or device";
+      }
+    } catch (const c10::Error& e) {
+      why = "the op refused: " + short_what(e);
+    } catch (const std::exception& e) {
+      why = "the op failed: " + short_what(e);
+    }
+  }
+  results->emplace(key, why);
+  log_line("CUDA backend " + b + " on device " + std::to_string(key.second) + ": " +
+           (why ? "unavailable (" + *why + "); layers switched to it run stock" : "available"));
+  try {
+    rt::set_backend_status(b, why ? "unavailable: " + *why : "available");
+  } catch (const std::exception&) {
+  }
+  return why;
+}
+
+// The op's gradients as SDPA's backward returns them: the input's dtype,
+// and dense in the input's stride order (the stock backwards allocate their
+// gradients that way: the CPU and CUDA flash ops in (B, N, H, d) transposed,
+// cuDNN with alloc_with_matching_layout). So an SDPA-strided q, a transposed
+// (B, N, H, d) or a slice of a fused qkv projection, gets a (B, N, H, d)
+// transposed gradient, a contiguous q a contiguous one. The op returns
+// contiguous tensors: copied only when the layouts differ.
+Tensor like_input(const Tensor& grad, const Tensor& input) {
+  const std::int64_t dims = input.dim();
+  std::vector<std::int64_t> order(static_cast<std::size_t>(dims));
+  for (std::int64_t i = 0; i < dims; ++i) order[static_cast<std::size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::int64_t a, std::int64_t b) { return input.stride(a) > input.stride(b); });
+  std::vector<std::int64_t> sizes(order.size()), inverse(order.size());
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    sizes[i] = input.size(order[i]);
+    inverse[static_cast<std::size_t>(order[i])] = static_cast<std::int64_t>(i);
+  }
+  Tensor target = at::empty(sizes, grad.options().dtype(input.scalar_type())).permute(inverse);
+  if (grad.scalar_type() == input.scalar_type() && grad.strides() == target.strides()) return grad;
+  target.copy_(grad);
+  return target;
+}
 
 // The layer's backend, or nullopt (log once) when it cannot run for this call.
 std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, const Tensor& grad_out,
@@ -137,9 +213,15 @@ std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, 
                                             "): stock backward instead (logged once)");
     return std::nullopt;
   };
-  if (q.is_cuda() && projection_backend(backend)) return refuse("no CUDA gproj/pivot kernel yet");
+  // The op computes in the training dtype: bfloat16. A trainer that runs its
+  // attention in float16 or float32 gets stock numerics from the backends'
+  // point of view, so they do not apply (no cast: that would change numerics).
   if (q.scalar_type() != at::kBFloat16 || k.scalar_type() != at::kBFloat16 || v.scalar_type() != at::kBFloat16) {
-    return refuse(std::string("dtype ") + c10::toString(q.scalar_type()) + ", the backends take bfloat16");
+    return refuse(std::string("the trainer runs ") + c10::toString(q.scalar_type()) +
+                  " attention; the gaugewatch backends apply to bfloat16 training only");
+  }
+  if (grad_out.scalar_type() != at::kBFloat16) {
+    return refuse(std::string("grad_out is ") + c10::toString(grad_out.scalar_type()) + ", not bfloat16");
   }
   if (info.dropout_p != 0.0) return refuse("dropout");
   if ((info.attn_mask.has_value() && info.attn_mask->defined()) || info.attn_bias.defined()) {
@@ -152,16 +234,21 @@ std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, 
   if (lse3.dim() != 3 || lse3.size(2) != q.size(2)) return refuse("log-sum-exp not (B, H, N)");
   auto op = gaugewatch_backward_op();
   if (!op) return refuse("libgaugewatch_ops is not loaded");
+  if (q.is_cuda()) {
+    if (auto why = cuda_backend_refusal(backend, q)) return refuse("CUDA: " + *why);
+  }
   try {
     auto [dq, dk, dv] = op->call(grad_out.contiguous(), q, k, v, out, lse3, info.is_causal, info.scale, b,
                                  "top_left", std::nullopt, std::nullopt, false, true);
-    dq = dq.to(q.scalar_type());
-    dk = dk.to(k.scalar_type());
-    dv = dv.to(v.scalar_type());
-    const bool finite = at::isfinite(dq).all().item<bool>() && at::isfinite(dk).all().item<bool>() &&
-                        at::isfinite(dv).all().item<bool>();
-    if (!finite) return refuse("non-finite gradient");
-    return Grads{dq, dk, dv};
+    // CPU: a non-finite gradient runs stock instead. CUDA: not checked (the
+    // check would synchronize the training stream); stock would pass the same
+    // non-finite inputs on, and a sampled call's audit skips them.
+    if (!q.is_cuda()) {
+      const bool finite = at::isfinite(dq).all().item<bool>() && at::isfinite(dk).all().item<bool>() &&
+                          at::isfinite(dv).all().item<bool>();
+      if (!finite) return refuse("non-finite gradient");
+    }
+    return Grads{like_input(dq, q), like_input(dk, k), like_input(dv, v)};
   } catch (const std::exception& e) {
     return refuse(std::string("error: ") + short_what(e));
   }
@@ -267,6 +354,11 @@ struct AttentionImpl {
     std::shared_ptr<CudaTiming> timing;
     if (plan.sample) timing = start_backward_timing(q);
     const auto start = Clock::now();
+    // The backend below may throw (stock, as the stock op would): the timing window closes either way.
+    struct EndTiming {
+      const std::shared_ptr<CudaTiming>& t;
+      ~EndTiming() { end_backward_timing(t); }
+    } end_timing{timing};
     Backend ran = Backend::kStock;
     std::array<Tensor, 4> g;
     if (plan.backend != Backend::kStock) {
@@ -463,6 +555,8 @@ void begin_pass_op() { begin_pass(); }
 void enter_layer_op(c10::string_view name) { enter_layer(name); }
 void exit_layer_op(c10::string_view name) { exit_layer(name); }
 bool flush_op(double timeout_s) { return flush(timeout_s); }
+void optimizer_step_op() { end_step(); }
+void use_optimizer_steps_op() { use_optimizer_steps(); }
 bool active_op() { return true; }
 
 struct Registration {
@@ -488,6 +582,8 @@ struct Registration {
       defs->def("exit_layer(str name) -> ()", &exit_layer_op);
       defs->def("flush(float timeout_s=5.0) -> bool", &flush_op);
       defs->def("active() -> bool", &active_op);
+      defs->def("optimizer_step() -> ()", &optimizer_step_op);
+      defs->def("use_optimizer_steps() -> ()", &use_optimizer_steps_op);
       cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradCPU, __FILE__,
                                              __LINE__);
       cpu->impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(cpu_flash));
