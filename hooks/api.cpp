@@ -31,6 +31,22 @@ void exit_layer(std::string_view name) {
   }
 }
 
+void end_step() {
+  try {
+    runtime().optimizer_step();
+  } catch (const std::exception& e) {
+    log_once("api-end-step", e.what());
+  }
+}
+
+void use_optimizer_steps() {
+  try {
+    runtime().use_optimizer_steps();
+  } catch (const std::exception& e) {
+    log_once("api-optimizer-steps", e.what());
+  }
+}
+
 std::string stats_json() {
   try {
     return runtime().stats_json();

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "audit/operands.h"
+#include "hooks/cupti_timing.h"
 #include "hooks/log.h"
 #include "hooks/torch_errors.h"
 #include "kernels/reference/metric_catalogue.h"
@@ -79,6 +80,7 @@ struct Job {
   std::shared_ptr<at::cuda::CUDAEvent> backward_start;  // training stream, before the backward
   std::shared_ptr<at::cuda::CUDAEvent> backward_end;    // training stream, after it
 #endif
+  std::shared_ptr<CudaTiming> timing;  // its CUPTI window, if any
 };
 
 class Auditor {
@@ -221,18 +223,39 @@ void write_capture(const Job& job) {
            " operands to " + path);
 }
 
+}  // namespace
+std::optional<double> kernel_time_us(CudaTiming& timing);
+namespace {
+
+bool all_finite(const Operands& o) {
+  for (const at::Tensor* t : {&o.grad_out, &o.q, &o.k, &o.v, &o.out, &o.lse}) {
+    if (t->defined() && !at::isfinite(*t).all().item<bool>()) return false;
+  }
+  return true;
+}
+
 void Auditor::run(Job& job) {
   double backward_us = job.backward_us;
+  const char* timed_by = "host_clock";
 #if defined(GAUGEWATCH_HOOKS_CUDA)
   if (job.copied) {
     job.copied->synchronize();  // the side stream's copies (never the training stream)
-    if (job.backward_start && job.backward_end) {
+    // The copies are ordered after the backward's kernels: they are done, and
+    // CUPTI can deliver their records.
+    std::optional<double> kernel_us;
+    if (job.timing && job.sample) kernel_us = kernel_time_us(*job.timing);
+    if (kernel_us) {
+      backward_us = *kernel_us;
+      timed_by = "cupti";
+    } else if (job.backward_start && job.backward_end) {
       try {
         backward_us = 1000.0 * static_cast<double>(job.backward_start->elapsed_time(*job.backward_end));
+        timed_by = "cuda_events";
       } catch (const std::exception& e) {
         // A timing that cannot be read costs the timing, not the sample.
         log_once("backward-timing", std::string("CUDA event timing of the sampled backward failed (logged once): ") +
                                         short_what(e));
+        timed_by = "none";
       }
     }
   }
@@ -245,6 +268,12 @@ void Auditor::run(Job& job) {
   if (job.capture) write_capture(job);
   if (!job.sample) return;
   const Operands& s = job.slice;
+  // NaN / Inf in the sampled operands (a diverging run, a bad batch): the
+  // metrics would be meaningless; skip the sample, count it, carry on.
+  if (!all_finite(s)) {
+    rt::count_audit_skipped("non-finite operands (NaN/Inf)");
+    return;
+  }
   const at::Tensor values = metrics_op().call(s.grad_out, s.q, s.k, s.v, s.out, s.lse, job.is_causal, job.scale,
                                               job.alignment, std::nullopt, std::nullopt);
   const auto [dq, dk, dv] = backward_op().call(s.grad_out, s.q, s.k, s.v, s.out, s.lse, job.is_causal, job.scale,
@@ -287,6 +316,7 @@ void Auditor::run(Job& job) {
     slot(reference::MetricId::kLiveDvDiscrepancy) = relative_error(job.live_dv, dv);
   }
   sample.backward_us = backward_us;
+  rt::count_timing(timed_by);
   sample.audit_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   sample.queue_us = queue_us;
   sample.unix_time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -383,15 +413,36 @@ struct CudaTiming {
 #if defined(GAUGEWATCH_HOOKS_CUDA)
   std::shared_ptr<at::cuda::CUDAEvent> start;
 #endif
+  std::uint64_t cupti_window = 0;  // 0: none (CUDA events time the backward)
+  bool consumed = false;
+  ~CudaTiming() {
+    if (!consumed) cupti::discard_window(cupti_window);
+  }
 };
+
+std::optional<double> kernel_time_us(CudaTiming& timing) {
+  if (timing.cupti_window == 0) return std::nullopt;
+  timing.consumed = true;
+  return cupti::window_kernel_us(timing.cupti_window);
+}
 
 std::shared_ptr<CudaTiming> start_backward_timing(const at::Tensor& q) {
 #if defined(GAUGEWATCH_HOOKS_CUDA)
   if (!q.is_cuda()) return nullptr;
   try {
     auto timing = std::make_shared<CudaTiming>();
+    // Once: CUPTI if it loads and can be subscribed, else CUDA events (stats "timing").
+    static const bool reported = [] {
+      const cupti::Status st = cupti::init(rt::config().timing, rt::config().cupti_lib);
+      rt::set_timing_source(st.usable ? "cupti" : "cuda_events", st.detail);
+      return true;
+    }();
+    (void)reported;
+    // The events are recorded either way: a window that gets no kernel record
+    // (a profiler took CUPTI meanwhile) falls back to them.
     timing->start = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
     timing->start->record(c10::cuda::getCurrentCUDAStream(q.device().index()));
+    timing->cupti_window = cupti::begin_window();
     return timing;
   } catch (const std::exception&) {
     return nullptr;
@@ -400,6 +451,10 @@ std::shared_ptr<CudaTiming> start_backward_timing(const at::Tensor& q) {
   (void)q;
   return nullptr;
 #endif
+}
+
+void end_backward_timing(const std::shared_ptr<CudaTiming>& timing) {
+  if (timing) cupti::end_window(timing->cupti_window);
 }
 
 at::Tensor canonical_lse(const at::Tensor& lse, std::int64_t q_len) {
@@ -438,21 +493,27 @@ void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, do
     job.op = c.op;
     job.sample = plan.sample;
     job.capture = plan.capture;
+    // The audit's copies (slices of q, grad_out, out, the live dq: max_rows
+    // rows each; of k, v, the live dk, dv: every key) stay under
+    // GAUGEWATCH_AUDIT_MAX_BYTES: a larger one skips the sample (its memory
+    // budget), as an allocation failure on the side stream does.
+    {
+      const std::int64_t S = std::min<std::int64_t>(plan.max_heads, c.q.size(0) * c.q.size(1));
+      const std::int64_t R = std::min<std::int64_t>(plan.max_rows, c.q.size(2));
+      const auto slice_bytes = static_cast<std::uint64_t>(S * (4 * R + 4 * c.k.size(2)) * c.q.size(3) * 2);
+      if (job.sample && slice_bytes > rt::config().audit_max_bytes) {
+        rt::count_audit_skipped("memory budget (copies larger than GAUGEWATCH_AUDIT_MAX_BYTES)");
+        job.sample = false;
+      }
+      if (!job.sample && !job.capture) return;
+    }
+    job.timing = c.timing;
     if (c.q.device().is_cpu()) {
       if (job.sample) fill_job(job, c, plan);
       if (job.capture) job.whole = Operands{c.grad_out.clone(), c.q.clone(), c.k.clone(), c.v.clone(),
                                             c.out.clone(), c.lse.clone()};
     } else {
 #if defined(GAUGEWATCH_HOOKS_CUDA)
-      const HookConfig& config = rt::config();
-      const std::int64_t S = std::min<std::int64_t>(plan.max_heads, c.q.size(0) * c.q.size(1));
-      const std::int64_t R = std::min<std::int64_t>(plan.max_rows, c.q.size(2));
-      const auto slice_bytes = static_cast<std::uint64_t>(S * (4 * R + 4 * c.k.size(2)) * c.q.size(3) * 2);
-      if (job.sample && slice_bytes > config.audit_max_bytes) {
-        rt::count_audit_skipped("slice larger than GAUGEWATCH_AUDIT_MAX_BYTES");
-        job.sample = false;
-      }
-      if (!job.sample && !job.capture) return;
       const c10::cuda::CUDAGuard guard(c.q.device());
       const c10::cuda::CUDAStream training = c10::cuda::getCurrentCUDAStream(c.q.device().index());
       // One side stream per device; the backwards of several devices run on
@@ -505,7 +566,7 @@ void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, do
     job.queued = Clock::now();
     if (!auditor().submit(std::move(job))) rt::count_audit_skipped("auditor busy (queue full)");
   } catch (const c10::OutOfMemoryError&) {
-    rt::count_audit_skipped("out of memory on the side stream");
+    rt::count_audit_skipped("memory budget (out of memory on the side stream)");
   } catch (const std::exception& e) {
     log_once("audit-submit", std::string("audit setup failed, sample skipped (logged once): ") +
                                  short_what(e));

@@ -17,8 +17,9 @@
 // (non_blocking) and records a second event; tensors read on the side stream
 // are record_stream'ed. The training stream is never synchronized. The
 // auditor thread waits on the side event, then runs the same CPU metrics on
-// the copies. A slice larger than GAUGEWATCH_AUDIT_MAX_BYTES, or an
-// allocation failure, skips the sample.
+// the copies. Copies larger than GAUGEWATCH_AUDIT_MAX_BYTES (CPU and CUDA),
+// or an allocation failure, skip the sample ("memory budget ..."); so do
+// non-finite values in the sampled slices ("non-finite operands (NaN/Inf)").
 //
 // Capture: the whole call's operands are copied the same way and written by
 // the auditor thread with audit::save_operands into GAUGEWATCH_CAPTURE_DIR,
@@ -36,8 +37,12 @@ namespace gaugewatch::hooks {
 
 // CUDA: an event recorded on the training stream before a sampled backward
 // (its kernel time, without synchronizing); nullptr for CPU tensors.
+// With CUPTI usable (cupti_timing.h) it also opens a CUPTI window on this
+// thread, closed by end_backward_timing() right after the backward's launches;
+// the auditor then reports the window's kernel time (stats "timing").
 struct CudaTiming;
 std::shared_ptr<CudaTiming> start_backward_timing(const at::Tensor& q);
+void end_backward_timing(const std::shared_ptr<CudaTiming>& timing);
 
 // One intercepted call's operands, SDPA layout (B, H, N, d), as the backward saw them.
 struct AuditCall {

@@ -151,6 +151,8 @@ HookConfig load_config(const EnvLookup& env, std::vector<std::string>* warnings)
   read_fraction(env, "GAUGEWATCH_OVERHEAD_BUDGET", c.overhead_budget, warnings);
   read_uint(env, "GAUGEWATCH_CAPTURE_MAX_BYTES", c.capture_max_bytes, ~0ull >> 1, warnings);
   read_uint(env, "GAUGEWATCH_AUDIT_MAX_BYTES", c.audit_max_bytes, ~0ull >> 1, warnings);
+  read_uint(env, "GAUGEWATCH_GRAD_ACCUM", c.grad_accum, 1u << 20, warnings);
+  if (c.grad_accum == 0) c.grad_accum = 1;
   read_uint(env, "GAUGEWATCH_QUEUE_SIZE", c.queue_size, 1u << 20, warnings);
   if (c.queue_size == 0) c.queue_size = 1;
   read_uint(env, "GAUGEWATCH_RECONNECT_MAX_MS", c.reconnect_max_ms, 3'600'000, warnings);
@@ -191,6 +193,14 @@ HookConfig load_config(const EnvLookup& env, std::vector<std::string>* warnings)
       }
     }
   }
+  if (const char* v = env("GAUGEWATCH_TIMING"); v != nullptr && *v != '\0') {
+    if (std::string_view(v) == "auto" || std::string_view(v) == "events") {
+      c.timing = v;
+    } else if (warnings != nullptr) {
+      warnings->push_back(std::string("GAUGEWATCH_TIMING='") + v + "' is not auto|events; using auto");
+    }
+  }
+  if (const char* v = env("GAUGEWATCH_CUPTI_LIB"); v != nullptr) c.cupti_lib = v;
   if (const char* v = env("GAUGEWATCH_CAPTURE_DIR"); v != nullptr) c.capture_dir = v;
   if (const char* v = env("GAUGEWATCH_LOG_FILE"); v != nullptr) c.log_file = v;
   if (const char* v = env("GAUGEWATCH_STATS_FILE"); v != nullptr) c.stats_file = v;

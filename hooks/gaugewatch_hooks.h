@@ -12,6 +12,7 @@
 //       ... at::scaled_dot_product_attention(q, k, v, {}, 0.0, true) ...
 //     }
 //     loss.backward(); optimizer.step();
+//     gaugewatch::hooks::end_step();                // optional: steps = optimizer steps
 //   }
 //
 // Configuration: GAUGEWATCH_* environment variables (docs/hooks.md), read at
@@ -39,6 +40,14 @@ class LayerScope {
  private:
   std::string name_;
 };
+
+// Marks an optimizer step: from the first call on, the step number counts
+// optimizer steps (advancing at the next pass boundary) instead of backward
+// passes, so gradient accumulation's micro-batches are one step. The Python
+// helper calls it from a global optimizer step hook.
+void end_step();
+// Counts optimizer steps from the start (before the first end_step()).
+void use_optimizer_steps();
 
 // Layers, backends, backward counts per backend, sampler and reporter
 // counters, as JSON (docs/hooks.md describes the fields).

@@ -51,4 +51,8 @@ bool log_once(std::string_view key, std::string_view message) {
   return true;
 }
 
+void log_prepare_fork() { state().mu.lock(); }
+
+void log_after_fork() { state().mu.unlock(); }
+
 }  // namespace gaugewatch::hooks

@@ -13,5 +13,8 @@ void set_log_file(const std::string& path);
 void log_line(std::string_view message);
 // Logs `message` the first time `key` is seen; returns whether it logged.
 bool log_once(std::string_view key, std::string_view message);
+// fork: the log's lock is taken before and released after in both processes.
+void log_prepare_fork();
+void log_after_fork();
 
 }  // namespace gaugewatch::hooks

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <pthread.h>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <utility>
@@ -108,7 +109,7 @@ BackwardPlan Runtime::on_backward(const ForwardPlan& forward) {
     plan.step = step_;
   }
   plan.layer = id;
-  if (id < 0) return plan;
+  if (id < 0 || forked_child_) return plan;
   if (sample_layers_.count(id) != 0 && sampled_done_.insert(id).second && plan.step == step_) {
     plan.sample = true;
     plan.sampled_layers = static_cast<std::uint32_t>(sample_layers_.size());
@@ -150,6 +151,42 @@ void Runtime::count_audit_skipped(const char* why) {
   log_once(std::string("audit-skip:") + why, std::string("audit sample skipped: ") + why + " (logged once)");
 }
 
+void Runtime::optimizer_step() {
+  std::lock_guard lock(mu_);
+  if (!optimizer_mode_) {
+    optimizer_mode_ = true;
+    log_line("optimizer steps signalled: a step is now an optimizer step (was: " +
+             std::to_string(config_.grad_accum) + " backward pass(es))");
+  }
+  ++optimizer_steps_pending_;
+  ++optimizer_steps_;
+}
+
+void Runtime::use_optimizer_steps() {
+  std::lock_guard lock(mu_);
+  optimizer_mode_ = true;
+}
+
+void Runtime::prepare_fork() { mu_.lock(); }
+
+void Runtime::after_fork_parent() { mu_.unlock(); }
+
+void Runtime::after_fork_child() {
+  // This thread took mu_ in prepare_fork() and is the child's only thread.
+  forked_child_ = true;
+  (void)reporter_.release();  // its threads are the parent's: leak it, never touch it
+  shutdown_hooks_.clear();    // the auditor's thread is the parent's too
+  shut_down_ = true;          // exit: nothing to flush or join here
+  sample_layers_.clear();
+  capture_arms_.clear();
+  mu_.unlock();
+}
+
+bool Runtime::forked_child() {
+  std::lock_guard lock(mu_);
+  return forked_child_;
+}
+
 void Runtime::begin_pass() {
   std::lock_guard lock(mu_);
   explicit_begin_ = true;
@@ -174,7 +211,18 @@ void Runtime::exit_layer(const std::string& name) {
 
 void Runtime::start_pass_locked() {
   const auto now = Clock::now();
-  if (started_ && pass_had_backward_) {
+  // The step advances at this boundary when the pass before it ended a step:
+  // optimizer mode: an optimizer step was signalled since the last boundary;
+  // otherwise: it ran a backward, and it was the grad_accum-th such pass.
+  bool step_boundary = false;
+  if (started_ && pass_had_backward_) ++backward_passes_;
+  if (started_ && optimizer_mode_) {
+    step_boundary = optimizer_steps_pending_ > 0;
+    optimizer_steps_pending_ = 0;
+  } else if (started_ && pass_had_backward_) {
+    step_boundary = backward_passes_ % config_.grad_accum == 0;
+  }
+  if (step_boundary) {
     ++step_;
     const double elapsed_us = std::chrono::duration<double, std::micro>(now - last_boundary_).count();
     // The audit may use overhead_budget of the training time; credit is capped
@@ -190,9 +238,12 @@ void Runtime::start_pass_locked() {
   pass_had_backward_ = false;
   explicit_begin_ = false;
   pending_backward_.clear();
-  apply_commands_locked();
+  // Commands take effect at step boundaries (and before the first backward),
+  // so one step never mixes two backends of a layer; a pass within a step
+  // (a micro-batch, an eval forward) leaves them pending.
+  if (step_boundary || !frozen_) apply_commands_locked();
   plan_sampling_locked();
-  if (!config_.stats_file.empty()) {
+  if (!config_.stats_file.empty() && !forked_child_) {
     const std::string json = stats_json_locked();
     const std::string tmp = config_.stats_file + ".tmp";
     std::ofstream(tmp) << json << "\n";
@@ -263,15 +314,6 @@ void Runtime::apply_command_locked(const v1::Command& command) {
                                            std::to_string(layers_.size()) + " layers)");
         }
         targets.push_back(l);
-      }
-      if ((*backend == Backend::kGproj || *backend == Backend::kPivot) && !cuda_projection_available_) {
-        for (std::size_t l : targets) {
-          if (layers_[l].cuda) {
-            return ack_locked(id, false, std::string(backend_name(*backend)) +
-                                             " has no CUDA kernel yet: layer " + std::to_string(l) +
-                                             " stays on " + std::string(backend_name(layers_[l].backend)));
-          }
-        }
       }
       std::string list;
       for (std::size_t l : targets) {
@@ -379,13 +421,24 @@ void Runtime::set_versions(std::string torch, std::string cuda, std::string driv
   driver_version_ = std::move(driver);
 }
 
-void Runtime::set_cuda_projection_available(bool available) {
+void Runtime::set_backend_status(const std::string& backend, const std::string& status) {
   std::lock_guard lock(mu_);
-  cuda_projection_available_ = available;
+  backend_status_[backend] = status;
+}
+
+void Runtime::set_timing_source(const std::string& source, const std::string& cupti_status) {
+  std::lock_guard lock(mu_);
+  timing_source_ = source;
+  cupti_status_ = cupti_status;
+}
+
+void Runtime::count_timing(const std::string& source) {
+  std::lock_guard lock(mu_);
+  ++timed_by_[source];
 }
 
 void Runtime::start_reporter_locked() {
-  if (reporter_ || shut_down_) return;
+  if (reporter_ || shut_down_ || forked_child_) return;
   if (!config_.agent_enabled()) {
     log_once("no-agent", "no agent configured (GAUGEWATCH_SOCKET=none): local log only, no switching");
     return;
@@ -401,6 +454,13 @@ std::string Runtime::stats_json_locked() {
   j["step"] = step_;
   j["passes"] = passes_;
   j["frozen"] = frozen_;
+  j["step_mode"] = optimizer_mode_ ? "optimizer" : "backward";
+  j["grad_accum"] = config_.grad_accum;
+  j["optimizer_steps"] = optimizer_steps_;
+  j["backward_passes"] = backward_passes_ + (pass_had_backward_ ? 1 : 0);
+  j["forked_child"] = forked_child_;
+  j["cuda_backends"] = backend_status_;
+  j["timing"] = {{"source", timing_source_}, {"cupti", cupti_status_}, {"samples_by_source", timed_by_}};
   nlohmann::json calls = nlohmann::json::object();
   for (int b = 0; b < kBackendCount; ++b) calls[std::string(backend_name(static_cast<Backend>(b)))] = backward_calls_[b];
   j["backward_calls"] = calls;
@@ -481,7 +541,7 @@ bool Runtime::flush(double timeout_s) {
 
 void Runtime::write_stats_file() {
   std::lock_guard lock(mu_);
-  if (config_.stats_file.empty()) return;
+  if (config_.stats_file.empty() || forked_child_) return;
   const std::string tmp = config_.stats_file + ".tmp";
   std::ofstream(tmp) << stats_json_locked() << "\n";
   std::rename(tmp.c_str(), config_.stats_file.c_str());
@@ -510,6 +570,12 @@ void Runtime::shutdown() {
   write_stats_file();
 }
 
+namespace {
+// Set once the runtime exists (the fork handlers run only after that).
+Runtime* g_runtime_for_fork = nullptr;
+Runtime* runtime_for_fork() { return g_runtime_for_fork; }
+}  // namespace
+
 Runtime& runtime() {
   static Runtime* instance = [] {
     std::vector<std::string> warnings;
@@ -518,6 +584,17 @@ Runtime& runtime() {
     for (const auto& w : warnings) log_line("config: " + w);
     auto* r = new Runtime(std::move(config));
     std::atexit([] { runtime().shutdown(); });
+    // A fork (DataLoader workers, os.fork) copies the state but not the
+    // threads: the child turns monitoring off (runtime_state.h).
+    ::pthread_atfork([] { runtime_for_fork()->prepare_fork(); log_prepare_fork(); },
+                     [] { log_after_fork(); runtime_for_fork()->after_fork_parent(); },
+                     [] {
+                       log_after_fork();
+                       runtime_for_fork()->after_fork_child();
+                       log_line("forked child: monitoring is off in this process (no samples, captures, agent "
+                                "stream or stats file; the layers keep their backends)");
+                     });
+    g_runtime_for_fork = r;
     return r;
   }();
   return *instance;
@@ -577,6 +654,15 @@ void add_shutdown_hook(std::function<void()> hook) { runtime().add_shutdown_hook
 void set_versions(std::string torch, std::string cuda, std::string driver) {
   runtime().set_versions(std::move(torch), std::move(cuda), std::move(driver));
 }
+void set_backend_status(const std::string& backend, const std::string& status) {
+  runtime().set_backend_status(backend, status);
+}
+void set_timing_source(const std::string& source, const std::string& cupti_status) {
+  runtime().set_timing_source(source, cupti_status);
+}
+void count_timing(const std::string& source) { runtime().count_timing(source); }
+void optimizer_step() { runtime().optimizer_step(); }
+void use_optimizer_steps() { runtime().use_optimizer_steps(); }
 }  // namespace rt
 
 }  // namespace gaugewatch::hooks

@@ -76,6 +76,11 @@ void count_audit_skipped(const char* why);
 void submit_sample(const SampleData& sample);
 void add_shutdown_hook(std::function<void()> hook);
 void set_versions(std::string torch, std::string cuda, std::string driver);
+void set_backend_status(const std::string& backend, const std::string& status);
+void set_timing_source(const std::string& source, const std::string& cupti_status);
+void count_timing(const std::string& source);
+void optimizer_step();
+void use_optimizer_steps();
 }  // namespace rt
 
 // "major.minor" of a CUDA version number as cudaRuntimeGetVersion /

@@ -54,6 +54,25 @@ class Runtime final : public Reporter::Source {
   void count_fallback();
   void count_audit_skipped(const char* why);
 
+  // --- steps (docs/hooks.md "Layers, passes and steps") ----------------------
+  // An optimizer step happened (the helper's global optimizer hook,
+  // gaugewatch_hooks.step(), gaugewatch::hooks::end_step()): the step number
+  // advances at the next pass boundary. The first call switches the runtime
+  // to optimizer steps for good (backward passes no longer count).
+  void optimizer_step();
+  // Switches to optimizer steps before the first one (the helper does at load).
+  void use_optimizer_steps();
+
+  // --- fork (pthread_atfork; registered by runtime()) -----------------------
+  // prepare: takes the lock so the child inherits it in a known state;
+  // parent: releases it; child: releases it and turns monitoring off in the
+  // child (no sampling, capture, agent stream or stats file; the threads of
+  // the parent do not exist there and their objects are leaked, not touched).
+  void prepare_fork();
+  void after_fork_parent();
+  void after_fork_child();
+  bool forked_child();
+
   // --- layer names (Python helper, C++ API) ---------------------------------
   void begin_pass();
   void enter_layer(const std::string& name);
@@ -66,8 +85,13 @@ class Runtime final : public Reporter::Source {
   gaugewatch::v1::Hello hello() override;
   std::uint64_t layers_version() override;
   void set_versions(std::string torch, std::string cuda, std::string driver);
-  // True when gproj / pivot can run for CUDA layers (false until the CUDA kernels exist).
-  void set_cuda_projection_available(bool available);
+  // What the one-time probe of gaugewatch::attention_backward found for a
+  // backend on CUDA ("available", or "unavailable: <why>"): stats "cuda_backends".
+  void set_backend_status(const std::string& backend, const std::string& status);
+  // The timing source of sampled CUDA backwards ("cupti" | "cuda_events") and
+  // why CUPTI is not used when it is not; a sample timed by `source`.
+  void set_timing_source(const std::string& source, const std::string& cupti_status);
+  void count_timing(const std::string& source);
 
   // --- introspection ----------------------------------------------------------
   std::string stats_json();
@@ -123,7 +147,16 @@ class Runtime final : public Reporter::Source {
   std::map<std::int64_t, std::uint32_t> capture_arms_;
 
   std::vector<gaugewatch::v1::Command> pending_commands_;
-  bool cuda_projection_available_ = false;
+  std::map<std::string, std::string> backend_status_;  // CUDA probe results
+  std::string timing_source_ = "host_clock";            // until a CUDA sample is timed
+  std::string cupti_status_ = "not tried";
+  std::map<std::string, std::uint64_t> timed_by_;
+  // Steps: backward passes (grad_accum_ per step) until an optimizer step is signalled.
+  bool optimizer_mode_ = false;
+  std::uint64_t optimizer_steps_pending_ = 0;
+  std::uint64_t optimizer_steps_ = 0;
+  std::uint64_t backward_passes_ = 0;  // passes that ran a backward (micro-batches)
+  bool forked_child_ = false;
   std::string torch_version_, cuda_version_, driver_version_;
 
   // Counters.

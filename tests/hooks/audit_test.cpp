@@ -177,6 +177,33 @@ TEST(Audit, LiveGaugeViolationIsTheBackendThatRan) {
   EXPECT_FALSE(fp32.contains("live_gauge_violation")) << fp32.dump();
 }
 
+TEST(Audit, NonFiniteOperandsSkipTheSampleNeverCrash) {
+  if (stats()["layers"].empty()) make_three_layers();
+  const std::uint64_t before = stats()["samples_submitted"].get<std::uint64_t>();
+  const std::uint64_t skipped = stats()["audits_skipped_other"].get<std::uint64_t>();
+  // NaN in q, through the real stock op: out, lse and the gradients of the
+  // row carry it; Inf in a key; and a clean call after them still audits.
+  StockCall nan_q = stock_call();
+  nan_q.q.index_put_({0, 1, 15, 3}, std::numeric_limits<float>::quiet_NaN());
+  {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    std::tie(nan_q.out, nan_q.lse) = at::_ops::_scaled_dot_product_flash_attention_for_cpu::call(
+        nan_q.q, nan_q.k, nan_q.v, 0.0, true, std::nullopt, std::nullopt);
+  }
+  StockCall inf_k = stock_call();
+  inf_k.k.index_put_({0, 0, 2, 0}, std::numeric_limits<float>::infinity());
+  audit_call(audit_of(nan_q, nan_q.lse), sample_plan(0), Backend::kStock, 1.0);
+  audit_call(audit_of(inf_k, inf_k.lse), sample_plan(1), Backend::kStock, 1.0);
+  const StockCall clean = stock_call();
+  audit_call(audit_of(clean, clean.lse), sample_plan(2), Backend::kStock, 1.0);
+  const json s = wait_for_samples(before + 1);
+  // The auditor thread handles them in order: once the clean one is in, the other two were skipped.
+  EXPECT_EQ(s["samples_submitted"], before + 1) << s.dump();
+  EXPECT_EQ(s["audits_skipped_other"], skipped + 2) << s.dump();
+  EXPECT_EQ(s["audits_skipped_reasons"]["non-finite operands (NaN/Inf)"], 2) << s.dump();
+  EXPECT_EQ(s["layers"][2]["latest"]["step"], 4) << s.dump();
+}
+
 }  // namespace
 }  // namespace gaugewatch::hooks
 

@@ -3,7 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <thread>
 
 #include "hooks/runtime_state.h"
 
@@ -230,6 +238,178 @@ TEST(Runtime, StatsKeepTheLatestSampleOfEachLayer) {
   EXPECT_NE(stats.find("\"latest\":{\"live_gauge_violation\":0.25,\"step\":0}"), std::string::npos) << stats;
   EXPECT_NE(stats.find("\"latest\":{}"), std::string::npos) << stats;  // layer 0: no sample yet
   EXPECT_NE(stats.find("\"samples_submitted\":1"), std::string::npos) << stats;
+}
+
+}  // namespace
+}  // namespace gaugewatch::hooks
+
+namespace gaugewatch::hooks {
+namespace {
+
+// Passes of `layers` calls; `micro` backward passes, then (optionally) an
+// optimizer step signal: one training iteration with gradient accumulation.
+std::vector<BackwardPlan> accumulate(Runtime& rt, int layers, int micro, bool signal) {
+  std::vector<BackwardPlan> all;
+  for (int m = 0; m < micro; ++m) {
+    for (const auto& p : train_pass(rt, layers)) all.push_back(p);
+  }
+  if (signal) rt.optimizer_step();
+  return all;
+}
+
+TEST(RuntimeSteps, SwitchOfACudaLayerToAProjectionBackendIsApplied) {
+  // No refusal up front any more: the interceptor probes the op at first use
+  // and falls back to stock if it refuses.
+  Runtime rt(no_agent());
+  for (int l = 0; l < 2; ++l) rt.on_forward(false, /*cuda=*/true);
+  train_pass(rt, 2);
+  for (const auto backend : {v1::BACKEND_GPROJ, v1::BACKEND_PIVOT}) {
+    v1::Command command;
+    command.set_command_id(backend == v1::BACKEND_GPROJ ? 1 : 2);
+    command.mutable_switch_backend()->add_layers(backend == v1::BACKEND_GPROJ ? 0 : 1);
+    command.mutable_switch_backend()->set_backend(backend);
+    rt.on_command(command);
+  }
+  const ForwardPlan l0 = rt.on_forward(false, true);
+  EXPECT_EQ(l0.backend, Backend::kGproj);
+  EXPECT_EQ(rt.on_forward(false, true).backend, Backend::kPivot);
+  EXPECT_NE(rt.stats_json().find("\"commands_applied\":2"), std::string::npos) << rt.stats_json();
+}
+
+TEST(RuntimeSteps, GradAccumConfigMakesMicroBatchesOneStep) {
+  HookConfig c = no_agent();
+  c.grad_accum = 3;
+  c.every_n_steps = 2;
+  c.layer_fraction = 1.0;
+  Runtime rt(c);
+  for (int step = 0; step < 5; ++step) {
+    const auto plans = accumulate(rt, 2, 3, false);
+    int sampled = 0;
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      EXPECT_EQ(plans[i].step, static_cast<std::uint64_t>(step)) << "call " << i;
+      if (plans[i].sample) {
+        ++sampled;
+        EXPECT_LT(i, 2u) << "only the first micro-batch's backward of each layer is audited";
+      }
+    }
+    EXPECT_EQ(sampled, step % 2 == 0 ? 2 : 0) << "step " << step;
+  }
+  const std::string stats = rt.stats_json();
+  EXPECT_NE(stats.find("\"step_mode\":\"backward\""), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"backward_passes\":15"), std::string::npos) << stats;
+}
+
+TEST(RuntimeSteps, OptimizerStepsCountStepsWhenSignalled) {
+  HookConfig c = no_agent();
+  c.every_n_steps = 3;
+  c.layer_fraction = 1.0;
+  Runtime rt(c);
+  rt.use_optimizer_steps();
+  std::vector<std::uint64_t> sampled_steps;
+  for (int step = 0; step < 7; ++step) {
+    // 4 micro-batches, an eval forward in the middle (not a step), then optimizer.step().
+    const auto first = accumulate(rt, 3, 2, false);
+    rt.on_forward(false, false);  // eval pass: wraps
+    rt.on_forward(false, false);
+    rt.on_forward(false, false);
+    const auto second = accumulate(rt, 3, 2, true);
+    int sampled = 0;
+    for (const auto* plans : {&first, &second}) {
+      for (const auto& p : *plans) {
+        EXPECT_EQ(p.step, static_cast<std::uint64_t>(step));
+        if (p.sample) ++sampled;
+      }
+    }
+    if (sampled > 0) sampled_steps.push_back(static_cast<std::uint64_t>(step));
+    EXPECT_EQ(sampled, step % 3 == 0 ? 3 : 0) << "step " << step;  // each layer once per sampled step
+  }
+  EXPECT_EQ(sampled_steps, (std::vector<std::uint64_t>{0, 3, 6}));
+  const std::string stats = rt.stats_json();
+  EXPECT_NE(stats.find("\"step_mode\":\"optimizer\""), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"optimizer_steps\":7"), std::string::npos) << stats;
+  EXPECT_EQ(rt.on_forward(false, false).step, 7u);  // the boundary after the 7th optimizer step
+}
+
+TEST(RuntimeSteps, FirstOptimizerSignalSwitchesModeAndCommandsWaitForTheStep) {
+  HookConfig c = no_agent();
+  c.every_n_steps = 0;
+  Runtime rt(c);
+  accumulate(rt, 2, 2, true);  // no use_optimizer_steps(): the two passes were steps 0 and 1
+  const auto first = train_pass(rt, 2);
+  EXPECT_EQ(first.back().step, 2u);  // the signal's boundary
+  // A switch arriving mid-step (between micro-batches) waits for the step boundary.
+  v1::Command command;
+  command.set_command_id(5);
+  command.mutable_switch_backend()->add_layers(0);
+  command.mutable_switch_backend()->set_backend(v1::BACKEND_FP32);
+  rt.on_command(command);
+  const auto second = train_pass(rt, 2);  // a micro-batch boundary in step 2: not applied
+  ASSERT_EQ(second.back().layer, 0);
+  EXPECT_EQ(second.back().step, 2u);
+  EXPECT_EQ(second.back().backend, Backend::kStock);
+  rt.optimizer_step();
+  const auto third = train_pass(rt, 2);
+  ASSERT_EQ(third.back().layer, 0);
+  EXPECT_EQ(third.back().step, 3u);
+  EXPECT_EQ(third.back().backend, Backend::kFp32);
+}
+
+TEST(RuntimeFork, ChildTurnsMonitoringOffParentCarriesOn) {
+  HookConfig c = no_agent();
+  c.every_n_steps = 1;
+  c.layer_fraction = 1.0;
+  Runtime rt(c);
+  train_pass(rt, 2);
+  rt.prepare_fork();
+  rt.after_fork_parent();
+  int sampled = 0;
+  for (const auto& p : train_pass(rt, 2)) sampled += p.sample ? 1 : 0;
+  EXPECT_EQ(sampled, 2) << "the parent samples as before";
+  rt.prepare_fork();
+  rt.after_fork_child();  // as in the child (same object here)
+  EXPECT_TRUE(rt.forked_child());
+  for (const auto& p : train_pass(rt, 2)) EXPECT_FALSE(p.sample || p.capture);
+  EXPECT_NE(rt.stats_json().find("\"forked_child\":true"), std::string::npos);
+  rt.shutdown();  // no threads to stop: returns at once
+}
+
+TEST(RuntimeFork, RealForkChildExitsCleanlyWithTheReporterThreadLeftBehind) {
+  // The process-wide runtime, with its reporter thread retrying an absent
+  // agent (so its locks are in use around the fork); the child runs passes,
+  // logs, and exits through atexit (which in the parent flushes and joins).
+  ::setenv("GAUGEWATCH_SOCKET", "/nonexistent/gaugewatch-test.sock", 1);
+  ::setenv("GAUGEWATCH_RECONNECT_MAX_MS", "10", 1);
+  ::setenv("GAUGEWATCH_SAMPLE_EVERY", "1", 1);
+  Runtime& rt = runtime();
+  train_pass(rt, 2);
+  train_pass(rt, 2);
+  for (int round = 0; round < 20; ++round) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      bool ok = rt.forked_child();
+      for (const auto& p : train_pass(rt, 2)) ok = ok && !p.sample;
+      ok = ok && rt.stats_json().find("\"reporter\":null") != std::string::npos;
+      std::exit(ok ? 0 : 3);  // atexit: shutdown() must not touch the parent's threads
+    }
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    pid_t done = 0;
+    while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (done == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL() << "forked child " << round << " hung";
+    }
+    ASSERT_TRUE(WIFEXITED(status)) << "child " << round << " crashed: " << status;
+    ASSERT_EQ(WEXITSTATUS(status), 0) << "child " << round;
+  }
+  EXPECT_FALSE(rt.forked_child());
+  int sampled = 0;
+  for (const auto& p : train_pass(rt, 2)) sampled += p.sample ? 1 : 0;
+  EXPECT_EQ(sampled, 1) << rt.stats_json();  // default layer fraction 0.25 of 2 layers: 1
 }
 
 }  // namespace
