@@ -179,19 +179,25 @@ std::optional<std::string> cuda_backend_refusal(Backend backend, const Tensor& l
   return why;
 }
 
-// The op's gradients as SDPA's backward returns them: the input's dtype,
-// and dense in the input's stride order (the stock backwards allocate their
-// gradients that way: the CPU and CUDA flash ops in (B, N, H, d) transposed,
-// cuDNN with alloc_with_matching_layout). So an SDPA-strided q, a transposed
-// (B, N, H, d) or a slice of a fused qkv projection, gets a (B, N, H, d)
-// transposed gradient, a contiguous q a contiguous one. The op returns
+// The op's gradients as SDPA's backward returns them: the input's dtype and
+// the stock backward's layout (torch 2.11). The CPU flash backward always
+// allocates (B, N, H, d) and returns it transposed, whatever the input's
+// strides; the CUDA ops allocate in the input's stride order (flash:
+// empty_like of the (B, N, H, d)-transposed operand; cuDNN:
+// alloc_with_matching_layout), so an SDPA-strided q, transposed from
+// (B, N, H, d) or sliced from a fused qkv projection, gets a (B, N, H, d)
+// transposed gradient and a contiguous q a contiguous one. The op returns
 // contiguous tensors: copied only when the layouts differ.
-Tensor like_input(const Tensor& grad, const Tensor& input) {
+Tensor like_input(const Tensor& grad, const Tensor& input, OpKind kind) {
   const std::int64_t dims = input.dim();
   std::vector<std::int64_t> order(static_cast<std::size_t>(dims));
   for (std::int64_t i = 0; i < dims; ++i) order[static_cast<std::size_t>(i)] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::int64_t a, std::int64_t b) { return input.stride(a) > input.stride(b); });
+  if (kind == OpKind::kCpuFlash && dims == 4) {
+    order = {0, 2, 1, 3};
+  } else {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::int64_t a, std::int64_t b) { return input.stride(a) > input.stride(b); });
+  }
   std::vector<std::int64_t> sizes(order.size()), inverse(order.size());
   for (std::size_t i = 0; i < order.size(); ++i) {
     sizes[i] = input.size(order[i]);
@@ -236,6 +242,13 @@ std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, 
   if (!op) return refuse("libgaugewatch_ops is not loaded");
   if (q.is_cuda()) {
     if (auto why = cuda_backend_refusal(backend, q)) return refuse("CUDA: " + *why);
+  } else {
+    // The CPU reference kernels must not see NaN / Inf (their BF16 backends
+    // corrupt memory on them, kernels issue): stock takes such a call.
+    for (const Tensor* t : {&q, &k, &v, &grad_out, &out}) {
+      if (!at::isfinite(*t).all().item<bool>()) return refuse("non-finite inputs");
+    }
+    if (!at::isfinite(lse3).all().item<bool>()) return refuse("non-finite inputs");
   }
   try {
     auto [dq, dk, dv] = op->call(grad_out.contiguous(), q, k, v, out, lse3, info.is_causal, info.scale, b,
@@ -248,7 +261,7 @@ std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, 
                           at::isfinite(dv).all().item<bool>();
       if (!finite) return refuse("non-finite gradient");
     }
-    return Grads{like_input(dq, q), like_input(dk, k), like_input(dv, v)};
+    return Grads{like_input(dq, q, info.kind), like_input(dk, k, info.kind), like_input(dv, v, info.kind)};
   } catch (const std::exception& e) {
     return refuse(std::string("error: ") + short_what(e));
   }
