@@ -15,6 +15,13 @@ an explicit pass boundary::
 module active at an attention call names the layer. After the first
 backward, hooks stay only on the modules that made attention calls (and on
 the root, which marks the start of each forward pass).
+
+Steps: once the library is active through the helper, a step is an
+*optimizer* step: ``load()`` registers a global optimizer step post-hook
+(``torch.optim.optimizer.register_optimizer_step_post_hook``) that tells the
+library, so gradient accumulation's micro-batches make one step and
+``GAUGEWATCH_SAMPLE_EVERY`` counts optimizer steps. ``step()`` does the same by
+hand (an optimizer that is not a torch.optim.Optimizer).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["load", "loaded", "watch", "stats", "layer_names", "flush", "library_path"]
+__all__ = ["load", "loaded", "watch", "stats", "layer_names", "flush", "library_path", "step"]
 
 
 def library_path() -> pathlib.Path:
@@ -56,19 +63,46 @@ def loaded() -> bool:
         return False
 
 
+_optimizer_hook = None
+
+
+def _install_optimizer_hook() -> None:
+    """Steps count optimizer steps from now on (module docstring)."""
+    global _optimizer_hook
+    if _optimizer_hook is not None:
+        return
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        torch.ops.gaugewatch_hooks.use_optimizer_steps()
+        _optimizer_hook = register_optimizer_step_post_hook(
+            lambda _optimizer, _args, _kwargs: torch.ops.gaugewatch_hooks.optimizer_step())
+    except (AttributeError, ImportError, RuntimeError) as error:  # an older library / torch
+        print(f"[gaugewatch-hooks] optimizer steps not available ({error}): a step is a backward pass")
+
+
 def load(path: str | os.PathLike | None = None) -> bool:
     """Loads the library with torch.ops.load_library unless a copy is already
-    active (e.g. by LD_PRELOAD). Returns whether the library is active; a
-    failure to load is reported, never raised: training goes on unmonitored."""
-    if loaded():
-        return True
-    target = pathlib.Path(path) if path is not None else library_path()
-    try:
-        torch.ops.load_library(str(target))
-    except OSError as error:  # missing file, missing dependency
-        print(f"[gaugewatch-hooks] could not load {target}: {error}; training continues unmonitored")
+    active (e.g. by LD_PRELOAD), and makes steps count optimizer steps.
+    Returns whether the library is active; a failure to load is reported,
+    never raised: training goes on unmonitored."""
+    if not loaded():
+        target = pathlib.Path(path) if path is not None else library_path()
+        try:
+            torch.ops.load_library(str(target))
+        except OSError as error:  # missing file, missing dependency
+            print(f"[gaugewatch-hooks] could not load {target}: {error}; training continues unmonitored")
+            return False
+    if not loaded():
         return False
-    return loaded()
+    _install_optimizer_hook()
+    return True
+
+
+def step() -> None:
+    """Marks an optimizer step by hand (the global hook does it for torch.optim optimizers)."""
+    if loaded():
+        torch.ops.gaugewatch_hooks.optimizer_step()
 
 
 class _Watch:
