@@ -1,9 +1,21 @@
-"""A tiny GPT trained on CPU with F.scaled_dot_product_attention in bfloat16:
-the unchanged trainer the hooks tests monitor.
+"""A tiny GPT trained with F.scaled_dot_product_attention in bfloat16 (CPU
+by default, or --device cuda): the unchanged trainer the hooks tests monitor.
 
     python tiny_gpt.py --steps 30 [--mode plain|load_library|helper]
+                       [--device cpu|cuda] [--dtype bfloat16|float16|float32]
+                       [--dim 64 --heads 4 --seq 32 --batch 8]
                        [--checkpoint] [--grad-accum 2] [--stop-file PATH]
-                       [--step-sleep 0.05]
+                       [--step-sleep 0.05] [--workers N] [--fork-at STEP]
+                       [--nan-pass-at STEP] [--hold-cupti]
+                       [--sdpa default|flash|cudnn|efficient]
+
+Safety exercises: --workers N feeds batches through a DataLoader with N
+fork-started workers; --fork-at S os.fork()s after step S a child that runs
+an attention forward and backward on the CPU and exits through the normal
+interpreter exit (atexit), its stats written to --fork-out, the parent
+printing {"fork_child": {"status", "seconds"}}; --nan-pass-at S runs, before
+step S, an extra forward / backward whose queries hold NaN (gradients then
+discarded); --hold-cupti subscribes to libcupti first, as a profiler would.
 
 Prints one JSON line per optimizer step: {"step": i, "loss": x}, then
 {"done": true, "stats": <hooks stats or null>}. --mode plain knows nothing of
@@ -34,10 +46,14 @@ class Attention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
+        self.poison = False  # NaN in the last query row (--nan-pass-at)
 
     def forward(self, x):
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if self.poison:
+            q = q.clone()
+            q[:, :, -1, 0] = float("nan")
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, n, d))
 
@@ -79,6 +95,88 @@ def batches(vocab, seq, batch, generator):
         yield seqs[:, :-1], seqs[:, 1:]
 
 
+class CountingData(torch.utils.data.Dataset):
+    """The same task as batches(), as a map-style dataset for DataLoader workers."""
+
+    def __init__(self, vocab, seq, size=1 << 16):
+        self.vocab, self.seq, self.size = vocab, seq, size
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        seqs = ((i * 7919) % self.vocab + torch.arange(self.seq + 1)) % self.vocab
+        return seqs[:-1], seqs[1:]
+
+
+def loader_batches(vocab, seq, batch, workers):
+    data = torch.utils.data.DataLoader(CountingData(vocab, seq), batch_size=batch, shuffle=True,
+                                       num_workers=workers, multiprocessing_context="fork",
+                                       generator=torch.Generator().manual_seed(1))
+    while True:
+        yield from data
+
+
+def hold_cupti():
+    """Subscribes to CUPTI as a profiler would (it then refuses other subscribers)."""
+    import ctypes
+    for name in ("libcupti.so.13", "libcupti.so.12", "libcupti.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        return "no libcupti"
+    callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)(
+        lambda *args: None)
+    handle = ctypes.c_void_p()
+    result = lib.cuptiSubscribe(ctypes.byref(handle), callback, None)
+    hold_cupti.keep = (lib, callback, handle)  # held until exit
+    return int(result)
+
+
+def forked_child_pass(out_path):
+    """In the child of os.fork(): an attention forward / backward on the CPU
+    (CUDA cannot be used after a fork), its stats written out, then the normal
+    interpreter exit (atexit handlers run)."""
+    q = torch.randn(1, 2, 16, 8, dtype=torch.bfloat16, requires_grad=True)
+    F.scaled_dot_product_attention(q, q, q, is_causal=True).float().sum().backward()
+    stats = None
+    if hasattr(torch.ops, "gaugewatch_hooks"):
+        try:
+            stats = json.loads(torch.ops.gaugewatch_hooks.stats())
+        except (AttributeError, RuntimeError):
+            stats = None
+    if out_path:
+        pathlib.Path(out_path).write_text(json.dumps({"grad_finite": bool(torch.isfinite(q.grad).all()),
+                                                      "stats": stats}))
+    sys.exit(0)
+
+
+def fork_and_wait(out_path, timeout=30.0):
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            forked_child_pass(out_path)  # leaves by sys.exit(0): the interpreter's normal exit
+        except SystemExit:
+            raise
+        except BaseException:  # noqa: BLE001
+            import traceback
+            traceback.print_exc()
+            os._exit(1)
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return {"status": os.waitstatus_to_exitcode(status), "seconds": time.monotonic() - start}
+        if time.monotonic() - start > timeout:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return {"status": "hung", "seconds": time.monotonic() - start}
+        time.sleep(0.01)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
@@ -89,32 +187,82 @@ def main():
     parser.add_argument("--stop-file")
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--fork-at", type=int, default=-1)
+    parser.add_argument("--fork-out")
+    parser.add_argument("--nan-pass-at", type=int, default=-1)
+    parser.add_argument("--hold-cupti", action="store_true")
+    parser.add_argument("--sdpa", choices=["default", "flash", "cudnn", "efficient"], default="default",
+                        help="CUDA: the SDPA backend (torch.nn.attention.sdpa_kernel)")
     args = parser.parse_args()
+    if args.sdpa != "default":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        kernel = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                  "efficient": SDPBackend.EFFICIENT_ATTENTION}[args.sdpa]
+        with sdpa_kernel([kernel]):
+            return train(args)
+    return train(args)
+
+
+def train(args):
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    if args.hold_cupti:
+        print(json.dumps({"cupti_hold": hold_cupti()}), flush=True)
     if args.mode == "load_library":
         torch.ops.load_library(os.environ["GAUGEWATCH_HOOKS_LIB"])
-    model = TinyGPT(layers=args.layers, use_checkpoint=args.checkpoint).to(torch.bfloat16)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    vocab = 32
+    model = TinyGPT(vocab=vocab, dim=args.dim, heads=args.heads, layers=args.layers, seq=args.seq,
+                    use_checkpoint=args.checkpoint).to(device=device, dtype=dtype)
     if args.mode == "helper":
         sys.path.insert(0, str(ROOT / "hooks" / "python"))
         import gaugewatch_hooks
         assert gaugewatch_hooks.watch(model) is not None, "the hooks library did not load"
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    data = batches(32, 32, 8, torch.Generator().manual_seed(1))
+    # Adam's eps must be representable: float16 rounds 1e-8 to zero.
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-8 if args.dtype != "float16" else 1e-4)
+    if args.workers > 0:
+        data = loader_batches(vocab, args.seq, args.batch, args.workers)
+    else:
+        data = batches(vocab, args.seq, args.batch, torch.Generator().manual_seed(1))
+
+    def next_batch():
+        x, y = next(data)
+        return x.to(device), y.to(device)
+
+    attentions = [m for m in model.modules() if isinstance(m, Attention)]
     for step in range(args.steps):
+        if step == args.nan_pass_at:
+            for m in attentions:
+                m.poison = True
+            x, y = next_batch()
+            F.cross_entropy(model(x).float().reshape(-1, vocab), y.reshape(-1)).backward()
+            for m in attentions:
+                m.poison = False
+            grads_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
+            print(json.dumps({"nan_pass": step, "grads_finite": grads_finite}), flush=True)
         optimizer.zero_grad()
         total = 0.0
         for _ in range(args.grad_accum):
-            x, y = next(data)
-            loss = F.cross_entropy(model(x).float().reshape(-1, 32), y.reshape(-1)) / args.grad_accum
+            x, y = next_batch()
+            loss = F.cross_entropy(model(x).float().reshape(-1, vocab), y.reshape(-1)) / args.grad_accum
             loss.backward()
             total += loss.item()
         optimizer.step()
         if args.eval_every and step % args.eval_every == 0:
             with torch.no_grad():
-                model(next(data)[0])
+                model(next_batch()[0])
         print(json.dumps({"step": step, "loss": total}), flush=True)
+        if step == args.fork_at:
+            print(json.dumps({"fork_child": fork_and_wait(args.fork_out)}), flush=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if args.stop_file and os.path.exists(args.stop_file):
