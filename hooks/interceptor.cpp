@@ -368,6 +368,7 @@ struct AttentionImpl {
     if (plan.sample) timing = start_backward_timing(q);
     const auto start = Clock::now();
     // The backend below may throw (stock, as the stock op would): the timing window closes either way.
+    // (It is closed explicitly right after the backward, before the audit's copies.)
     struct EndTiming {
       const std::shared_ptr<CudaTiming>& t;
       ~EndTiming() { end_backward_timing(t); }
@@ -383,6 +384,7 @@ struct AttentionImpl {
       }
     }
     if (ran == Backend::kStock) g = stock_backward(*info, grad_out, q, k, v, out, lse);
+    end_backward_timing(timing);  // before the audit's own copies are launched (idempotent)
     const double backward_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
     try {
       rt::record_backward(plan.layer, plan.step, ran);
