@@ -107,6 +107,9 @@ Status validate(const Bf16BackwardParams& p) {
   if (p.projection != Projection::kNone && p.projection != Projection::kGproj && p.projection != Projection::kPivot) {
     return invalid("unknown projection");
   }
+  if (p.diagnostics.any() && p.projection != Projection::kNone) {
+    return invalid("row diagnostics are computed by the bf16 variant (projection kNone) only");
+  }
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr) ||
       (p.cu_seqlens_q != nullptr && p.num_segments <= 0)) {
     return invalid("cu_seqlens_q and cu_seqlens_k must both be given (with num_segments > 0) or both be null");

@@ -41,7 +41,8 @@
 // contiguous (B, Hq, N, d) / (B, Hkv, M, d). Masking, packing, GQA and rows
 // with no visible key exactly as kernels/cuda/fp32_backward.h.
 //
-// Row diagnostics (optional, each FP32 (B, Hq, N) contiguous, null to skip):
+// Row diagnostics (optional, each FP32 (B, Hq, N) contiguous, null to skip;
+// projection kNone only, so the projected variants spend no registers on them):
 // the quantities the monitor's row-mass, sharpness and pivot metrics need,
 // computed from the same t, r and P the MMAs consume.
 //

@@ -31,11 +31,22 @@ inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kBr = 64;  // query rows per tile
 inline constexpr int kBc = 64;  // keys per tile
 inline constexpr float kLog2e = 1.4426950408889634f;
-// Blocks per SM the register allocation must allow: two at D = 64 (128
-// registers a thread); at D = 128 the accumulators need more than 128
-// registers, and spilling costs more than the second block would gain.
-template <int D>
-inline constexpr int kMinBlocks = D == 64 ? 2 : 1;
+// Occupancy configuration: B blocks of 8 warps per SM that the register
+// allocation (and, for the dkdv kernel, shared memory) must allow. D = 64
+// always runs two. D = 128 has two variants for bf16 and pivot, chosen at
+// launch (bf16_backward_launch.cuh): B = 1 keeps the loops fully unrolled and
+// double-buffers Q/dO in the dkdv kernel (~220 registers, 115-147 KiB); B = 2
+// unrolls less and single-buffers Q/dO, to fit 128 registers and half the
+// shared memory, so two blocks overlap each other's barriers. gproj at
+// D = 128 runs B = 1 only: its second accumulator (U, or the -lambda Q tile)
+// does not fit 128 registers without spilling.
+template <int D, int B>
+struct Occupancy {
+  static_assert(B == 1 || B == 2, "one or two blocks per SM");
+  static constexpr int kPhase1Unroll = (D == 128 && B == 2) ? 2 : D / 16;
+  static constexpr int kContractUnroll = (D == 128 && B == 2) ? 1 : kBc / 16;
+  static constexpr bool kDoubleBufferQ = !(D == 128 && B == 2);
+};
 
 // Device copy of the launch parameters (by value, in the kernel argument).
 struct Args {
@@ -92,7 +103,7 @@ struct RowInputs {
 // tile, absolute index j0 + key0 + ...), then P, t, r; t and r go to the
 // swizzled [64][64] tiles ts/rs. `visit(half, nt, e, j, p, t, r, s)` sees
 // every element (half: row g or g + 8) for the row statistics.
-template <int D, class Visit>
+template <int D, int kUnroll, class Visit>
 __device__ __forceinline__ void scores_phase(const Args& a, const uint16_t* qs, const uint16_t* gos, const uint16_t* ks,
                                              const uint16_t* vs, uint16_t* ts, uint16_t* rs, int row0, int key0,
                                              int j0, const RowInputs& in, Visit&& visit) {
@@ -109,7 +120,7 @@ __device__ __forceinline__ void scores_phase(const Args& a, const uint16_t* qs, 
   const int a_chunk = lane >> 4;
   const int b_row = key0 + (lane & 7) + (lane >> 4) * 8;
   const int b_chunk = (lane >> 3) & 1;
-#pragma unroll
+#pragma unroll kUnroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t fa[4], fo[4];
     mma::ldmatrix_x4(fa, qs + mma::swz<D>(a_row, kk * 2 + a_chunk));
@@ -155,12 +166,12 @@ __device__ __forceinline__ void scores_phase(const Args& a, const uint16_t* qs, 
 // acc[16 x D/2] += X Y where X is 16 rows x 64 (from a [64][64] tile, rows
 // row0.., non-transposed, or its transpose: rows = columns key0.. of the tile)
 // and Y is 64 x D/2 (rows of a [64][D] tile, columns d0..).
-template <int D, bool kTransX>
+template <int D, bool kTransX, int kUnroll = kBc / 16>
 __device__ __forceinline__ void contract(float (&acc)[D / 16][4], const uint16_t* x, const uint16_t* y, int row0,
                                          int d0) {
   const int lane = threadIdx.x & 31;
   constexpr int kNt = D / 16;  // n-tiles of 8 in D/2 columns
-#pragma unroll
+#pragma unroll kUnroll
   for (int kc = 0; kc < kBc / 16; ++kc) {
     uint32_t fx[4];
     if constexpr (kTransX) {
@@ -180,6 +191,33 @@ __device__ __forceinline__ void contract(float (&acc)[D / 16][4], const uint16_t
       mma::ldmatrix_x4_trans(fy, y + mma::swz<D>(yrow, (d0 >> 3) + np * 2 + (lane >> 4)));
       mma::mma_bf16(acc[2 * np], fx, fy[0], fy[1]);
       mma::mma_bf16(acc[2 * np + 1], fx, fy[2], fy[3]);
+    }
+  }
+}
+
+// acc1 += X1 Y and acc2 += X2 Y in one sweep (X non-transposed): GProj's dQ
+// and U = r K share every fragment of K, loaded once.
+template <int D, int kUnroll = kBc / 16>
+__device__ __forceinline__ void contract_pair(float (&acc1)[D / 16][4], const uint16_t* x1, float (&acc2)[D / 16][4],
+                                              const uint16_t* x2, const uint16_t* y, int row0, int d0) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kNt = D / 16;
+#pragma unroll kUnroll
+  for (int kc = 0; kc < kBc / 16; ++kc) {
+    uint32_t f1[4], f2[4];
+    const int srow = row0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int schunk = kc * 2 + (lane >> 4);
+    mma::ldmatrix_x4(f1, x1 + mma::swz<kBc>(srow, schunk));
+    mma::ldmatrix_x4(f2, x2 + mma::swz<kBc>(srow, schunk));
+    const int yrow = kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int np = 0; np < kNt / 2; ++np) {
+      uint32_t fy[4];
+      mma::ldmatrix_x4_trans(fy, y + mma::swz<D>(yrow, (d0 >> 3) + np * 2 + (lane >> 4)));
+      mma::mma_bf16(acc1[2 * np], f1, fy[0], fy[1]);
+      mma::mma_bf16(acc1[2 * np + 1], f1, fy[2], fy[3]);
+      mma::mma_bf16(acc2[2 * np], f2, fy[0], fy[1]);
+      mma::mma_bf16(acc2[2 * np + 1], f2, fy[2], fy[3]);
     }
   }
 }
@@ -205,8 +243,8 @@ struct DqSmem {
   static_assert(2 * kBr * 8 * sizeof(float) <= 2 * kBr * kBc * 2, "statistics must fit the t and r tiles");
 };
 
-template <int D, Projection P>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dq_kernel(const Args a) {
+template <int D, Projection P, int B>
+__global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
   extern __shared__ __align__(128) uint16_t smem[];
   using L = DqSmem<D>;
   const int tiles = (a.n + kBr - 1) / kBr;
@@ -255,7 +293,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dq_kernel(const Args 
   // Row statistics of this warp's key half, for its rows g and g + 8.
   float rho[2] = {0, 0}, mass[2] = {0, 0}, abs_rho[2] = {0, 0}, pmax[2] = {-1, -1}, lmax[2] = {0, 0};
   int parg[2] = {-1, -1};
-  const bool want_diag = a.diag.any();
+  // Row diagnostics are written by the bf16 variant only (validate() refuses
+  // them elsewhere): the other variants keep those registers free.
+  const bool want_diag = P == Projection::kNone && a.diag.any();
 
   int buf = 0;
   for (int j0 = j_begin; j0 < j_end; j0 += kBc) {
@@ -270,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dq_kernel(const Args 
     __syncthreads();
     const uint16_t* ks = smem + (buf ? L::kK1 : L::kK0);
     const uint16_t* vs = smem + (buf ? L::kV1 : L::kV0);
-    scores_phase<D>(a, smem + L::kQ, smem + L::kGo, ks, vs, smem + L::kT, smem + L::kR, row0, half * 32, j0, in,
+    scores_phase<D, Occupancy<D, B>::kPhase1Unroll>(a, smem + L::kQ, smem + L::kGo, ks, vs, smem + L::kT, smem + L::kR, row0, half * 32, j0, in,
                     [&](int hh, int j, bool visible, float p, float t, float r, float s) {
                       rho[hh] += t;
                       mass[hh] += r;
@@ -286,8 +326,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dq_kernel(const Args 
                       }
                     });
     __syncthreads();
-    contract<D, false>(dq, smem + L::kT, ks, row0, half * (D / 2));
-    if constexpr (P == Projection::kGproj) contract<D, false>(u, smem + L::kR, ks, row0, half * (D / 2));
+    if constexpr (P == Projection::kGproj) {
+      // Unrolled by 2 at D = 64: fully unrolled, the shared sweep spills at 128 registers.
+      constexpr int kUnroll = D == 64 ? 2 : Occupancy<D, B>::kContractUnroll;
+      contract_pair<D, kUnroll>(dq, smem + L::kT, u, smem + L::kR, ks, row0, half * (D / 2));
+    } else {
+      contract<D, false, Occupancy<D, B>::kContractUnroll>(dq, smem + L::kT, ks, row0, half * (D / 2));
+    }
     __syncthreads();
     buf ^= 1;
   }
@@ -390,11 +435,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dq_kernel(const Args 
 // Shared memory of the dkdv kernel (BF16 elements): K, V, two Q/dO buffers,
 // -lambda Q (gproj), t, r; then per-row arrays for two buffers, then the FP32
 // pivot fix-up [64][D] (pivot only).
-template <int D, Projection P>
+template <int D, Projection P, bool kDB>
 struct DkdvSmem {
   static constexpr int kTile = kBr * D;
-  static constexpr int kK = 0, kV = kTile, kQ0 = 2 * kTile, kG0 = 3 * kTile, kQ1 = 4 * kTile, kG1 = 5 * kTile;
-  static constexpr int kLq = 6 * kTile;
+  static constexpr int kK = 0, kV = kTile, kQ0 = 2 * kTile, kG0 = 3 * kTile;
+  static constexpr int kQ1 = kDB ? 4 * kTile : kQ0, kG1 = kDB ? 5 * kTile : kG0;  // aliases when single
+  static constexpr int kLq = (kDB ? 6 : 4) * kTile;
   static constexpr int kT = kLq + (P == Projection::kGproj ? kTile : 0), kR = kT + kBr * kBc;
   static constexpr int kRows = kR + kBr * kBc;  // float [2 buffers][7][64]
   static constexpr int kRowFloats = 2 * 7 * kBr;
@@ -430,10 +476,11 @@ __device__ __forceinline__ int first_row(int lo, int hi, Pred pred) {
   return lo;
 }
 
-template <int D, Projection P>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dkdv_kernel(const Args a) {
+template <int D, Projection P, int B>
+__global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
   extern __shared__ __align__(128) uint16_t smem[];
-  using L = DkdvSmem<D, P>;
+  constexpr bool kDB = Occupancy<D, B>::kDoubleBufferQ;
+  using L = DkdvSmem<D, P, kDB>;
   // Key tile 0 has the most query rows under causal masking: it goes first.
   const int ktile = static_cast<int>(blockIdx.x);
   const int bhk = blockIdx.y;
@@ -488,7 +535,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dkdv_kernel(const Arg
       }
     }
   };
-  if (iters > 0) stage(0, 0);
+  if (kDB && iters > 0) stage(0, 0);
   mma::cp_async_commit();
 
   float dk[D / 16][4], dv[D / 16][4];
@@ -501,8 +548,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dkdv_kernel(const Arg
   }
 
   for (int it = 0; it < iters; ++it) {
-    const int buf = it & 1;
-    if (it + 1 < iters) {
+    const int buf = kDB ? (it & 1) : 0;
+    if (!kDB) {
+      // Single buffer: the previous iteration's closing barrier freed it.
+      stage(it, 0);
+      mma::cp_async_commit();
+      mma::cp_async_wait<0>();
+    } else if (it + 1 < iters) {
       stage(it + 1, buf ^ 1);
       mma::cp_async_commit();
       mma::cp_async_wait<1>();
@@ -538,12 +590,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) dkdv_kernel(const Arg
       in.lse_log2[hh] = ra.lse_log2[r];
       in.delta[hh] = ra.delta[r];
     }
-    scores_phase<D>(a, qs, gos, smem + L::kK, smem + L::kV, smem + L::kT, smem + L::kR, row0, half * 32, j0, in,
+    scores_phase<D, Occupancy<D, B>::kPhase1Unroll>(a, qs, gos, smem + L::kK, smem + L::kV, smem + L::kT, smem + L::kR, row0, half * 32, j0, in,
                     [](int, int, bool, float, float, float, float) {});
     __syncthreads();
-    contract<D, true>(dv, smem + L::kR, gos, row0, half * (D / 2));
-    contract<D, true>(dk, smem + L::kT, qs, row0, half * (D / 2));
-    if constexpr (P == Projection::kGproj) contract<D, true>(dk, smem + L::kR, smem + L::kLq, row0, half * (D / 2));
+    contract<D, true, Occupancy<D, B>::kContractUnroll>(dv, smem + L::kR, gos, row0, half * (D / 2));
+    contract<D, true, Occupancy<D, B>::kContractUnroll>(dk, smem + L::kT, qs, row0, half * (D / 2));
+    if constexpr (P == Projection::kGproj) {
+      contract<D, true, Occupancy<D, B>::kContractUnroll>(dk, smem + L::kR, smem + L::kLq, row0, half * (D / 2));
+    }
     if constexpr (P == Projection::kPivot) {
       // fix[j - j0][col] += rho_i q_i[col] for rows whose pivot is in this
       // tile: thread owns (column, key parity), rows in order: deterministic.

@@ -7,32 +7,51 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "kernels/cuda/bf16_backward_kernel.cuh"
 
 namespace gaugewatch::gpu::bf16 {
 
-template <int D, Projection P>
-cudaError_t launch(const Args& a, cudaStream_t stream) {
+template <int D, Projection P, int B>
+cudaError_t launch_blocks(const Args& a, cudaStream_t stream) {
   constexpr int kDqSmem = static_cast<int>(DqSmem<D>::kBytes);
-  constexpr int kKvSmem = static_cast<int>(DkdvSmem<D, P>::kBytes);
+  constexpr int kKvSmem = static_cast<int>(DkdvSmem<D, P, Occupancy<D, B>::kDoubleBufferQ>::kBytes);
   static_assert(kDqSmem <= 227 * 1024 && kKvSmem <= 227 * 1024, "tile does not fit one SM's shared memory");
-  cudaError_t err = cudaFuncSetAttribute(dq_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem);
+  cudaError_t err = cudaFuncSetAttribute(dq_kernel<D, P, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem);
   if (err != cudaSuccess) return err;
-  err = cudaFuncSetAttribute(dkdv_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kKvSmem);
+  err = cudaFuncSetAttribute(dkdv_kernel<D, P, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kKvSmem);
   if (err != cudaSuccess) return err;
   const int64_t bhq = static_cast<int64_t>(a.batch) * a.hq, bhk = static_cast<int64_t>(a.batch) * a.hkv;
   const dim3 dq_grid(static_cast<unsigned>((a.n + kBr - 1) / kBr), static_cast<unsigned>(bhq));
   if (dq_grid.x > 0 && dq_grid.y > 0) {
-    dq_kernel<D, P><<<dq_grid, kThreads, kDqSmem, stream>>>(a);
+    dq_kernel<D, P, B><<<dq_grid, kThreads, kDqSmem, stream>>>(a);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   const dim3 kv_grid(static_cast<unsigned>((a.m + kBc - 1) / kBc), static_cast<unsigned>(bhk));
   if (kv_grid.x > 0 && kv_grid.y > 0) {
-    dkdv_kernel<D, P><<<kv_grid, kThreads, kKvSmem, stream>>>(a);
+    dkdv_kernel<D, P, B><<<kv_grid, kThreads, kKvSmem, stream>>>(a);
     err = cudaGetLastError();
   }
   return err;
+}
+
+// D = 64 runs two blocks per SM; gproj at D = 128 one (see Occupancy). bf16
+// and pivot at D = 128: two blocks per SM unless GAUGEWATCH_BF16_BLOCKS_PER_SM=1
+// asks for the fully unrolled one-block variant (kept selectable so that one
+// benchmark process compares both on the same inputs).
+template <int D, Projection P>
+cudaError_t launch(const Args& a, cudaStream_t stream) {
+  if constexpr (D == 64) {
+    return launch_blocks<D, P, 2>(a, stream);
+  } else if constexpr (P == Projection::kGproj) {
+    return launch_blocks<D, P, 1>(a, stream);
+  } else {
+    const char* env = std::getenv("GAUGEWATCH_BF16_BLOCKS_PER_SM");
+    if (env != nullptr && env[0] == '1' && env[1] == '\0') return launch_blocks<D, P, 1>(a, stream);
+    return launch_blocks<D, P, 2>(a, stream);
+  }
 }
 
 }  // namespace gaugewatch::gpu::bf16

@@ -205,3 +205,18 @@ def test_fp32_floor_with_and_without_centring(record_line):
                 "/".join(f"{e:.2e}" for e in floors[False]) + " centred " + "/".join(f"{e:.2e}" for e in floors[True]))
     assert floors[True][0] < floors[False][0], "centring the keys lowers the dQ floor (the default keeps it)"
     assert max(floors[True]) <= 5e-3
+
+
+@pytest.mark.parametrize("backend", ["bf16", "pivot"])
+def test_d128_occupancy_variants_agree_bitwise(backend, monkeypatch):
+    """At D = 128, bf16 and pivot have a two-blocks-per-SM variant (default) and
+    a one-block variant (GAUGEWATCH_BF16_BLOCKS_PER_SM=1). They differ in
+    unrolling and buffering only, never in the order of any sum."""
+    for name in ("multi_tile_noncausal_d128", "multi_tile_packed_d128"):
+        p = Problem(**GPU_CASES[name], device="cuda")
+        two = ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
+        monkeypatch.setenv("GAUGEWATCH_BF16_BLOCKS_PER_SM", "1")
+        one = ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
+        monkeypatch.delenv("GAUGEWATCH_BF16_BLOCKS_PER_SM")
+        for x, y in zip(two, one):
+            assert torch.equal(x, y), name
