@@ -244,6 +244,10 @@ void Auditor::run(Job& job) {
     // CUPTI can deliver their records.
     std::optional<double> kernel_us;
     if (job.timing && job.sample) kernel_us = kernel_time_us(*job.timing);
+    if (job.timing && job.sample && !kernel_us && job.timing->cupti_window != 0) {
+      // CUPTI may have given up (no records arriving): the stats say so.
+      if (const cupti::Status st = cupti::status(); !st.usable) rt::set_timing_source("cuda_events", st.detail);
+    }
     if (kernel_us) {
       backward_us = *kernel_us;
       timed_by = "cupti";

@@ -5,12 +5,14 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "hooks/log.h"
@@ -95,6 +97,7 @@ struct State {
   std::map<std::uint64_t, Window> windows;
   std::map<std::uint32_t, std::uint64_t> by_correlation;  // correlation id -> window
   std::uint64_t kernel_records = 0;
+  int empty_windows = 0;  // windows in a row that got no kernel record
 };
 
 State& state() {
@@ -126,6 +129,8 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId, const
 }
 
 constexpr std::size_t kBufferBytes = 1 << 20;
+constexpr int kFlushWaitMs = 500;  // longest wait for a window's records
+constexpr int kMaxEmptyWindows = 3;
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
@@ -295,16 +300,41 @@ std::optional<double> window_kernel_us(std::uint64_t id) {
     std::lock_guard lock(s.mu);
     if (!s.status.usable) return std::nullopt;
   }
-  // Delivers the completed records to buffer_completed (on this thread or
-  // CUPTI's); the caller waited for the window's kernels to finish.
-  s.api.flush_all(0);
+  // Delivers completed buffers to buffer_completed (on this thread or
+  // CUPTI's). The caller waited for the window's kernels to finish, but a
+  // buffer comes back only once *all* its records are complete, and it may
+  // also hold the kernels of windows opened after this one (the other
+  // sampled layers of the step, which the GPU reaches a little later): poll
+  // for a bounded time (this is the auditor's queue time, not audit time).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kFlushWaitMs);
+  for (;;) {
+    s.api.flush_all(0);
+    {
+      std::lock_guard lock(s.mu);
+      auto it = s.windows.find(id);
+      if (it == s.windows.end() || it->second.kernels > 0) break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   std::lock_guard lock(s.mu);
   auto it = s.windows.find(id);
   if (it == s.windows.end()) return std::nullopt;
   const Window w = std::move(it->second);
   s.windows.erase(it);
   for (std::uint32_t c : w.correlation_ids) s.by_correlation.erase(c);
-  if (w.kernels == 0) return std::nullopt;
+  if (w.kernels == 0) {
+    // Records that never come (another component took the buffer callbacks
+    // and keeps them) would cost every sample the wait: give up on CUPTI.
+    if (++s.empty_windows >= kMaxEmptyWindows && s.status.usable) {
+      s.status.usable = false;
+      s.status.detail = "no kernel records arrived for " + std::to_string(kMaxEmptyWindows) +
+                        " sampled backwards in a row";
+      log_line("CUPTI: " + s.status.detail + ": CUDA events time sampled backwards from now on");
+    }
+    return std::nullopt;
+  }
+  s.empty_windows = 0;
   return w.kernel_ns / 1000.0;
 }
 
@@ -324,6 +354,7 @@ void reset_for_tests() {
   std::lock_guard lock(s.mu);
   s.initialized = false;
   s.status = Status{};
+  s.empty_windows = 0;
 }
 
 std::uint64_t kernel_records() {

@@ -51,7 +51,9 @@ std::vector<std::string> library_candidates(const std::string& library);
 std::uint64_t begin_window(std::string* why = nullptr);
 void end_window(std::uint64_t id);
 // The summed GPU time of the window's kernels in microseconds, or nullopt
-// when no kernel record of it arrived; forgets the window.
+// when no kernel record of it arrived within 500 ms (CUPTI returns a buffer
+// only when all its records, possibly of later windows, are complete);
+// forgets the window.
 std::optional<double> window_kernel_us(std::uint64_t id);
 // Forgets a window whose sample was dropped.
 void discard_window(std::uint64_t id);
