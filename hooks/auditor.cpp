@@ -244,10 +244,6 @@ void Auditor::run(Job& job) {
     // CUPTI can deliver their records.
     std::optional<double> kernel_us;
     if (job.timing && job.sample) kernel_us = kernel_time_us(*job.timing);
-    if (job.timing && job.sample && !kernel_us && job.timing->cupti_window != 0) {
-      // CUPTI may have given up (no records arriving): the stats say so.
-      if (const cupti::Status st = cupti::status(); !st.usable) rt::set_timing_source("cuda_events", st.detail);
-    }
     if (kernel_us) {
       backward_us = *kernel_us;
       timed_by = "cupti";
@@ -427,7 +423,12 @@ struct CudaTiming {
 std::optional<double> kernel_time_us(CudaTiming& timing) {
   if (timing.cupti_window == 0) return std::nullopt;
   timing.consumed = true;
-  return cupti::window_kernel_us(timing.cupti_window);
+  const std::optional<double> us = cupti::window_kernel_us(timing.cupti_window);
+  if (!us) {
+    // CUPTI may have given up (no records arriving): the stats say so.
+    if (const cupti::Status st = cupti::status(); !st.usable) rt::set_timing_source("cuda_events", st.detail);
+  }
+  return us;
 }
 
 std::shared_ptr<CudaTiming> start_backward_timing(const at::Tensor& q) {
