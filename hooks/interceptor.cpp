@@ -51,10 +51,10 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <map>
-#include <mutex>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -241,7 +241,10 @@ std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, 
   auto op = gaugewatch_backward_op();
   if (!op) return refuse("libgaugewatch_ops is not loaded");
   if (q.is_cuda()) {
-    if (auto why = cuda_backend_refusal(backend, q)) return refuse("CUDA: " + *why);
+    // The fused BF16 backends are probed; fp32 (its kernel predates them) is not.
+    if (backend != Backend::kFp32) {
+      if (auto why = cuda_backend_refusal(backend, q)) return refuse("CUDA: " + *why);
+    }
   } else {
     // The CPU reference kernels must not see NaN / Inf (their BF16 backends
     // corrupt memory on them, kernels issue): stock takes such a call.
