@@ -119,16 +119,19 @@ FusedBackward backward_fused_bf16(const AttentionInputs& in, const SavedForward&
     for (int64_t j = keys.begin; j < keys.end; ++j) {
       axpy(acc.r[j], acc.lq.data(), &acc.gproj_dk[j * d], d);  // pass 2: r^T (lambda Q)
     }
-    axpy(rho, q, &acc.pivot_dk[pivot * d], d);  // the pivot fix-up, O(d) per row
+    // The pivot fix-up, O(d) per row. No pivot when every P of the row is NaN
+    // (NaN operands): the row's gradients are NaN anyway, and nothing may be
+    // written outside the tensors.
+    if (pivot >= 0) axpy(rho, q, &acc.pivot_dk[pivot * d], d);
 
-    const float* k_pivot = k0 + pivot * d;
+    const float* k_pivot = pivot >= 0 ? k0 + pivot * d : nullptr;
     float* dq_plain = &result.plain.dq[qo];
     float* dq_gproj = &result.gproj.dq[qo];
     float* dq_pivot = &result.pivot.dq[qo];
     for (int64_t c = 0; c < d; ++c) {
       dq_plain[c] = finish(alpha * acc.dq[c]);
       dq_gproj[c] = finish(alpha * (acc.dq[c] - lambda * acc.u_r[c]));
-      dq_pivot[c] = finish(alpha * (acc.dq[c] - rho * k_pivot[c]));
+      dq_pivot[c] = finish(alpha * (acc.dq[c] - (k_pivot != nullptr ? rho * k_pivot[c] : 0.0f)));
     }
     rows.row_mass[ro] = rho;
     rows.prob_mass[ro] = m;

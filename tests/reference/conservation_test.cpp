@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "audit/scenarios.h"
 #include "kernels/reference/exact_attention.h"
 #include "kernels/reference/fused_backward_bf16.h"
@@ -62,6 +65,21 @@ TEST(Conservation, ProjectionLeavesRepresentableGradientUnchanged) {
   for (size_t i = 0; i < exact.dq.size(); ++i) {
     EXPECT_NEAR(fused.plain.dq[i], exact.dq[i], std::abs(exact.dq[i]) * (1.0 / 256) + 1e-6) << i;
   }
+}
+
+// NaN operands give NaN gradients, never a write outside the tensors: a row
+// whose every P is NaN has no pivot, and its fix-up is skipped (regression:
+// the pivot index -1 used to be dereferenced).
+TEST(Conservation, NanQueryRowHasNoPivotAndStaysInBounds) {
+  audit::ScenarioSpec spec = audit::find_scenario("random")->spec;
+  spec.shape.q_len = spec.shape.kv_len = 16;
+  auto in = audit::make_inputs(spec);
+  const auto saved = reference::forward_fused_bf16(in);
+  in.q[3 * in.shape.head_dim] = std::numeric_limits<float>::quiet_NaN();
+  const auto fused = reference::backward_fused_bf16(in, saved);
+  EXPECT_EQ(fused.rows.pivot[3], -1);
+  EXPECT_TRUE(std::isnan(fused.pivot.dq[3 * in.shape.head_dim]));
+  EXPECT_TRUE(std::isnan(fused.gproj.dq[3 * in.shape.head_dim]));
 }
 
 }  // namespace
