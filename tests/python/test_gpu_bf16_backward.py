@@ -209,14 +209,14 @@ def test_fp32_floor_with_and_without_centring(record_line):
 
 @pytest.mark.parametrize("backend", ["bf16", "pivot"])
 def test_d128_occupancy_variants_agree_bitwise(backend, monkeypatch):
-    """At D = 128, bf16 and pivot have a two-blocks-per-SM variant (default) and
-    a one-block variant (GAUGEWATCH_BF16_BLOCKS_PER_SM=1). They differ in
+    """At D = 128, bf16 and pivot have a one-block-per-SM variant (default) and
+    a two-block variant (GAUGEWATCH_BF16_BLOCKS_PER_SM=2). They differ in
     unrolling and buffering only, never in the order of any sum."""
     for name in ("multi_tile_noncausal_d128", "multi_tile_packed_d128"):
         p = Problem(**GPU_CASES[name], device="cuda")
-        two = ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
-        monkeypatch.setenv("GAUGEWATCH_BF16_BLOCKS_PER_SM", "1")
         one = ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
+        monkeypatch.setenv("GAUGEWATCH_BF16_BLOCKS_PER_SM", "2")
+        two = ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
         monkeypatch.delenv("GAUGEWATCH_BF16_BLOCKS_PER_SM")
         for x, y in zip(two, one):
             assert torch.equal(x, y), name
