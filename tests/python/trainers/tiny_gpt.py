@@ -26,6 +26,7 @@ exists (at most --steps steps).
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import pathlib
@@ -36,6 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+# A test harness may ask for a watchdog: after this many seconds every thread's
+# Python stack goes to stderr and the process exits, so a hang shows where it
+# hangs instead of only timing out.
+if os.environ.get("GAUGEWATCH_TEST_WATCHDOG_S"):
+    faulthandler.dump_traceback_later(float(os.environ["GAUGEWATCH_TEST_WATCHDOG_S"]), exit=True)
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
