@@ -18,6 +18,15 @@
 // failing) begin_window() returns 0 and the caller times with CUDA
 // events; the reason is logged once and kept in status().
 //
+// Locks and waits (docs/hooks.md "Locks and waits"): the CUPTI callbacks
+// take only a leaf lock that is never held across a CUPTI call; every CUPTI
+// call this file makes is serialized by a second lock that no callback takes
+// and that the training thread (begin_window / end_window) only tries for
+// 20 ms: when a flush holds it, the sample is timed with CUDA events
+// (begin_window) or the idle subscription is ended by the flusher
+// (end_window). window_kernel_us waits at most 500 ms, and returns at once
+// after stop().
+//
 // Torch-free and CUDA-runtime-free: unit-tested on a machine without a GPU
 // (tests/hooks/cupti_test.cpp).
 
@@ -57,8 +66,17 @@ void end_window(std::uint64_t id);
 std::optional<double> window_kernel_us(std::uint64_t id);
 // Forgets a window whose sample was dropped.
 void discard_window(std::uint64_t id);
+// At exit (before CUPTI's and the CUDA runtime's own exit handlers when
+// possible): no new window opens, waits for records end at once, kernel
+// records are disabled and the subscription ended (waiting at most
+// timeout_s for the lock).
+void stop(double timeout_s);
 // Kernel records seen in all (tests).
 std::uint64_t kernel_records();
+// Windows not opened because the control lock stayed busy (stats).
+std::uint64_t busy_skips();
+// Whether a CUPTI subscription is held now (tests).
+bool subscribed();
 // Tests only: the next init() decides again.
 void reset_for_tests();
 
