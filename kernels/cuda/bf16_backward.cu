@@ -1,5 +1,7 @@
 // Launcher of the fused BF16 attention backward: validation, workspace, the
 // delta pre-pass, and dispatch on (head dim, projection) to the kernel pair.
+// Host code only (every <<<>>> is in bf16_backward_delta.cu and the launch
+// template), so the CPU emulation compiles this file as it is.
 // Math and layouts: kernels/cuda/bf16_backward.h; kernels:
 // kernels/cuda/bf16_backward_kernel.cuh.
 // Build: target gaugewatch_cuda (sm_90a). Run: tests/cuda/bf16_backward_test.cpp.
@@ -17,35 +19,6 @@ namespace bf16 {
 template <int D, Projection P>
 cudaError_t launch(const Args& args, cudaStream_t stream);
 
-namespace {
-
-struct DeltaArgs {
-  const uint16_t* grad_out;
-  const uint16_t* out;
-  int64_t gs[3], os[3];
-  float* delta;
-  int hq, n, d;
-  int64_t rows;  // B * Hq * N
-};
-
-// delta_i = sum_c dO_ic O_ic in FP32 from the BF16 operands: one warp per row,
-// lane-strided partial sums and a fixed shuffle tree (bitwise repeatable).
-__global__ void __launch_bounds__(256) delta_kernel(const DeltaArgs a) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= a.rows) return;
-  const int64_t bh = row / a.n, i = row % a.n;
-  const int64_t b = bh / a.hq, h = bh % a.hq;
-  const uint16_t* go = a.grad_out + b * a.gs[0] + h * a.gs[1] + i * a.gs[2];
-  const uint16_t* o = a.out + b * a.os[0] + h * a.os[1] + i * a.os[2];
-  float sum = 0.0f;
-  for (int col = lane; col < a.d; col += 32) sum += mma::bf16_bits_to_float(go[col]) * mma::bf16_bits_to_float(o[col]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (lane == 0) a.delta[row] = sum;
-}
-
-}  // namespace
 }  // namespace bf16
 
 namespace {
@@ -194,8 +167,7 @@ Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, siz
     da.n = a.n;
     da.d = static_cast<int>(p.head_dim);
     da.rows = rows;
-    bf16::delta_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(da);
-    const cudaError_t err = cudaGetLastError();
+    const cudaError_t err = bf16::launch_delta(da, stream);
     if (err != cudaSuccess) return Status{err, std::string("delta pre-pass launch: ") + cudaGetErrorString(err)};
   }
 

@@ -15,7 +15,6 @@
 //     w owns keys 16 (w % 4).. and head-dim half w / 4 of dK and dV.
 // Build: instantiated in bf16_backward_d{64,128}_{none,gproj,pivot}.cu.
 
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,6 +24,12 @@
 #include "kernels/cuda/masking.cuh"
 
 namespace gaugewatch::gpu::bf16 {
+
+// The block's dynamic shared memory. A macro so that the CPU emulation
+// (tests/cuda/emulation/cuda_runtime.h) can supply its own block storage.
+#ifndef GAUGEWATCH_BF16_SMEM
+#define GAUGEWATCH_BF16_SMEM(name) extern __shared__ __align__(128) uint16_t name[]
+#endif
 
 inline constexpr int kWarps = 8;
 inline constexpr int kThreads = kWarps * 32;
@@ -71,6 +76,19 @@ struct Args {
   int num_segments;
   Bf16RowDiagnostics diag;
 };
+
+struct DeltaArgs {
+  const uint16_t* grad_out;
+  const uint16_t* out;
+  int64_t gs[3], os[3];
+  float* delta;
+  int hq, n, d;
+  int64_t rows;  // B * Hq * N
+};
+
+// Launches delta_kernel (bf16_delta_kernel.cuh) from bf16_backward_delta.cu;
+// the emulation has its own launcher.
+cudaError_t launch_delta(const DeltaArgs& a, cudaStream_t stream);
 
 __device__ __forceinline__ KeyRange row_keys(const Args& a, int row) {
   if (row >= a.n) return {0, 0};
@@ -245,7 +263,7 @@ struct DqSmem {
 
 template <int D, Projection P, int B>
 __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
-  extern __shared__ __align__(128) uint16_t smem[];
+  GAUGEWATCH_BF16_SMEM(smem);
   using L = DqSmem<D>;
   const int tiles = (a.n + kBr - 1) / kBr;
   const int tile = a.causal != 0 ? tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
@@ -275,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
     in.delta[hh] = row < a.n ? a.delta[row_base + row] : 0.0f;
   }
   // Key tiles: from the first row's first visible key to the last row's end.
-  const int last_row = min(i0 + kBr, a.n) - 1;
+  const int last_row = (i0 + kBr < a.n ? i0 + kBr : a.n) - 1;
   const int j_begin = row_keys(a, i0).begin / kBc * kBc;
   const int j_end = row_keys(a, last_row).end;
 
@@ -478,7 +496,7 @@ __device__ __forceinline__ int first_row(int lo, int hi, Pred pred) {
 
 template <int D, Projection P, int B>
 __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
-  extern __shared__ __align__(128) uint16_t smem[];
+  GAUGEWATCH_BF16_SMEM(smem);
   constexpr bool kDB = Occupancy<D, B>::kDoubleBufferQ;
   using L = DkdvSmem<D, P, kDB>;
   // Key tile 0 has the most query rows under causal masking: it goes first.
@@ -497,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
 
   // Query rows that see a key of [j0, j0 + 64): visible ranges are monotone
   // along the rows, so two binary searches bound them.
-  const int j1 = min(j0 + kBc, a.m);
+  const int j1 = j0 + kBc < a.m ? j0 + kBc : a.m;
   const int r_begin = first_row(0, a.n, [&](int r) { return row_keys(a, r).end > j0; });
   const int r_end = first_row(r_begin, a.n, [&](int r) { return row_keys(a, r).begin >= j1; });
   const int t_begin = r_begin / kBr, t_end = r_begin < r_end ? (r_end + kBr - 1) / kBr : t_begin;

@@ -16,10 +16,13 @@
 // row XOR-swizzled by (row % 8): an ldmatrix of 8 rows at one logical chunk
 // then touches 8 distinct bank groups (no conflicts), for W = 64 or 128.
 
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#if !defined(GAUGEWATCH_CUDA_EMULATION)
+#include <cuda_bf16.h>
+#endif
 
 namespace gaugewatch::gpu::mma {
 
@@ -29,6 +32,15 @@ __device__ __forceinline__ int swz(int row, int chunk) {
   static_assert(W % 64 == 0, "swizzle needs at least 8 chunks per row");
   return row * W + ((chunk ^ (row & 7)) << 3);
 }
+
+}  // namespace gaugewatch::gpu::mma
+
+#if defined(GAUGEWATCH_CUDA_EMULATION)
+// CI without a GPU: the same functions on the CPU emulation's warps
+// (tests/cuda/emulation/bf16_mma_emulation.h).
+#include "bf16_mma_emulation.h"
+#else
+namespace gaugewatch::gpu::mma {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -89,3 +101,4 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 
 }  // namespace gaugewatch::gpu::mma
+#endif  // GAUGEWATCH_CUDA_EMULATION

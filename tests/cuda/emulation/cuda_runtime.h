@@ -1,6 +1,7 @@
 #pragma once
-// CPU emulation of the small part of CUDA that kernels/cuda/fp32_backward*
-// and tests/cuda/fp32_backward_test.cpp use: the kernel source compiles as
+// CPU emulation of the small part of CUDA that kernels/cuda/fp32_backward*,
+// kernels/cuda/bf16_backward* (with bf16_mma_emulation.h for the tensor core
+// and ldmatrix instructions) and their tests use: the kernel source compiles as
 // host C++ and each CUDA block runs as 256 std::threads with real barriers
 // (__syncthreads, __syncthreads_or) and warp shuffles. Device memory is host
 // memory. Found before the toolkit's cuda_runtime.h by include order in
@@ -12,9 +13,15 @@
 // the device's own expf/division rounding. The GPU run of
 // gaugewatch_cuda_tests remains the test of record.
 
+#include <math.h>
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+
+// Kernel headers pick their emulated variants (bf16_mma.cuh) with this.
+#define GAUGEWATCH_CUDA_EMULATION 1
 
 #define __global__
 #define __device__
@@ -23,6 +30,7 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define GAUGEWATCH_DYNAMIC_SMEM(name) float4* name = gaugewatch_emulation::dynamic_smem()
+#define GAUGEWATCH_BF16_SMEM(name) uint16_t* name = reinterpret_cast<uint16_t*>(gaugewatch_emulation::dynamic_smem())
 
 struct float4 {
   float x, y, z, w;
@@ -64,6 +72,12 @@ cudaError_t cudaGetLastError();
 void __syncthreads();
 int __syncthreads_or(int predicate);
 float __shfl_xor_sync(unsigned mask, float value, int lane_mask);
+int __shfl_xor_sync(unsigned mask, int value, int lane_mask);
+unsigned __ballot_sync(unsigned mask, int predicate);
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+float __int_as_float(int x);
+int __float_as_int(float x);
+float __uint_as_float(unsigned x);
 int atomicMin(int* address, int value);
 int atomicMax(int* address, int value);
 float4 atomicAdd(float4* address, float4 value);
@@ -75,4 +89,10 @@ T __ldg(const T* ptr) {
 
 namespace gaugewatch_emulation {
 float4* dynamic_smem();
+// Runs `body` as every thread of every block of `grid` (blocks in order).
+void run_grid(dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body);
+// Per-warp scratch (2 KiB) and a barrier of the calling thread's warp: the
+// building blocks of warp-collective instructions (bf16_mma_emulation.h).
+void* warp_scratch();
+void warp_barrier();
 }  // namespace gaugewatch_emulation

@@ -21,10 +21,14 @@ namespace gaugewatch_emulation {
 namespace {
 
 constexpr int kWarp = 32;
+constexpr size_t kScratchWords = 256;  // 2 KiB per warp
 
 struct Block {
   explicit Block(int threads, size_t smem_bytes)
-      : all(threads), shuffle(static_cast<size_t>(threads), 0.0f), smem(smem_bytes / sizeof(float4) + 1) {
+      : all(threads),
+        shuffle(static_cast<size_t>(threads), 0.0f),
+        scratch(static_cast<size_t>(threads / kWarp) * kScratchWords, 0),
+        smem(smem_bytes / sizeof(float4) + 1) {
     for (int w = 0; w < threads / kWarp; ++w) warps.push_back(std::make_unique<std::barrier<>>(kWarp));
     // Shared memory starts as NaN: a read before a write poisons the result.
     for (auto& v : smem) v = make_float4(NAN, NAN, NAN, NAN);
@@ -32,6 +36,7 @@ struct Block {
   std::barrier<> all;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<float> shuffle;
+  std::vector<uint64_t> scratch;  // kScratchWords per warp
   std::atomic<int> any{0};
   std::vector<float4> smem;
 };
@@ -40,7 +45,7 @@ thread_local Block* current = nullptr;
 std::mutex atomic_mutex;
 
 template <class Body>
-void run_grid(dim3 grid, int threads, size_t smem_bytes, Body body) {
+void run_grid_impl(dim3 grid, int threads, size_t smem_bytes, Body body) {
   for (unsigned by = 0; by < grid.y; ++by) {
     for (unsigned bx = 0; bx < grid.x; ++bx) {
       Block block(threads, smem_bytes);
@@ -64,6 +69,17 @@ void run_grid(dim3 grid, int threads, size_t smem_bytes, Body body) {
 
 float4* dynamic_smem() { return current->smem.data(); }
 
+void run_grid(dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body) {
+  run_grid_impl(grid, threads, smem_bytes, body);
+}
+
+void* warp_scratch() {
+  const size_t warp = threadIdx.x / kWarp;
+  return current->scratch.data() + warp * kScratchWords;
+}
+
+void warp_barrier() { current->warps[threadIdx.x / kWarp]->arrive_and_wait(); }
+
 }  // namespace gaugewatch_emulation
 
 using gaugewatch_emulation::current;
@@ -78,6 +94,37 @@ int __syncthreads_or(int predicate) {
   current->all.arrive_and_wait();
   if (threadIdx.x == 0) current->any = 0;  // ordered before the next use by its first barrier
   return result;
+}
+
+int __shfl_xor_sync(unsigned mask, int value, int lane_mask) {
+  return __float_as_int(__shfl_xor_sync(mask, __int_as_float(value), lane_mask));
+}
+
+unsigned __ballot_sync(unsigned /*mask*/, int predicate) {
+  auto* votes = static_cast<uint64_t*>(gaugewatch_emulation::warp_scratch());
+  const int lane = static_cast<int>(threadIdx.x % gaugewatch_emulation::kWarp);
+  votes[lane] = predicate ? 1 : 0;
+  gaugewatch_emulation::warp_barrier();
+  unsigned word = 0;
+  for (int l = 0; l < gaugewatch_emulation::kWarp; ++l) word |= static_cast<unsigned>(votes[l]) << l;
+  gaugewatch_emulation::warp_barrier();
+  return word;
+}
+
+float __int_as_float(int x) {
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+int __float_as_int(float x) {
+  int i;
+  std::memcpy(&i, &x, sizeof i);
+  return i;
+}
+float __uint_as_float(unsigned x) {
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
 }
 
 float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
@@ -158,18 +205,18 @@ cudaError_t launch_fp32_backward(const Args& args, cudaStream_t /*stream*/) {
   using Cfg = typename TileConfig<D>::type;
   const dim3 row_grid(static_cast<unsigned>((args.num_rows + Cfg::kBr - 1) / Cfg::kBr),
                       static_cast<unsigned>(args.num_slices));
-  gaugewatch_emulation::run_grid(row_grid, kThreads, Cfg::kSmemBytes,
+  gaugewatch_emulation::run_grid_impl(row_grid, kThreads, Cfg::kSmemBytes,
                                  [&args] { fp32_backward_rows_kernel<Cfg>(args); });
   const dim3 key_grid(static_cast<unsigned>((args.m + Cfg::kBc - 1) / Cfg::kBc),
                       static_cast<unsigned>(args.batch * args.hkv));
-  gaugewatch_emulation::run_grid(key_grid, kThreads, Cfg::kSmemBytes,
+  gaugewatch_emulation::run_grid_impl(key_grid, kThreads, Cfg::kSmemBytes,
                                  [&args] { fp32_backward_dkdv_kernel<Cfg>(args); });
   return cudaSuccess;
 }
 
 template <int D>
 cudaError_t launch_mean_key(const float* k, float* mu, int64_t heads, int64_t m, cudaStream_t /*stream*/) {
-  gaugewatch_emulation::run_grid(dim3(static_cast<unsigned>(heads)), kThreads, 0,
+  gaugewatch_emulation::run_grid_impl(dim3(static_cast<unsigned>(heads)), kThreads, 0,
                                  [k, mu, m] { mean_key_kernel<D>(k, mu, m); });
   return cudaSuccess;
 }

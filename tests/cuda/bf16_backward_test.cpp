@@ -1,0 +1,322 @@
+// Tests of the fused BF16 backward (kernels/cuda/bf16_backward.h: variants
+// bf16, gproj, pivot) against the CPU reference emulation of the same kernels
+// (kernels/reference/fused_backward_bf16.h, outputs rounded to BF16): every
+// masking mode, packing, GQA, head dims 64 and 128, lengths 1 and ragged, the
+// four-key witness exactly, and the row diagnostics. Outputs are poisoned with
+// NaN first, so an element the kernel forgets to write fails.
+//
+// Two builds of this one source (tests/cuda/CMakeLists.txt):
+//   gaugewatch_cuda_tests            on an sm_90 GPU (skips without one)
+//   gaugewatch_cuda_emulation_tests  the kernel source on the CPU emulation
+//                                    (tests/cuda/emulation), in CI
+// The two implementations differ from the reference only in FP32 summation
+// order and the final rounding, far below the BF16 error both carry.
+
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <ostream>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/bf16_backward.h"
+#include "kernels/reference/attention_problem.h"
+#include "kernels/reference/bf16.h"
+#include "kernels/reference/fused_backward_bf16.h"
+#include "kernels/reference/fused_forward_bf16.h"
+#include "tests/cuda/device_support.h"
+
+namespace gaugewatch {
+namespace {
+
+namespace ref = gaugewatch::reference;
+using testing_cuda::DeviceBuffer;
+
+struct Bf16Case {
+  std::string name;
+  ref::AttentionShape shape;
+  ref::CausalMode causal = ref::CausalMode::kNone;
+  std::vector<int64_t> cu_q, cu_k;
+  float key_offset = 0.0f;  // common offset of every key (per coordinate, normal)
+  float q_gain = 1.0f;
+  uint64_t seed = 3;
+};
+
+void PrintTo(const Bf16Case& c, std::ostream* os) { *os << c.name; }
+
+ref::AttentionInputs make_inputs(const Bf16Case& c) {
+  ref::AttentionInputs in;
+  in.shape = c.shape;
+  in.causal = c.causal;
+  in.cu_seqlens_q = c.cu_q;
+  in.cu_seqlens_k = c.cu_k;
+  in.scale = 1.0 / std::sqrt(static_cast<double>(c.shape.head_dim));
+  std::mt19937_64 rng(c.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& x, int64_t n, float gain) {
+    x.resize(static_cast<size_t>(n));
+    for (auto& e : x) e = ref::round_bf16(gain * normal(rng));
+  };
+  const auto& s = c.shape;
+  fill(in.q, s.q_elements(), c.q_gain);
+  fill(in.k, s.kv_elements(), 1.0f);
+  fill(in.v, s.kv_elements(), 1.0f);
+  fill(in.grad_out, s.q_elements(), 1.0f);
+  if (c.key_offset != 0.0f) {
+    std::vector<float> offset(static_cast<size_t>(s.head_dim));
+    for (auto& e : offset) e = c.key_offset * normal(rng);
+    for (size_t i = 0; i < in.k.size(); ++i) in.k[i] = ref::round_bf16(in.k[i] + offset[i % offset.size()]);
+  }
+  return in;
+}
+
+std::vector<uint16_t> to_bits(const std::vector<float>& x) {
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t u = 0;
+    std::memcpy(&u, &x[i], sizeof u);
+    bits[i] = static_cast<uint16_t>(u >> 16);  // BF16-valued floats: exact
+  }
+  return bits;
+}
+
+std::vector<float> from_bits(const std::vector<uint16_t>& bits) {
+  std::vector<float> x(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(&x[i], &u, sizeof u);
+  }
+  return x;
+}
+
+std::vector<int32_t> to_int32(const std::vector<int64_t>& x) { return std::vector<int32_t>(x.begin(), x.end()); }
+
+gpu::CausalMode to_gpu(ref::CausalMode mode) {
+  switch (mode) {
+    case ref::CausalMode::kTopLeft: return gpu::CausalMode::kTopLeft;
+    case ref::CausalMode::kBottomRight: return gpu::CausalMode::kBottomRight;
+    default: return gpu::CausalMode::kNone;
+  }
+}
+
+struct KernelRun {
+  gpu::Status status;
+  ref::Gradients grads;
+  std::vector<float> row_mass, p_max, logit_abs_max;
+  std::vector<int32_t> pivot;
+};
+
+KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& saved, gpu::Projection projection) {
+  const auto& sh = in.shape;
+  DeviceBuffer<uint16_t> q(to_bits(in.q)), k(to_bits(in.k)), v(to_bits(in.v)), go(to_bits(in.grad_out));
+  DeviceBuffer<uint16_t> out(to_bits(saved.out));
+  DeviceBuffer<float> lse(saved.lse);
+  DeviceBuffer<uint16_t> dq(static_cast<size_t>(sh.q_elements())), dk(static_cast<size_t>(sh.kv_elements())),
+      dv(static_cast<size_t>(sh.kv_elements()));
+  dq.poison();
+  dk.poison();
+  dv.poison();
+  const size_t rows = static_cast<size_t>(sh.q_rows());
+  DeviceBuffer<float> row_mass(rows), p_max(rows), logit_abs_max(rows);
+  DeviceBuffer<int32_t> pivot(rows), cu_q(to_int32(in.cu_seqlens_q)), cu_k(to_int32(in.cu_seqlens_k));
+
+  gpu::Bf16BackwardParams p;
+  p.q = q.get();
+  p.k = k.get();
+  p.v = v.get();
+  p.out = out.get();
+  p.grad_out = go.get();
+  p.lse = lse.get();
+  p.dq = dq.get();
+  p.dk = dk.get();
+  p.dv = dv.get();
+  p.batch = sh.batch;
+  p.q_heads = sh.q_heads;
+  p.kv_heads = sh.kv_heads;
+  p.q_len = sh.q_len;
+  p.kv_len = sh.kv_len;
+  p.head_dim = sh.head_dim;
+  p.scale = static_cast<float>(in.scale);
+  p.causal = to_gpu(in.causal);
+  p.projection = projection;
+  p.set_contiguous_strides();
+  if (in.packed()) {
+    p.cu_seqlens_q = cu_q.get();
+    p.cu_seqlens_k = cu_k.get();
+    p.num_segments = static_cast<int64_t>(in.cu_seqlens_q.size()) - 1;
+  }
+  if (projection == gpu::Projection::kNone) {
+    p.diagnostics.row_mass = row_mass.get();
+    p.diagnostics.p_max = p_max.get();
+    p.diagnostics.logit_abs_max = logit_abs_max.get();
+    p.diagnostics.pivot = pivot.get();
+  }
+  KernelRun run;
+  const size_t ws_bytes = gpu::bf16_backward_workspace_bytes(p);
+  DeviceBuffer<unsigned char> workspace(ws_bytes);
+  run.status = gpu::bf16_attention_backward(p, workspace.get(), ws_bytes, nullptr);
+  const cudaError_t sync = cudaDeviceSynchronize();
+  if (run.status.ok() && sync != cudaSuccess) {
+    run.status = gpu::Status{sync, std::string("kernel failed: ") + cudaGetErrorString(sync)};
+  }
+  run.grads.dq = from_bits(dq.download());
+  run.grads.dk = from_bits(dk.download());
+  run.grads.dv = from_bits(dv.download());
+  if (projection == gpu::Projection::kNone) {
+    run.row_mass = row_mass.download();
+    run.p_max = p_max.download();
+    run.logit_abs_max = logit_abs_max.download();
+    run.pivot = pivot.download();
+  }
+  return run;
+}
+
+double relative(const std::vector<float>& x, const std::vector<float>& ref_values) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double d = static_cast<double>(x[i]) - ref_values[i];
+    num += d * d;
+    den += static_cast<double>(ref_values[i]) * ref_values[i];
+  }
+  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+const ref::Gradients& reference_of(const ref::FusedBackward& fused, gpu::Projection projection) {
+  switch (projection) {
+    case gpu::Projection::kGproj: return fused.gproj;
+    case gpu::Projection::kPivot: return fused.pivot;
+    default: return fused.plain;
+  }
+}
+
+const char* name_of(gpu::Projection projection) {
+  switch (projection) {
+    case gpu::Projection::kGproj: return "gproj";
+    case gpu::Projection::kPivot: return "pivot";
+    default: return "bf16";
+  }
+}
+
+class Bf16BackwardCase : public ::testing::TestWithParam<Bf16Case> {};
+
+TEST_P(Bf16BackwardCase, MatchesReferenceEmulation) {
+  SKIP_WITHOUT_GPU();
+  const Bf16Case& c = GetParam();
+  const ref::AttentionInputs in = make_inputs(c);
+  const ref::SavedForward saved = ref::forward_fused_bf16(in);
+  const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kGproj, gpu::Projection::kPivot}) {
+    SCOPED_TRACE(name_of(projection));
+    const KernelRun got = run_kernel(in, saved, projection);
+    ASSERT_TRUE(got.status.ok()) << got.status.message;
+    const ref::Gradients& expect = reference_of(want, projection);
+    const double eq = relative(got.grads.dq, expect.dq), ek = relative(got.grads.dk, expect.dk),
+                 ev = relative(got.grads.dv, expect.dv);
+    std::printf("[ %s %s ] vs reference emulation: dq %.2e dk %.2e dv %.2e\n", c.name.c_str(), name_of(projection),
+                eq, ek, ev);
+    // The unprojected leak rho_i mu_k follows the last bit of every t (the
+    // summation order of S): on sink-like inputs only its size is comparable.
+    const bool leak_dominated = projection == gpu::Projection::kNone && c.key_offset != 0.0f;
+    if (!leak_dominated) {
+      EXPECT_LE(eq, 2e-2);
+    }
+    EXPECT_LE(ek, 2e-2);
+    EXPECT_LE(ev, 2e-2);
+    for (const auto* g : {&got.grads.dq, &got.grads.dk, &got.grads.dv}) {
+      for (float x : *g) ASSERT_TRUE(std::isfinite(x)) << "an output element was not written";
+    }
+    if (projection == gpu::Projection::kNone) {
+      for (size_t i = 0; i < got.p_max.size(); ++i) {
+        const float want_p = want.rows.pivot[i] < 0 ? 0.0f : want.rows.p_max[i];
+        // With keys offset by ~200 the partial sums of s = q.k reach ~|q||k|
+        // (1e5), far above s itself: the two summation orders of S differ by
+        // a few ulps of that, ~1e-3 in a probability. Elsewhere 1e-4.
+        const double tolerance = c.key_offset != 0.0f ? 5e-3 : 1e-4;
+        EXPECT_NEAR(got.p_max[i], want_p, tolerance) << "row " << i;
+        EXPECT_NEAR(got.logit_abs_max[i], want.rows.logit_abs_max[i], 1e-5 * (1.0 + want.rows.logit_abs_max[i]));
+        EXPECT_EQ(got.pivot[i] < 0, want.rows.pivot[i] < 0) << "row " << i;
+      }
+    }
+  }
+}
+
+Bf16Case make_case(std::string name, ref::AttentionShape shape, ref::CausalMode causal = ref::CausalMode::kNone) {
+  Bf16Case c;
+  c.name = std::move(name);
+  c.shape = shape;
+  c.causal = causal;
+  return c;
+}
+
+std::vector<Bf16Case> cases() {
+  using CM = ref::CausalMode;
+  std::vector<Bf16Case> out;
+  out.push_back(make_case("noncausal_d64", {1, 2, 2, 70, 90, 64}));
+  out.push_back(make_case("top_left_multi_tile", {1, 2, 1, 130, 70, 64}, CM::kTopLeft));
+  out.push_back(make_case("bottom_right_empty_rows_d128", {1, 1, 1, 90, 40, 128}, CM::kBottomRight));
+  out.push_back(make_case("gqa_top_left", {2, 4, 2, 65, 65, 64}, CM::kTopLeft));
+  out.push_back(make_case("one_row_one_key", {1, 1, 1, 1, 1, 64}));
+  Bf16Case packed = make_case("packed_d128", {1, 2, 2, 100, 90, 128}, CM::kTopLeft);
+  packed.cu_q = {0, 1, 60, 60, 100};
+  packed.cu_k = {0, 30, 31, 50, 90};
+  out.push_back(packed);
+  Bf16Case sink = make_case("sinklike", {1, 2, 2, 96, 96, 64}, CM::kTopLeft);
+  sink.key_offset = 200.0f;
+  sink.q_gain = 20.0f;
+  out.push_back(sink);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Bf16BackwardCase, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Bf16Case>& param) { return param.param.name; });
+
+// The four-key witness of NUMERICS.md: bf16 gives -24 in the offset
+// coordinate, gproj and pivot exactly 0 (the truth).
+TEST(Bf16Backward, FourKeyWitness) {
+  SKIP_WITHOUT_GPU();
+  ref::AttentionInputs in;
+  const int64_t d = 64;
+  in.shape = {1, 1, 1, 1, 4, d};
+  in.scale = 0.125;
+  in.q.assign(d, 0.0f);
+  in.k.assign(4 * d, 0.0f);
+  in.v.assign(4 * d, 0.0f);
+  in.grad_out.assign(d, 0.0f);
+  for (int64_t j = 0; j < 4; ++j) {
+    in.k[j * d] = 65536.0f;
+    in.k[j * d + 1] = static_cast<float>(j);
+  }
+  in.v[0] = 4.0f;
+  in.v[1] = 3.0f / 256;
+  in.v[d] = -4.0f;
+  in.v[2 * d + 1] = -3.0f / 256;
+  in.grad_out[0] = in.grad_out[1] = 1.0f;
+  const ref::SavedForward saved = ref::forward_fused_bf16(in);
+  EXPECT_EQ(run_kernel(in, saved, gpu::Projection::kNone).grads.dq[0], -24.0f);
+  EXPECT_EQ(run_kernel(in, saved, gpu::Projection::kGproj).grads.dq[0], 0.0f);
+  EXPECT_EQ(run_kernel(in, saved, gpu::Projection::kPivot).grads.dq[0], 0.0f);
+}
+
+TEST(Bf16Backward, RejectsUnsupportedInputsWithReasons) {
+  gpu::Bf16BackwardParams p;
+  p.head_dim = 96;
+  EXPECT_NE(gpu::validate(p).message.find("head_dim 96"), std::string::npos);
+  p.head_dim = 64;
+  p.q_heads = 3;
+  p.kv_heads = 2;
+  EXPECT_NE(gpu::validate(p).message.find("does not divide"), std::string::npos);
+  p.q_heads = p.kv_heads = 1;
+  float sink = 0.0f;
+  p.diagnostics.p_max = &sink;
+  p.projection = gpu::Projection::kGproj;
+  EXPECT_NE(gpu::validate(p).message.find("bf16 variant"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gaugewatch
