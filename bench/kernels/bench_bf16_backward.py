@@ -20,14 +20,13 @@ Writes $GAUGEWATCH_BENCH_OUT/bench_bf16_backward.json when that is set (device.s
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[2]
+from _common import find_library, time_ms
 
 SHAPES = [
     # name, B, Hq, Hkv, N, d, causal
@@ -37,32 +36,6 @@ SHAPES = [
     ("B4_Hq32_Hkv8_N4096_d128_causal_gqa", 4, 32, 8, 4096, 128, True),
 ]
 GW = ("bf16", "gproj", "pivot", "fp32")
-
-
-def find_library():
-    env = os.environ.get("GAUGEWATCH_OPS_LIB")
-    if env:
-        return env
-    build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
-    for path in (build / "lib" / "libgaugewatch_ops.so", build / "kernels" / "torch" / "libgaugewatch_ops.so"):
-        if path.is_file():
-            return str(path)
-    return None
-
-
-def time_ms(fn, inputs, reps, warmup=3):
-    for i in range(warmup):
-        fn(inputs[i % len(inputs)])
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(inputs[i % len(inputs)])
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def kernel_breakdown(ops, x, causal, calls=3):
@@ -149,7 +122,7 @@ def main():
                 graphs = [prepare(x) for x in inputs]
                 row[f"sdpa_{backend}_ms"] = time_ms(
                     lambda gph: torch.autograd.grad(gph["o"], gph["inputs"], gph["do"], retain_graph=True), graphs,
-                    args.reps)
+                    args.reps, warmup=3)
                 del graphs
             except RuntimeError as exc:  # a backend that refuses the shape (e.g. flash with GQA views)
                 row[f"sdpa_{backend}_ms"] = None
@@ -169,7 +142,8 @@ def main():
             for backend in ("bf16", "pivot"):
                 row[f"gw_{backend}_2blk_ms"] = time_ms(
                     lambda x, b=backend: ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"],
-                                                                is_causal=causal, backend=b), inputs, args.reps)
+                                                                is_causal=causal, backend=b), inputs, args.reps,
+                    warmup=3)
             del os.environ["GAUGEWATCH_BF16_BLOCKS_PER_SM"]
         row["kernels_us"] = kernel_breakdown(ops, inputs[0], causal)
         cudnn = row.get("sdpa_cudnn_ms")

@@ -20,14 +20,13 @@ Library: $GAUGEWATCH_OPS_LIB, else $GAUGEWATCH_BUILD_DIR (default build/)/lib/li
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[2]
+from _common import find_library, time_ms
 
 SHAPES = [
     # name, B, Hq, Hkv, N, d, causal
@@ -36,32 +35,6 @@ SHAPES = [
     ("B2_H16_N8192_d128", 2, 16, 16, 8192, 128, False),
     ("B4_Hq32_Hkv8_N4096_d128_causal_gqa", 4, 32, 8, 4096, 128, True),
 ]
-
-
-def find_library():
-    env = os.environ.get("GAUGEWATCH_OPS_LIB")
-    if env:
-        return env
-    build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
-    for path in (build / "lib" / "libgaugewatch_ops.so", build / "kernels" / "torch" / "libgaugewatch_ops.so"):
-        if path.is_file():
-            return str(path)
-    return None
-
-
-def time_ms(fn, inputs, reps, warmup=2):
-    for i in range(warmup):
-        fn(inputs[i % len(inputs)])
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(inputs[i % len(inputs)])
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def make_inputs(B, Hq, Hkv, N, d, seed):

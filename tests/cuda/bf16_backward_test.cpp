@@ -31,6 +31,7 @@
 #include "kernels/reference/fused_backward_bf16.h"
 #include "kernels/reference/fused_forward_bf16.h"
 #include "tests/cuda/device_support.h"
+#include "tests/cuda/problem_support.h"
 
 namespace gaugewatch {
 namespace {
@@ -38,72 +39,12 @@ namespace {
 namespace ref = gaugewatch::reference;
 using testing_cuda::DeviceBuffer;
 
-struct Bf16Case {
-  std::string name;
-  ref::AttentionShape shape;
-  ref::CausalMode causal = ref::CausalMode::kNone;
-  std::vector<int64_t> cu_q, cu_k;
-  float key_offset = 0.0f;  // common offset of every key (per coordinate, normal)
-  float q_gain = 1.0f;
-  uint64_t seed = 3;
-};
-
-void PrintTo(const Bf16Case& c, std::ostream* os) { *os << c.name; }
-
-ref::AttentionInputs make_inputs(const Bf16Case& c) {
-  ref::AttentionInputs in;
-  in.shape = c.shape;
-  in.causal = c.causal;
-  in.cu_seqlens_q = c.cu_q;
-  in.cu_seqlens_k = c.cu_k;
-  in.scale = 1.0 / std::sqrt(static_cast<double>(c.shape.head_dim));
-  std::mt19937_64 rng(c.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto fill = [&](std::vector<float>& x, int64_t n, float gain) {
-    x.resize(static_cast<size_t>(n));
-    for (auto& e : x) e = ref::round_bf16(gain * normal(rng));
-  };
-  const auto& s = c.shape;
-  fill(in.q, s.q_elements(), c.q_gain);
-  fill(in.k, s.kv_elements(), 1.0f);
-  fill(in.v, s.kv_elements(), 1.0f);
-  fill(in.grad_out, s.q_elements(), 1.0f);
-  if (c.key_offset != 0.0f) {
-    std::vector<float> offset(static_cast<size_t>(s.head_dim));
-    for (auto& e : offset) e = c.key_offset * normal(rng);
-    for (size_t i = 0; i < in.k.size(); ++i) in.k[i] = ref::round_bf16(in.k[i] + offset[i % offset.size()]);
-  }
-  return in;
-}
-
-std::vector<uint16_t> to_bits(const std::vector<float>& x) {
-  std::vector<uint16_t> bits(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    uint32_t u = 0;
-    std::memcpy(&u, &x[i], sizeof u);
-    bits[i] = static_cast<uint16_t>(u >> 16);  // BF16-valued floats: exact
-  }
-  return bits;
-}
-
-std::vector<float> from_bits(const std::vector<uint16_t>& bits) {
-  std::vector<float> x(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) {
-    const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
-    std::memcpy(&x[i], &u, sizeof u);
-  }
-  return x;
-}
-
-std::vector<int32_t> to_int32(const std::vector<int64_t>& x) { return std::vector<int32_t>(x.begin(), x.end()); }
-
-gpu::CausalMode to_gpu(ref::CausalMode mode) {
-  switch (mode) {
-    case ref::CausalMode::kTopLeft: return gpu::CausalMode::kTopLeft;
-    case ref::CausalMode::kBottomRight: return gpu::CausalMode::kBottomRight;
-    default: return gpu::CausalMode::kNone;
-  }
-}
+using Bf16Case = testing_cuda::KernelCase;
+using testing_cuda::from_bf16_bits;
+using testing_cuda::make_inputs;
+using testing_cuda::to_bf16_bits;
+using testing_cuda::to_gpu;
+using testing_cuda::to_int32;
 
 struct KernelRun {
   gpu::Status status;
@@ -114,8 +55,8 @@ struct KernelRun {
 
 KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& saved, gpu::Projection projection) {
   const auto& sh = in.shape;
-  DeviceBuffer<uint16_t> q(to_bits(in.q)), k(to_bits(in.k)), v(to_bits(in.v)), go(to_bits(in.grad_out));
-  DeviceBuffer<uint16_t> out(to_bits(saved.out));
+  DeviceBuffer<uint16_t> q(to_bf16_bits(in.q)), k(to_bf16_bits(in.k)), v(to_bf16_bits(in.v)), go(to_bf16_bits(in.grad_out));
+  DeviceBuffer<uint16_t> out(to_bf16_bits(saved.out));
   DeviceBuffer<float> lse(saved.lse);
   DeviceBuffer<uint16_t> dq(static_cast<size_t>(sh.q_elements())), dk(static_cast<size_t>(sh.kv_elements())),
       dv(static_cast<size_t>(sh.kv_elements()));
@@ -165,9 +106,9 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   if (run.status.ok() && sync != cudaSuccess) {
     run.status = gpu::Status{sync, std::string("kernel failed: ") + cudaGetErrorString(sync)};
   }
-  run.grads.dq = from_bits(dq.download());
-  run.grads.dk = from_bits(dk.download());
-  run.grads.dv = from_bits(dv.download());
+  run.grads.dq = from_bf16_bits(dq.download());
+  run.grads.dk = from_bf16_bits(dk.download());
+  run.grads.dv = from_bf16_bits(dv.download());
   if (projection == gpu::Projection::kNone) {
     run.row_mass = row_mass.download();
     run.p_max = p_max.download();
@@ -251,6 +192,7 @@ Bf16Case make_case(std::string name, ref::AttentionShape shape, ref::CausalMode 
   c.name = std::move(name);
   c.shape = shape;
   c.causal = causal;
+  c.seed = 3;
   return c;
 }
 

@@ -33,6 +33,8 @@
 #include "kernels/reference/metric_catalogue.h"
 #include "kernels/reference/metrics.h"
 #include "kernels/reference/vector_math.h"
+#include "tests/cuda/device_support.h"
+#include "tests/cuda/problem_support.h"
 
 #ifdef GAUGEWATCH_METRICS_EMULATION
 // CPU emulation: this translation unit is the whole emulated runtime (the
@@ -97,125 +99,14 @@ using ref::MetricId;
 static_assert(gpu::kMetricCount == ref::kMetricCount);
 
 // Why no test can run, or "" when a CUDA device is present.
-std::string gpu_unavailable_reason() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(err);
-  if (count == 0) return "no CUDA device";
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cudaGetDeviceProperties failed";
-  if (prop.major < 9) return "kernels are built for sm_90a; device is sm_" + std::to_string(prop.major * 10 + prop.minor);
-  return "";
-}
+using testing_cuda::Case;
+using testing_cuda::DeviceBuffer;
+using testing_cuda::make_inputs;
+using testing_cuda::shape;
+using testing_cuda::to_bf16_bits;
+using testing_cuda::to_gpu;
+using testing_cuda::to_int32;
 
-#define SKIP_WITHOUT_GPU()                               \
-  do {                                                   \
-    const std::string reason = gpu_unavailable_reason(); \
-    if (!reason.empty()) {                               \
-      GTEST_SKIP() << reason;                            \
-    }                                                    \
-  } while (0)
-
-template <typename T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t count) : count_(count) {
-    if (count_ > 0) {
-      const cudaError_t err = cudaMalloc(&ptr_, count_ * sizeof(T));
-      EXPECT_EQ(err, cudaSuccess) << "cudaMalloc: " << cudaGetErrorString(err);
-      if (err != cudaSuccess) ptr_ = nullptr;
-    }
-  }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
-    if (count_ > 0 && ptr_ != nullptr) {
-      EXPECT_EQ(cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  T* get() const { return ptr_; }
-  std::vector<T> download() const {
-    std::vector<T> host(count_);
-    if (count_ > 0 && ptr_ != nullptr) {
-      EXPECT_EQ(cudaMemcpy(host.data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-    return host;
-  }
-  void poison() {  // all bytes 0xff: NaN
-    if (count_ > 0 && ptr_ != nullptr) {
-      EXPECT_EQ(cudaMemset(ptr_, 0xff, count_ * sizeof(T)), cudaSuccess);
-    }
-  }
-
- private:
-  size_t count_ = 0;
-  T* ptr_ = nullptr;
-};
-
-struct Case {
-  std::string name;
-  ref::AttentionShape shape;
-  ref::CausalMode causal = ref::CausalMode::kNone;
-  std::vector<int64_t> cu_q, cu_k;
-  float key_offset = 0.0f;  // RMS of a common key offset
-  float q_gain = 1.0f;      // sharper attention
-  uint64_t seed = 1;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-ref::AttentionShape shape(int64_t b, int64_t hq, int64_t hkv, int64_t n, int64_t m, int64_t d) {
-  ref::AttentionShape s;
-  s.batch = b;
-  s.q_heads = hq;
-  s.kv_heads = hkv;
-  s.q_len = n;
-  s.kv_len = m;
-  s.head_dim = d;
-  return s;
-}
-
-ref::AttentionInputs make_inputs(const Case& c) {
-  ref::AttentionInputs in;
-  in.shape = c.shape;
-  in.causal = c.causal;
-  in.cu_seqlens_q = c.cu_q;
-  in.cu_seqlens_k = c.cu_k;
-  in.scale = 1.0 / std::sqrt(static_cast<double>(c.shape.head_dim));
-  std::mt19937_64 rng(c.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto fill = [&](std::vector<float>& t, int64_t n, float gain) {
-    t.resize(static_cast<size_t>(n));
-    for (auto& x : t) x = ref::round_bf16(gain * normal(rng));
-  };
-  fill(in.q, c.shape.q_elements(), c.q_gain);
-  fill(in.k, c.shape.kv_elements(), 1.0f);
-  fill(in.v, c.shape.kv_elements(), 1.0f);
-  fill(in.grad_out, c.shape.q_elements(), 1.0f);
-  if (c.key_offset != 0.0f) {
-    std::vector<float> offset(static_cast<size_t>(c.shape.head_dim));
-    for (auto& x : offset) x = c.key_offset * normal(rng);
-    for (size_t i = 0; i < in.k.size(); ++i) in.k[i] = ref::round_bf16(in.k[i] + offset[i % offset.size()]);
-  }
-  in.validate();
-  return in;
-}
-
-gpu::CausalMode to_gpu(ref::CausalMode mode) {
-  switch (mode) {
-    case ref::CausalMode::kTopLeft: return gpu::CausalMode::kTopLeft;
-    case ref::CausalMode::kBottomRight: return gpu::CausalMode::kBottomRight;
-    default: return gpu::CausalMode::kNone;
-  }
-}
-
-std::vector<uint16_t> to_bf16_bits(const std::vector<float>& x) {
-  std::vector<uint16_t> bits(x.size());
-  for (size_t i = 0; i < x.size(); ++i) bits[i] = ref::float_to_bf16_bits(x[i]);
-  return bits;
-}
 
 // The reference's translated operands (reference::gauge_violation, restated).
 struct Translated {
@@ -271,7 +162,6 @@ gpu::MetricsShape metrics_shape(const ref::AttentionInputs& in, const int32_t* c
   return s;
 }
 
-std::vector<int32_t> to_int32(const std::vector<int64_t>& v) { return std::vector<int32_t>(v.begin(), v.end()); }
 
 struct TranslateResult {
   gpu::Status status;

@@ -19,34 +19,13 @@ Tolerances, per metric family:
 """
 
 import math
-import os
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _find_library():
-    env = os.environ.get("GAUGEWATCH_OPS_LIB")
-    if env:
-        return env if Path(env).is_file() else None
-    build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
-    for path in (build / "lib" / "libgaugewatch_ops.so", build / "kernels" / "torch" / "libgaugewatch_ops.so"):
-        if path.is_file():
-            return str(path)
-    return None
-
-
-_LIB = _find_library()
-if _LIB is None:
-    pytest.skip(
-        "libgaugewatch_ops.so is not built (set GAUGEWATCH_OPS_LIB, or build target gaugewatch_ops into build/)",
-        allow_module_level=True,
-    )
-torch.ops.load_library(_LIB)
-ops = torch.ops.gaugewatch
+# The library loading (and its skip when unbuilt) and the masking rule are
+# test_ops.py's.
+from test_ops import ops, visible_mask  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -56,20 +35,6 @@ EXACT_FAMILY = {
     "key_offset_median", "key_offset_max", "key_spread_median", "key_offset_spread_ratio_median",
     "key_offset_spread_ratio_max", "key_rms", "logit_abs_max",
 }
-
-
-def visible_mask(N, M, causal, alignment, cu_q, cu_k):
-    """(N, M) bool: which keys each query row sees (attention_problem.h semantics)."""
-    mask = torch.zeros(N, M, dtype=torch.bool)
-    segments = list(zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])) if cu_q is not None else [(0, N, 0, M)]
-    for q0, q1, k0, k1 in segments:
-        nq, mk = q1 - q0, k1 - k0
-        for i in range(nq):
-            end = mk
-            if causal:
-                end = min(i + 1, mk) if alignment == "top_left" else max(0, min(mk, i + 1 + mk - nq))
-            mask[q0 + i, k0:k0 + end] = True
-    return mask
 
 
 def problem(B=1, Hq=2, Hkv=2, N=64, M=64, d=64, causal=False, alignment="top_left", cu_q=None, cu_k=None,

@@ -1,0 +1,38 @@
+"""Shared by the kernel benchmarks (the leading underscore keeps
+scripts/device.sh from running it): where the ops library is, and how one
+call is timed (CUDA events, warm-up, median over inputs rotated between calls
+so that L2 does not carry one call's operands into the next)."""
+
+import os
+import statistics
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def find_library():
+    env = os.environ.get("GAUGEWATCH_OPS_LIB")
+    if env:
+        return env
+    build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
+    for path in (build / "lib" / "libgaugewatch_ops.so", build / "kernels" / "torch" / "libgaugewatch_ops.so"):
+        if path.is_file():
+            return str(path)
+    return None
+
+
+def time_ms(fn, inputs, reps, warmup=2):
+    for i in range(warmup):
+        fn(inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(inputs[i % len(inputs)])
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)

@@ -1,0 +1,155 @@
+// Filling the kernels' parameter blocks from checked tensors (cuda_launch.h).
+
+#include "kernels/torch/cuda_launch.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+
+namespace gaugewatch::torch_ops {
+namespace {
+
+at::Tensor checked_offsets(const at::Tensor& t, int64_t length, const char* name, const at::Tensor& q) {
+  if (t.device().is_cpu()) {
+    const at::Tensor l = t.to(at::kLong).contiguous();
+    const int64_t* p = l.data_ptr<int64_t>();
+    const int64_t n = l.numel();
+    TORCH_CHECK(p[0] == 0 && p[n - 1] == length, "gaugewatch: ", name, " must start at 0 and end at ", length,
+                ", got ", p[0], " .. ", p[n - 1]);
+    for (int64_t i = 1; i < n; ++i) {
+      TORCH_CHECK(p[i] >= p[i - 1], "gaugewatch: ", name, " must be non-decreasing");
+    }
+  }
+  return t.to(q.device(), at::kInt).contiguous();
+}
+
+// Element strides (batch, head, row) of a (B, H, L, d) BF16 operand, taken as
+// it is when its rows are contiguous and 16-byte aligned (SDPA's transposed
+// (B, L, H, d) views qualify), otherwise from a contiguous copy. A dimension
+// of size 1 is never stepped along: its stride is irrelevant.
+at::Tensor kernel_operand(const at::Tensor& t, int64_t (&strides)[3]) {
+  auto stride_of = [](const at::Tensor& x, int i) { return x.size(i) > 1 ? x.stride(i) : int64_t{0}; };
+  bool usable = (t.size(3) <= 1 || t.stride(3) == 1) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int i = 0; i < 3; ++i) usable = usable && stride_of(t, i) % 8 == 0;
+  const at::Tensor u = usable ? t : t.contiguous();
+  for (int i = 0; i < 3; ++i) strides[i] = stride_of(u, i);
+  return u;
+}
+
+at::Tensor workspace_of(const at::Tensor& like, size_t bytes) {
+  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+// The shape, scale, masking and packing fields both parameter blocks share.
+template <class Params>
+void fill_problem(Params& p, const AttentionCall& call, const DeviceOffsets& offsets) {
+  const auto& sh = call.shape;
+  p.batch = sh.batch;
+  p.q_heads = sh.q_heads;
+  p.kv_heads = sh.kv_heads;
+  p.q_len = sh.q_len;
+  p.kv_len = sh.kv_len;
+  p.head_dim = sh.head_dim;
+  p.scale = static_cast<float>(call.scale);
+  p.causal = to_gpu(call.causal);
+  if (offsets.q.defined()) {
+    p.cu_seqlens_q = offsets.q.data_ptr<int32_t>();
+    p.cu_seqlens_k = offsets.k.data_ptr<int32_t>();
+    p.num_segments = offsets.segments();
+  }
+}
+
+}  // namespace
+
+gpu::CausalMode to_gpu(reference::CausalMode mode) {
+  switch (mode) {
+    case reference::CausalMode::kTopLeft: return gpu::CausalMode::kTopLeft;
+    case reference::CausalMode::kBottomRight: return gpu::CausalMode::kBottomRight;
+    default: return gpu::CausalMode::kNone;
+  }
+}
+
+DeviceOffsets device_offsets(const AttentionCall& call, const std::optional<at::Tensor>& cu_seqlens_q,
+                             const std::optional<at::Tensor>& cu_seqlens_k, const at::Tensor& q) {
+  DeviceOffsets d;
+  if (call.packed) {
+    d.q = checked_offsets(*cu_seqlens_q, call.shape.q_len, "cu_seqlens_q", q);
+    d.k = checked_offsets(*cu_seqlens_k, call.shape.kv_len, "cu_seqlens_k", q);
+  }
+  return d;
+}
+
+Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection, const at::Tensor& grad_out,
+                          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                          const at::Tensor& lse, const DeviceOffsets& offsets, const gpu::Bf16RowDiagnostics& diag,
+                          cudaStream_t stream) {
+  gpu::Bf16BackwardParams p;
+  const at::Tensor qk = kernel_operand(q, p.q_strides);
+  const at::Tensor kk = kernel_operand(k, p.k_strides);
+  const at::Tensor vk = kernel_operand(v, p.v_strides);
+  const at::Tensor ok = kernel_operand(out, p.out_strides);
+  const at::Tensor gk = kernel_operand(grad_out, p.grad_out_strides);
+  const at::Tensor lk = lse.stride(2) == 1 ? lse : lse.contiguous();
+  p.lse_strides[0] = lk.stride(0);
+  p.lse_strides[1] = lk.stride(1);
+  p.q = static_cast<const uint16_t*>(qk.data_ptr());
+  p.k = static_cast<const uint16_t*>(kk.data_ptr());
+  p.v = static_cast<const uint16_t*>(vk.data_ptr());
+  p.out = static_cast<const uint16_t*>(ok.data_ptr());
+  p.grad_out = static_cast<const uint16_t*>(gk.data_ptr());
+  p.lse = lk.data_ptr<float>();
+  const auto contiguous = at::MemoryFormat::Contiguous;
+  at::Tensor dq = at::empty(q.sizes(), q.options().memory_format(contiguous));
+  at::Tensor dk = at::empty(k.sizes(), k.options().memory_format(contiguous));
+  at::Tensor dv = at::empty(v.sizes(), v.options().memory_format(contiguous));
+  p.dq = static_cast<uint16_t*>(dq.data_ptr());
+  p.dk = static_cast<uint16_t*>(dk.data_ptr());
+  p.dv = static_cast<uint16_t*>(dv.data_ptr());
+  fill_problem(p, call, offsets);
+  p.projection = projection;
+  p.deterministic = true;  // the kernel has no atomics: always bit-repeatable
+  p.diagnostics = diag;
+  const size_t bytes = gpu::bf16_backward_workspace_bytes(p);
+  const at::Tensor workspace = workspace_of(q, bytes);
+  const gpu::Status status = gpu::bf16_attention_backward(p, workspace.data_ptr(), bytes, stream);
+  TORCH_CHECK(status.ok(), "gaugewatch: CUDA fused BF16 backward failed: ", status.message);
+  return {dq, dk, dv};
+}
+
+Grads fused_fp32_backward(const AttentionCall& call, const at::Tensor& grad_out_f32, const at::Tensor& q_f32,
+                          const at::Tensor& k_f32, const at::Tensor& v_f32, const DeviceOffsets& offsets,
+                          const std::optional<Fp32Subset>& subset, bool deterministic, bool center_keys,
+                          cudaStream_t stream) {
+  gpu::Fp32BackwardParams p;
+  p.q = q_f32.data_ptr<float>();
+  p.k = k_f32.data_ptr<float>();
+  p.v = v_f32.data_ptr<float>();
+  p.grad_out = grad_out_f32.data_ptr<float>();
+  fill_problem(p, call, offsets);
+  const auto options = q_f32.options();
+  at::Tensor dq;
+  if (subset.has_value()) {
+    p.slices = subset->slices.data_ptr<int32_t>();
+    p.num_slices = subset->slices.numel();
+    p.rows = subset->rows.data_ptr<int32_t>();
+    p.num_rows = subset->rows.numel();
+    dq = at::empty({p.num_slices, p.num_rows, call.shape.head_dim}, options);
+  } else {
+    dq = at::empty(q_f32.sizes(), options);
+  }
+  at::Tensor dk = at::empty(k_f32.sizes(), options);
+  at::Tensor dv = at::empty(k_f32.sizes(), options);
+  p.dq = dq.data_ptr<float>();
+  p.dk = dk.data_ptr<float>();
+  p.dv = dv.data_ptr<float>();
+  p.center_keys = center_keys;
+  p.deterministic = deterministic;
+  const size_t bytes = gpu::fp32_backward_workspace_bytes(p);
+  const at::Tensor workspace = workspace_of(q_f32, bytes);
+  const gpu::Status status = gpu::fp32_attention_backward(p, workspace.data_ptr(), bytes, stream);
+  TORCH_CHECK(status.ok(), "gaugewatch: CUDA fp32 backward failed: ", status.message);
+  return {dq, dk, dv};
+}
+
+}  // namespace gaugewatch::torch_ops
