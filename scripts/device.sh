@@ -14,15 +14,17 @@
 #   build      everything (ninja -k 0: as much as compiles)
 #   ctest      all registered tests, GPU tests included
 #   pytest     python3 -m pytest, one process per tests/python file (GPU tests included)
+#   sanitizer  compute-sanitizer memcheck/racecheck/synccheck on tests/cuda/sanitize_kernels.py
 #   bench      every build/bin bench_* / *_bench binary and bench/**/*.py script
-# Output (flat, 8 files, under $OUT): device.log env.log build.log ctest.log
-# pytest.log bench.log bench.json results.json. A short table is printed last.
+# Output (flat, under $OUT): device.log env.log build.log ctest.log pytest.log
+# sanitizer.log bench.log bench.json results.json. A short table is printed last.
 #
 # Environment: OUT (default .device/out), GW_DEPS_PREFIX (/opt/gw-deps),
 # GW_DEBS_DIR (.device/debs), BUILD_DIR (build-device), GAUGEWATCH_PYTHON
 # (python3), GW_DEVICE_BUDGET_S (540: total seconds; each step is cut short so
 # that results.json is always written inside the device tool's 600 s limit),
-# CTEST_JOBS (8), CMAKE_EXTRA_ARGS, PYTEST_ARGS.
+# CTEST_JOBS (8), CMAKE_EXTRA_ARGS, PYTEST_ARGS; focused runs: GW_ONLY_PYTEST,
+# GW_ONLY_BENCH (basenames), GW_SKIP_CTEST=1, GW_SANITIZE=0 (docs/device.md).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
