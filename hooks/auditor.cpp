@@ -14,9 +14,12 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -44,6 +47,10 @@ constexpr std::size_t kQueueCapacity = 4;
 // drains them only as fast as the GPU reaches each layer's backward (the host
 // runs ahead), so the queue takes a whole step's layers, up to this many.
 constexpr std::size_t kMaxSampleQueue = 16;
+// The longest the auditor waits for the GPU to reach a sampled backward (the
+// host may run ahead of it by a step or more): then the sample is skipped,
+// never waited for without bound (docs/hooks.md "Locks and waits").
+constexpr double kGpuWaitS = 300.0;
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using MetricsFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -85,7 +92,12 @@ struct Job {
 
 class Auditor {
  public:
-  Auditor() { thread_ = std::thread([this] { loop(); }); }
+  Auditor() {
+    thread_ = std::thread([this] {
+      ::pthread_setname_np(::pthread_self(), "gw-auditor");  // named in stack dumps
+      loop();
+    });
+  }
 
   bool submit(Job job) {
     std::lock_guard lock(mu_);
@@ -99,17 +111,30 @@ class Auditor {
     return true;
   }
 
+  // Drains the queue until shortly before `timeout_s`; the jobs left then
+  // are dropped (counted) and the thread ends by itself: it is joined, not
+  // left running into the process's teardown (detached only if a CUDA call
+  // itself does not return).
   void stop(double timeout_s) {
     std::unique_lock lock(mu_);
     stopping_ = true;
+    give_up_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(std::max(0.0, timeout_s - 0.5)));
     cv_.notify_all();
     if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return exited_; })) {
       lock.unlock();
       thread_.join();
     } else {
       lock.unlock();
+      log_line("exit: the auditor did not stop in time; leaving it");
       thread_.detach();
     }
+  }
+
+  // Whether waits should end now (exit: past the drain deadline).
+  bool giving_up() {
+    std::lock_guard lock(mu_);
+    return stopping_ && Clock::now() >= give_up_at_;
   }
 
  private:
@@ -122,6 +147,10 @@ class Auditor {
         if (queue_.empty()) break;
         job = std::move(queue_.front());
         queue_.pop_front();
+        if (stopping_ && Clock::now() >= give_up_at_) {
+          ++abandoned_;
+          continue;
+        }
       }
       try {
         run(job);
@@ -133,6 +162,9 @@ class Auditor {
       }
     }
     std::lock_guard lock(mu_);
+    if (abandoned_ > 0) {
+      log_line("exit: " + std::to_string(abandoned_) + " queued audit(s) dropped at the exit deadline");
+    }
     exited_ = true;
     cv_.notify_all();
   }
@@ -144,6 +176,8 @@ class Auditor {
   std::deque<Job> queue_;
   bool stopping_ = false;
   bool exited_ = false;
+  Clock::time_point give_up_at_ = Clock::time_point::max();
+  std::uint64_t abandoned_ = 0;
   std::thread thread_;
 };
 
@@ -223,6 +257,11 @@ void write_capture(const Job& job) {
            " operands to " + path);
 }
 
+bool auditor_giving_up() {
+  std::lock_guard lock(g_auditor_mu);
+  return g_auditor != nullptr && g_auditor->giving_up();
+}
+
 }  // namespace
 std::optional<double> kernel_time_us(CudaTiming& timing);
 namespace {
@@ -239,7 +278,25 @@ void Auditor::run(Job& job) {
   const char* timed_by = "host_clock";
 #if defined(GAUGEWATCH_HOOKS_CUDA)
   if (job.copied) {
-    job.copied->synchronize();  // the side stream's copies (never the training stream)
+    // The side stream's copies (never the training stream), polled: a
+    // bounded wait that exit can cut short (Auditor::stop).
+    const auto gpu_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(kGpuWaitS));
+    auto pause = std::chrono::microseconds(20);
+    while (!job.copied->query()) {
+      if (Clock::now() >= gpu_deadline) {
+        log_once("gpu-wait", "the GPU did not reach a sampled backward within " +
+                                 std::to_string(static_cast<int>(kGpuWaitS)) + " s: sample skipped (logged once)");
+        rt::count_audit_skipped("GPU wait over the limit");
+        return;
+      }
+      if (auditor_giving_up()) {
+        rt::count_audit_skipped("exit before the GPU reached the sampled backward");
+        return;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::microseconds(1000));
+    }
     // The copies are ordered after the backward's kernels: they are done, and
     // CUPTI can deliver their records.
     std::optional<double> kernel_us;
@@ -448,6 +505,11 @@ std::shared_ptr<CudaTiming> start_backward_timing(const at::Tensor& q) {
     timing->start = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
     timing->start->record(c10::cuda::getCurrentCUDAStream(q.device().index()));
     timing->cupti_window = cupti::begin_window();
+    // Once CUDA and CUPTI are initialized (their exit handlers registered):
+    // an exit handler of ours registered after theirs runs before them, so
+    // the auditor is stopped and CUPTI unsubscribed while both still work.
+    static std::once_flag exit_handler;
+    std::call_once(exit_handler, [] { std::atexit([] { rt::shutdown(); }); });
     return timing;
   } catch (const std::exception&) {
     return nullptr;
@@ -585,6 +647,7 @@ void stop_auditor() {
     std::lock_guard lock(g_auditor_mu);
     a = g_auditor;
   }
+  cupti::stop(0.5);  // waits for CUPTI records end now: the samples left are timed with events
   if (a != nullptr) a->stop(3.0);
 }
 

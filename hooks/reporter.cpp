@@ -1,6 +1,7 @@
 #include "hooks/reporter.h"
 
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 
 #include <chrono>
 #include <random>
@@ -29,7 +30,10 @@ struct Reporter::Impl {
 };
 
 Reporter::Reporter(const HookConfig& config, Source* source) : config_(config), source_(source) {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    ::pthread_setname_np(::pthread_self(), "gw-reporter");  // named in stack dumps
+    run();
+  });
 }
 
 Reporter::~Reporter() { stop(1.0); }
@@ -120,6 +124,7 @@ void Reporter::run() {
           if (stopping_) impl->context.TryCancel();
         }
         impl->reader = std::thread([this, impl] {
+          ::pthread_setname_np(::pthread_self(), "gw-agent-read");
           v1::AgentMessage message;
           while (impl->stream->Read(&message)) {
             if (message.has_hello_ack()) {

@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "hooks/cupti_timing.h"
 #include "hooks/log.h"
 
 #ifndef GAUGEWATCH_HOOKS_VERSION
@@ -460,7 +461,10 @@ std::string Runtime::stats_json_locked() {
   j["backward_passes"] = backward_passes_ + (pass_had_backward_ ? 1 : 0);
   j["forked_child"] = forked_child_;
   j["cuda_backends"] = backend_status_;
-  j["timing"] = {{"source", timing_source_}, {"cupti", cupti_status_}, {"samples_by_source", timed_by_}};
+  j["timing"] = {{"source", timing_source_},
+                 {"cupti", cupti_status_},
+                 {"samples_by_source", timed_by_},
+                 {"cupti_busy_skips", cupti::busy_skips()}};
   nlohmann::json calls = nlohmann::json::object();
   for (int b = 0; b < kBackendCount; ++b) calls[std::string(backend_name(static_cast<Backend>(b)))] = backward_calls_[b];
   j["backward_calls"] = calls;
@@ -541,7 +545,10 @@ bool Runtime::flush(double timeout_s) {
 
 void Runtime::write_stats_file() {
   std::lock_guard lock(mu_);
-  if (config_.stats_file.empty() || forked_child_) return;
+  // A process that never made an attention call writes nothing: under
+  // LD_PRELOAD every program the trainer starts (a shell, a tool, the test
+  // watchdog) loads the library, and must not overwrite the trainer's file.
+  if (config_.stats_file.empty() || forked_child_ || !started_) return;
   const std::string tmp = config_.stats_file + ".tmp";
   std::ofstream(tmp) << stats_json_locked() << "\n";
   std::rename(tmp.c_str(), config_.stats_file.c_str());
@@ -562,12 +569,15 @@ void Runtime::shutdown() {
     hooks.swap(shutdown_hooks_);
     reporter = reporter_.get();
   }
+  const auto t0 = Clock::now();
   for (auto& hook : hooks) hook();  // the auditor drains its queue (bounded)
   if (reporter != nullptr) {
     reporter->flush(1.5);
     reporter->stop(1.0);
   }
   write_stats_file();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (s > 0.5) log_line("exit: threads stopped in " + std::to_string(s).substr(0, 5) + " s");
 }
 
 namespace {
@@ -651,6 +661,7 @@ void count_fallback() { runtime().count_fallback(); }
 void count_audit_skipped(const char* why) { runtime().count_audit_skipped(why); }
 void submit_sample(const SampleData& sample) { runtime().submit_sample(to_proto(sample), sample.audit_us); }
 void add_shutdown_hook(std::function<void()> hook) { runtime().add_shutdown_hook(std::move(hook)); }
+void shutdown() { runtime().shutdown(); }
 void set_versions(std::string torch, std::string cuda, std::string driver) {
   runtime().set_versions(std::move(torch), std::move(cuda), std::move(driver));
 }

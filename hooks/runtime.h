@@ -75,6 +75,10 @@ void count_fallback();
 void count_audit_skipped(const char* why);
 void submit_sample(const SampleData& sample);
 void add_shutdown_hook(std::function<void()> hook);
+// Flushes (bounded), stops the threads, writes the stats file; idempotent.
+// Called at exit, and earlier by an exit handler registered after CUDA /
+// CUPTI initialized (so that it runs before their own teardown).
+void shutdown();
 void set_versions(std::string torch, std::string cuda, std::string driver);
 void set_backend_status(const std::string& backend, const std::string& status);
 void set_timing_source(const std::string& source, const std::string& cupti_status);
