@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -328,6 +329,66 @@ TEST(RuntimeSteps, OptimizerStepsCountStepsWhenSignalled) {
   EXPECT_NE(stats.find("\"step_mode\":\"optimizer\""), std::string::npos) << stats;
   EXPECT_NE(stats.find("\"optimizer_steps\":7"), std::string::npos) << stats;
   EXPECT_EQ(rt.on_forward(false, false).step, 7u);  // the boundary after the 7th optimizer step
+}
+
+// The CUDA shape of test_gpu_optimizer_steps_under_gradient_accumulation:
+// the backwards on one thread (autograd's device thread), the helper's
+// optimizer-step hook and stats reads on another (Python's main thread),
+// samples submitted by a third (the auditor) and commands / stats by a
+// fourth (the reporter), all at once: every step completes (no wait between
+// them), and each layer is sampled once per sampled step.
+TEST(RuntimeSteps, StepHooksDuringAccumulationFromOtherThreadsNeverBlock) {
+  HookConfig c = no_agent();
+  c.every_n_steps = 2;
+  c.layer_fraction = 1.0;
+  Runtime rt(c);
+  rt.use_optimizer_steps();
+  std::atomic<bool> done{false};
+  std::atomic<int> samples{0};
+  std::thread auditor([&] {
+    while (!done.load()) {
+      v1::Sample sample;
+      sample.set_layer(static_cast<std::uint32_t>(samples.load() % 3));
+      rt.submit_sample(sample, 0.0);  // (no audit time: the budget would skip sampled steps)
+      ++samples;
+      std::this_thread::yield();
+    }
+  });
+  std::thread reporter([&] {
+    for (std::uint64_t id = 1; !done.load(); ++id) {
+      v1::Command command;
+      command.set_command_id(id);
+      command.mutable_set_sampling()->set_max_rows(16);
+      rt.on_command(command);
+      (void)rt.hello();
+      (void)rt.stats_json();
+      std::this_thread::yield();
+    }
+  });
+  std::vector<int> sampled_per_step;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int step = 0; step < 50; ++step) {
+    int sampled = 0;
+    std::thread device([&] {  // micro-batch 1's backward, then micro-batch 2's
+      for (const auto& p : accumulate(rt, 3, 2, false)) sampled += p.sample ? 1 : 0;
+    });
+    device.join();
+    std::thread main_thread([&] {  // optimizer.step() -> the helper's post-hook
+      rt.optimizer_step();
+      (void)rt.stats_json();
+    });
+    main_thread.join();
+    sampled_per_step.push_back(sampled);
+  }
+  done = true;
+  auditor.join();
+  reporter.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  for (int step = 0; step < 50; ++step) {
+    EXPECT_EQ(sampled_per_step[static_cast<std::size_t>(step)], step % 2 == 0 ? 3 : 0) << "step " << step;
+  }
+  EXPECT_EQ(rt.on_forward(false, false).step, 50u);
+  EXPECT_GT(samples.load(), 0);
 }
 
 TEST(RuntimeSteps, FirstOptimizerSignalSwitchesModeAndCommandsWaitForTheStep) {

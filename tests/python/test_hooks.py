@@ -160,6 +160,8 @@ def trainer_env(lib, workdir, run_id, socket, mode, **extra):
         "GAUGEWATCH_STATS_FILE": str(workdir / f"{run_id}.stats.json"),
         "GAUGEWATCH_LOG_FILE": str(workdir / f"{run_id}.hooks.log"),
         "OMP_NUM_THREADS": "1",
+        # Python and native stacks, then a kill, well before run_trainer's timeout.
+        "GAUGEWATCH_TEST_WATCHDOG_S": "200",
     })
     if mode == "plain":
         env["LD_PRELOAD"] = str(lib)
@@ -191,7 +193,9 @@ def assert_loss_decreases(losses):
 def run_trainer(env, *args, timeout=240):
     result = subprocess.run([sys.executable, str(TRAINER), *map(str, args)], env=env, capture_output=True,
                             text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # A hung trainer was killed by its watchdog (GAUGEWATCH_TEST_WATCHDOG_S):
+    # its thread dump is in the stderr tail.
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-12000:]
     return result
 
 

@@ -47,7 +47,7 @@ def gpu_env(lib, workdir, run_id, socket, mode, **extra):
     # A GPU trainer run takes seconds: one still running after 120 s is hung
     # (one such hang was seen on the H200 in session 2); it dumps its stacks
     # and exits, and the failing assert shows them.
-    env.setdefault("GAUGEWATCH_TEST_WATCHDOG_S", "120")
+    env["GAUGEWATCH_TEST_WATCHDOG_S"] = "120"
     return env
 
 

@@ -30,19 +30,94 @@ import faulthandler
 import json
 import os
 import pathlib
+import subprocess
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.checkpoint import checkpoint
+# The native half of the watchdog below: a separate process (independent of
+# the GIL and of this interpreter's shutdown) that, once the trainer has run
+# for too long, writes every thread's name, wait channel and system call
+# (the kernel stack where readable; gdb's or eu-stack's backtraces when
+# installed) to stderr and kills it. It ends as soon as the trainer ends.
+WATCHDOG = r"""
+import os, shutil, subprocess, sys, time
+pid, limit = int(sys.argv[1]), float(sys.argv[2])
+start = time.monotonic()
 
-# A test harness may ask for a watchdog: after this many seconds every thread's
-# Python stack goes to stderr and the process exits, so a hang shows where it
-# hangs instead of only timing out.
+def alive():
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+while alive():
+    if time.monotonic() - start > limit:
+        lines = [f"watchdog: trainer {pid} still running after {limit:.0f} s (a hang after the 'done' line is "
+                 f"in the exit path); its threads (syscall 202 = futex):"]
+        try:
+            tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+        except OSError:
+            tids = []
+        for tid in tids:
+            base = f"/proc/{pid}/task/{tid}"
+            lines.append(f"  {tid} {read(base + '/comm')} wchan={read(base + '/wchan')} "
+                         f"syscall={read(base + '/syscall').split(' ')[0]}")
+            stack = read(base + "/stack")
+            if stack != "?":
+                lines += ["      " + line for line in stack.splitlines()[:6]]
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.stderr.flush()
+        for tool in (["gdb", "-batch", "-p", str(pid), "-ex", "thread apply all bt 25"], ["eu-stack", "-p", str(pid)]):
+            if shutil.which(tool[0]):
+                try:
+                    subprocess.run(tool, stdout=sys.stderr, stderr=subprocess.STDOUT, timeout=60)
+                except Exception as error:  # noqa: BLE001
+                    sys.stderr.write(f"watchdog: {tool[0]} failed: {error}\n")
+                break
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+        break
+    time.sleep(0.2)
+"""
+
+# A test harness may ask for a watchdog: after this many seconds every
+# thread's Python stack goes to stderr (faulthandler; its timer does not
+# outlive the interpreter), and 5 s later the native watchdog process above
+# dumps every thread (the autograd device threads and the library's
+# gw-auditor / gw-reporter threads have no Python stack) and kills the
+# trainer: also when the hang is in the library's C exit handlers, after the
+# interpreter shut down. Started before torch is imported (no CUDA state to
+# fork).
 if os.environ.get("GAUGEWATCH_TEST_WATCHDOG_S"):
-    faulthandler.dump_traceback_later(float(os.environ["GAUGEWATCH_TEST_WATCHDOG_S"]), exit=True)
+    _limit = float(os.environ["GAUGEWATCH_TEST_WATCHDOG_S"])
+    _deadline = time.monotonic() + _limit
+    faulthandler.dump_traceback_later(_limit, exit=False)
+    # A forked child (--fork-at, DataLoader workers) must not inherit the
+    # armed timer: its watchdog thread is not copied, and the child's
+    # interpreter exit then waits for it forever (CPython 3.11; this hung the
+    # forked-child test). Disarmed around each fork, re-armed in the parent.
+    os.register_at_fork(before=faulthandler.cancel_dump_traceback_later,
+                        after_in_parent=lambda: faulthandler.dump_traceback_later(
+                            max(1.0, _deadline - time.monotonic()), exit=False))
+    # Without the library (LD_PRELOAD) and its configuration.
+    _env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("GAUGEWATCH_")}
+    subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(_limit + 5)], env=_env,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
