@@ -1,9 +1,23 @@
-"""Step time of a small GPT with and without libgaugewatch_hooks, side by side
-in one run: (1) no library, (2) interception only (GAUGEWATCH_SAMPLE_EVERY=0),
-(3) sampling at the defaults (every 100 steps, a quarter of the layers, 2%
-budget). Each configuration runs in its own process (LD_PRELOAD); the
-configurations alternate over --rounds rounds so that drift of a shared
-machine hits them alike. Reports the median step time after warm-up.
+"""Step time of a small GPT with and without libgaugewatch_hooks: (1) no
+library, (2) interception only (GAUGEWATCH_SAMPLE_EVERY=0), (3) sampling at
+the defaults (every 100 steps, a quarter of the layers, 2% budget).
+
+Method (resolves differences well below the ~2% drift between processes and
+over time that a few long runs per variant showed on the H200):
+- every variant runs in --procs processes (LD_PRELOAD), all started at once
+  and kept alive; each is warmed up (--warmup steps) once;
+- then --rounds rounds; in each round every variant runs one short burst
+  (--burst-warmup steps not timed, then --burst timed steps), in a rotating
+  order (ABC, BCA, CAB, ...), the process of a variant alternating between
+  rounds; the other processes idle meanwhile (one runs at a time);
+- per round, each variant's overhead is paired with the no-library burst of
+  the same round (medians of the bursts; also means, which include the rare
+  sampled step); the result is the median over rounds of these paired
+  differences, with a bootstrap 95% interval of that median (resampling the
+  rounds) and the min / max. Drift slower than a round cancels in the pairs;
+  process-level offsets average over --procs processes per variant.
+- --rounds 0 (default) runs rounds for --budget-s seconds (default 100 s on
+  CUDA, 25 s on the CPU; at least 10 rounds).
 
     .venv/bin/python bench/hooks/step_time.py --out bench/results/hooks_cpu.json   # CPU, here
     python3 bench/hooks/step_time.py --out bench/results/hooks_h200.json          # GPU
@@ -11,6 +25,15 @@ machine hits them alike. Reports the median step time after warm-up.
 The device defaults to cuda when a GPU is visible; the model then defaults to
 a GPT-2-small-like shape (dim 1024, 16 heads, 12 layers, seq 1024, batch 8),
 on the CPU to a small one (dim 256, 4 heads, 4 layers, seq 128, batch 4).
+
+JSON: results.<variant> keeps the earlier keys (median_ms, mean_ms, steps,
+overhead_median_pct, overhead_mean_pct, *_last_round: one process's library
+stats); overhead_median_pct / overhead_mean_pct are now the paired
+estimates; the pooled ones are overhead_pooled_median_pct /
+overhead_pooled_mean_pct; "paired" holds the per-round differences, the
+bootstrap interval and min / max, "resolution_pct" the interval's half
+width, and "targets" whether the interval lies below the 0.5% (interception)
+/ 2% (sampling) targets.
 
 Needs the build (build/lib/libgaugewatch_hooks.so, or --lib). No agent is
 started: the reporter's cost is a queue push per sample; the audit's cost is
@@ -22,6 +45,7 @@ import json
 import os
 import pathlib
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -60,8 +84,8 @@ head = nn.Linear(d, V)
 model = nn.Sequential(emb, blocks, head).to(dev, dt)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x = torch.randint(0, V, (a["batch"], a["seq"] + 1), device=dev)
-times = []
-for step in range(a["steps"]):
+
+def step():
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x[:, :-1]).float().reshape(-1, V), x[:, 1:].reshape(-1))
@@ -69,13 +93,24 @@ for step in range(a["steps"]):
     opt.step()
     if dev == "cuda":
         torch.cuda.synchronize()
-    times.append(time.perf_counter() - t0)
-stats = None
-try:
-    stats = json.loads(torch.ops.gaugewatch_hooks.stats())
-except Exception:
-    pass
-print(json.dumps({"times": times, "stats": stats}))
+    return time.perf_counter() - t0
+
+def stats():
+    try:
+        return json.loads(torch.ops.gaugewatch_hooks.stats())
+    except Exception:
+        return None
+
+# Commands on stdin, one JSON line each: {"run": n} -> {"times": [...]};
+# {"quit": true} -> {"stats": ...}.
+warm = [step() for _ in range(a["warmup"])]
+print(json.dumps({"ready": True, "warmup_times": warm}), flush=True)
+for line in sys.stdin:
+    cmd = json.loads(line)
+    if cmd.get("quit"):
+        print(json.dumps({"stats": stats()}), flush=True)
+        break
+    print(json.dumps({"times": [step() for _ in range(cmd["run"])]}), flush=True)
 """
 
 CONFIGS = {
@@ -85,28 +120,62 @@ CONFIGS = {
 }
 
 
-def run_config(name, args, lib):
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    for key in list(env):
-        if key.startswith("GAUGEWATCH_"):
-            del env[key]
-    extra = CONFIGS[name]
-    if extra is not None:
-        env["LD_PRELOAD"] = str(lib)
-        env["GAUGEWATCH_SOCKET"] = "none"
-        env["GAUGEWATCH_RUN_ID"] = f"bench-{name}"
-        env.update(extra)
-    worker_args = {k: getattr(args, k) for k in ("device", "dtype", "dim", "heads", "layers", "seq", "batch",
-                                                  "steps", "threads")}
-    out = subprocess.run([sys.executable, "-c", WORKER, json.dumps(worker_args)], env=env, capture_output=True,
-                         text=True, timeout=3600)
-    if out.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    if extra is not None and result["stats"] is None:
-        raise SystemExit(f"{name}: the hooks library was not active:\n{out.stderr[-2000:]}")
-    return result
+class Worker:
+    """One process of a variant, alive for the whole run (commands on its stdin)."""
+
+    def __init__(self, name, args, lib):
+        env = dict(os.environ)
+        env.pop("LD_PRELOAD", None)
+        for key in list(env):
+            if key.startswith("GAUGEWATCH_"):
+                del env[key]
+        extra = CONFIGS[name]
+        if extra is not None:
+            env["LD_PRELOAD"] = str(lib)
+            env["GAUGEWATCH_SOCKET"] = "none"
+            env["GAUGEWATCH_RUN_ID"] = f"bench-{name}"
+            env.update(extra)
+        worker_args = {k: getattr(args, k) for k in ("device", "dtype", "dim", "heads", "layers", "seq", "batch",
+                                                      "threads", "warmup")}
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(worker_args)], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, bufsize=1)
+
+    def reply(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(60)
+            raise SystemExit(f"{self.name} failed:\n{self.proc.stderr.read()[-3000:]}")
+        return json.loads(line)
+
+    def run(self, steps):
+        self.proc.stdin.write(json.dumps({"run": steps}) + "\n")
+        return self.reply()["times"]
+
+    def quit(self):
+        self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+        stats = self.reply()["stats"]
+        self.proc.stdin.close()
+        self.proc.wait(60)
+        if CONFIGS[self.name] is not None and stats is None:
+            raise SystemExit(f"{self.name}: the hooks library was not active:\n{self.proc.stderr.read()[-2000:]}")
+        return stats
+
+
+def pct(x, base):
+    return 100.0 * (x / base - 1.0)
+
+
+def summarize(diffs, seed=1, resamples=2000):
+    """Median of the per-round paired differences, its bootstrap 95% interval, min / max."""
+    rng = random.Random(seed)
+    n = len(diffs)
+    medians = sorted(statistics.median(rng.choices(diffs, k=n)) for _ in range(resamples))
+    lo, hi = medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+    return {"median_pct": statistics.median(diffs), "ci95_pct": [lo, hi], "min_pct": min(diffs),
+            "max_pct": max(diffs), "rounds": n, "resolution_pct": (hi - lo) / 2.0,
+            "per_round_pct": [round(d, 4) for d in diffs]}
 
 
 def main():
@@ -118,9 +187,13 @@ def main():
     p.add_argument("--layers", type=int)
     p.add_argument("--seq", type=int)
     p.add_argument("--batch", type=int)
-    p.add_argument("--steps", type=int, default=210)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--procs", type=int, default=2, help="processes per variant")
+    p.add_argument("--warmup", type=int, default=20, help="untimed steps of each process at its start")
+    p.add_argument("--burst", type=int, default=None, help="timed steps per burst (25 CUDA, 10 CPU)")
+    p.add_argument("--burst-warmup", type=int, default=2, help="untimed steps before each burst")
+    p.add_argument("--rounds", type=int, default=0, help="0: rounds for --budget-s seconds (at least 10)")
+    p.add_argument("--budget-s", type=float, default=None, help="seconds of rounds (100 CUDA, 25 CPU)")
+    p.add_argument("--max-rounds", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lib", default=str(pathlib.Path(os.environ.get("GAUGEWATCH_BUILD_DIR", ROOT / "build"))
                                        / "lib" / "libgaugewatch_hooks.so"))
@@ -138,38 +211,101 @@ def main():
     if not lib.exists():
         raise SystemExit(f"{lib} not found: build first or pass --lib")
 
-    times = {name: [] for name in CONFIGS}
+    if args.burst is None:
+        args.burst = 25 if args.device == "cuda" else 10
+    if args.budget_s is None:
+        args.budget_s = 100.0 if args.device == "cuda" else 25.0
+    started = time.monotonic()
+    names = list(CONFIGS)
+    workers = {name: [Worker(name, args, lib) for _ in range(args.procs)] for name in names}
+    for ws in workers.values():
+        for w in ws:
+            w.reply()  # warmed up (all at once: their warm-up times are not the step time)
+    print(f"started {len(names) * args.procs} processes in {time.monotonic() - started:.1f} s; rounds of "
+          f"{args.burst} timed steps per variant " + (f"x {args.rounds}" if args.rounds else
+                                                       f"for {args.budget_s:.0f} s (at least 10 rounds)"),
+          flush=True)
+
+    times = {name: [] for name in names}
+    burst_medians = {name: [] for name in names}
+    burst_means = {name: [] for name in names}
+    rounds_started = time.monotonic()
+    r = 0
+    while True:
+        if args.rounds:
+            if r >= args.rounds:
+                break
+        elif r >= args.max_rounds or (r >= 10 and time.monotonic() - rounds_started >= args.budget_s):
+            break
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            burst = workers[name][r % args.procs].run(args.burst_warmup + args.burst)[args.burst_warmup:]
+            times[name].extend(burst)
+            burst_medians[name].append(statistics.median(burst))
+            burst_means[name].append(statistics.fmean(burst))
+        if r % 10 == 0:
+            print(f"round {r}: " + ", ".join(f"{n} {1e3 * burst_medians[n][-1]:.2f} ms" for n in names), flush=True)
+        r += 1
+    rounds = r
     last_stats = {}
-    for r in range(args.rounds):
-        for name in CONFIGS:
-            result = run_config(name, args, lib)
-            times[name].extend(result["times"][args.warmup:])
-            last_stats[name] = result["stats"]
-            print(f"round {r}: {name:18s} median {1e3 * statistics.median(result['times'][args.warmup:]):.2f} ms",
-                  flush=True)
+    samples_total = {}
+    for name in names:
+        for w in workers[name]:
+            s = w.quit()
+            last_stats[name] = s
+            if s:
+                samples_total[name] = samples_total.get(name, 0) + s["samples_submitted"]
+
     base = statistics.median(times["no_library"])
+    base_mean = statistics.fmean(times["no_library"])
+    targets = {"interception_only": 0.5, "sampling_defaults": 2.0}
     rows = {}
-    for name in CONFIGS:
+    for name in names:
         med = statistics.median(times[name])
         mean = statistics.fmean(times[name])
         rows[name] = {"median_ms": 1e3 * med, "mean_ms": 1e3 * mean, "steps": len(times[name]),
-                      "overhead_median_pct": 100.0 * (med / base - 1.0),
-                      "overhead_mean_pct": 100.0 * (mean / statistics.fmean(times["no_library"]) - 1.0)}
+                      "overhead_pooled_median_pct": pct(med, base),
+                      "overhead_pooled_mean_pct": pct(mean, base_mean)}
+        if name != "no_library":
+            paired_median = summarize([pct(m, b) for m, b in zip(burst_medians[name], burst_medians["no_library"])])
+            paired_mean = summarize([pct(m, b) for m, b in zip(burst_means[name], burst_means["no_library"])])
+            rows[name]["overhead_median_pct"] = paired_median["median_pct"]
+            rows[name]["overhead_mean_pct"] = paired_mean["median_pct"]
+            rows[name]["paired"] = {"of_burst_medians": paired_median, "of_burst_means": paired_mean}
+            rows[name]["resolution_pct"] = paired_median["resolution_pct"]
+            target = targets.get(name)
+            if target is not None:
+                rows[name]["targets"] = {
+                    "target_pct": target,
+                    "median_below": paired_median["median_pct"] < target,
+                    "ci95_below": paired_median["ci95_pct"][1] < target and paired_mean["ci95_pct"][1] < target,
+                    "resolved_below_0_5_pct": paired_median["resolution_pct"] < 0.5}
+        else:
+            rows[name]["overhead_median_pct"] = 0.0
+            rows[name]["overhead_mean_pct"] = 0.0
         s = last_stats.get(name)
         if s:
+            rows[name]["samples_total"] = samples_total.get(name, 0)
             rows[name]["samples_last_round"] = s["samples_submitted"]
             rows[name]["audit_ms_total_last_round"] = s["audit_us_total"] / 1e3
             rows[name]["audits_skipped_budget_last_round"] = s["audits_skipped_budget"]
-            # The library's whole account of the last round (backends that ran,
+            # The library's whole account of one process (backends that ran,
             # fallbacks, audit skips and their reasons): a variant that shows no
             # samples says why here.
             rows[name]["stats_last_round"] = {k: v for k, v in s.items() if k != "layers"}
             rows[name]["layers_last_round"] = [{k: v for k, v in layer.items() if k != "history"}
                                                for layer in s.get("layers", [])][:4]
-            if name == "sampling_defaults" and s["samples_submitted"] == 0:
+            if name == "sampling_defaults" and samples_total.get(name, 0) == 0:
                 print(f"warning: {name} submitted no samples; skipped audits by reason: "
                       f"{s.get('audits_skipped_reasons')}, over budget: {s['audits_skipped_budget']}",
                       file=sys.stderr, flush=True)
+    for name in names[1:]:
+        p = rows[name]["paired"]["of_burst_medians"]
+        print(f"{name}: {p['median_pct']:+.3f}% [95% {p['ci95_pct'][0]:+.3f}, {p['ci95_pct'][1]:+.3f}] "
+              f"(min {p['min_pct']:+.2f}, max {p['max_pct']:+.2f}; means {rows[name]['overhead_mean_pct']:+.3f}%)",
+              flush=True)
+    args.rounds = rounds
+    args.wall_s = time.monotonic() - started
     report = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
