@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kernels/cuda/bf16_backward_kernel.cuh"
+#include "kernels/cuda/launch_checks.h"
 
 namespace gaugewatch::gpu {
 
@@ -23,13 +24,10 @@ cudaError_t launch(const Args& args, cudaStream_t stream);
 
 namespace {
 
-constexpr size_t kAlign = 256;
-constexpr int64_t kMaxGridY = 65535;
-constexpr int64_t kMaxInt = 0x7fffffff;
-
-size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-Status invalid(std::string message) { return Status{cudaErrorInvalidValue, std::move(message)}; }
+using checks::aligned16;
+using checks::invalid;
+using checks::kMaxGridY;
+using checks::round_up;
 
 struct Layout {
   size_t delta = 0, row_a = 0, row_b = 0, total = 0;
@@ -44,8 +42,6 @@ Layout layout_of(const Bf16BackwardParams& p) {
   w.total = w.row_b + round_up(rows * sizeof(int32_t));
   return w;
 }
-
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
 
@@ -69,11 +65,7 @@ Status validate(const Bf16BackwardParams& p) {
   if (p.batch < 0 || p.q_heads <= 0 || p.kv_heads <= 0 || p.q_len < 0 || p.kv_len < 0) {
     return invalid("shape must have batch, q_len, kv_len >= 0 and q_heads, kv_heads > 0");
   }
-  if (p.q_heads % p.kv_heads != 0) {
-    return invalid("kv_heads " + std::to_string(p.kv_heads) + " does not divide q_heads " +
-                   std::to_string(p.q_heads));
-  }
-  if (p.q_len > kMaxInt || p.kv_len > kMaxInt) return invalid("sequence lengths must be below 2^31");
+  if (Status s = checks::check_heads_and_lengths(p.q_heads, p.kv_heads, p.q_len, p.kv_len); !s.ok()) return s;
   if (p.batch * p.q_heads > kMaxGridY || p.batch * p.kv_heads > kMaxGridY) {
     return invalid("batch * heads must be at most 65535 (one grid row per batch and head)");
   }
@@ -83,10 +75,7 @@ Status validate(const Bf16BackwardParams& p) {
   if (p.diagnostics.any() && p.projection != Projection::kNone) {
     return invalid("row diagnostics are computed by the bf16 variant (projection kNone) only");
   }
-  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr) ||
-      (p.cu_seqlens_q != nullptr && p.num_segments <= 0)) {
-    return invalid("cu_seqlens_q and cu_seqlens_k must both be given (with num_segments > 0) or both be null");
-  }
+  if (Status s = checks::check_packing(p.cu_seqlens_q, p.cu_seqlens_k, p.num_segments); !s.ok()) return s;
   const int64_t n_el = p.batch * p.q_heads * p.q_len, m_el = p.batch * p.kv_heads * p.kv_len;
   if (n_el > 0 && (!p.q || !p.grad_out || !p.out || !p.lse || !p.dq)) {
     return invalid("q, grad_out, out, lse and dq must be non-null");

@@ -30,7 +30,7 @@
 // head of its group: S, dP, t, r recomputed by the same code, dV += r^T dO,
 // dK += t^T Q, for gproj dK -= r^T bf16(lambda Q), for pivot the O(N d)
 // rank-one fix-up). No atomics anywhere: every run is bit-identical, so the
-// "deterministic" flag is accepted and always honoured. Both kernels compute
+// ops' "deterministic" flag needs no parameter here. Both kernels compute
 // S and dP with the same instructions in the same order, so the t and r the
 // key-outer kernel contracts are bit-identical to those summed into rho and m.
 //
@@ -109,7 +109,6 @@ struct Bf16BackwardParams {
   int64_t num_segments = 0;
 
   Projection projection = Projection::kGproj;
-  bool deterministic = true;  // always true in effect (no atomics)
 
   Bf16RowDiagnostics diagnostics;
 

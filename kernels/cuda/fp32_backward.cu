@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cuda/fp32_backward_kernel.cuh"
+#include "kernels/cuda/launch_checks.h"
 
 namespace gaugewatch::gpu {
 
@@ -21,14 +22,10 @@ cudaError_t launch_mean_key(const float* k, float* mu, int64_t heads, int64_t m,
 
 namespace {
 
-constexpr size_t kAlign = 256;
-constexpr int64_t kMaxGridY = 65535;
-
-size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-Status invalid(std::string message) { return Status{cudaErrorInvalidValue, std::move(message)}; }
+using checks::aligned16;
+using checks::invalid;
+using checks::kMaxGridY;
+using checks::round_up;
 
 struct WorkspaceLayout {
   size_t row_max = 0, row_sum = 0, delta = 0, mu = 0, total = 0;
@@ -56,19 +53,10 @@ Status validate(const Fp32BackwardParams& p) {
   if (p.batch < 0 || p.q_heads <= 0 || p.kv_heads <= 0 || p.q_len < 0 || p.kv_len < 0) {
     return invalid("shape must have batch, q_len, kv_len >= 0 and q_heads, kv_heads > 0");
   }
-  if (p.q_heads % p.kv_heads != 0) {
-    return invalid("kv_heads " + std::to_string(p.kv_heads) + " does not divide q_heads " +
-                   std::to_string(p.q_heads) + " (GQA)");
-  }
-  if (p.q_len > INT32_MAX || p.kv_len > INT32_MAX) return invalid("q_len and kv_len must fit in int32");
+  if (Status s = checks::check_heads_and_lengths(p.q_heads, p.kv_heads, p.q_len, p.kv_len); !s.ok()) return s;
   if (p.batch * p.kv_heads > kMaxGridY) return invalid("batch * kv_heads exceeds 65535");
   if (p.slice_count() > kMaxGridY) return invalid("number of (batch, head) slices exceeds 65535");
-  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) {
-    return invalid("cu_seqlens_q and cu_seqlens_k must be given together");
-  }
-  if (p.cu_seqlens_q != nullptr && (p.num_segments < 1 || p.num_segments > INT32_MAX)) {
-    return invalid("packed sequences need num_segments >= 1");
-  }
+  if (Status s = checks::check_packing(p.cu_seqlens_q, p.cu_seqlens_k, p.num_segments); !s.ok()) return s;
   if ((p.slices == nullptr) != (p.rows == nullptr)) {
     return invalid("row-subset mode needs both slices and rows");
   }

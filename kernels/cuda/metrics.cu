@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/cuda/launch_checks.h"
 #include "kernels/cuda/metrics_args.cuh"
 
 namespace gaugewatch::gpu {
@@ -26,13 +27,13 @@ size_t geometry_smem_bytes(int d) {
 
 namespace {
 
-constexpr size_t kAlign = 256;
-constexpr int64_t kMaxGridY = 65535;
+using checks::aligned16;
+using checks::invalid;
+using checks::kMaxGridY;
+using checks::round_up;
+
 constexpr int64_t kMaxTranslateBlocks = 4096;
 
-size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-Status invalid(std::string message) { return Status{cudaErrorInvalidValue, std::move(message)}; }
 Status launch_error(const char* what, cudaError_t err) {
   return Status{err, std::string(what) + ": " + cudaGetErrorString(err)};
 }
@@ -45,19 +46,9 @@ Status validate_shape(const MetricsShape& s) {
   if (s.batch < 1 || s.q_heads < 1 || s.kv_heads < 1 || s.q_len < 1 || s.kv_len < 1) {
     return invalid("every dimension (batch, q_heads, kv_heads, q_len, kv_len) must be >= 1");
   }
-  if (s.q_heads % s.kv_heads != 0) {
-    return invalid("kv_heads " + std::to_string(s.kv_heads) + " does not divide q_heads " +
-                   std::to_string(s.q_heads) + " (GQA)");
-  }
-  if (s.q_len > INT32_MAX || s.kv_len > INT32_MAX) return invalid("q_len and kv_len must fit in int32");
+  if (Status st = checks::check_heads_and_lengths(s.q_heads, s.kv_heads, s.q_len, s.kv_len); !st.ok()) return st;
   if (s.batch * s.q_heads > kMaxGridY) return invalid("batch * q_heads exceeds 65535");
-  if ((s.cu_seqlens_q == nullptr) != (s.cu_seqlens_k == nullptr)) {
-    return invalid("cu_seqlens_q and cu_seqlens_k must be given together");
-  }
-  if (s.cu_seqlens_q != nullptr && (s.num_segments < 1 || s.num_segments > INT32_MAX)) {
-    return invalid("packed sequences need num_segments >= 1");
-  }
-  return {};
+  return checks::check_packing(s.cu_seqlens_q, s.cu_seqlens_k, s.num_segments);
 }
 
 bool valid_view(const TensorView& t) {

@@ -39,47 +39,20 @@
 
 namespace gaugewatch::gpu::detail {
 
-// --- bit helpers (device intrinsics on the GPU, memcpy on the host) -----------
+// --- bit helpers: one memcpy (register moves on the device, the same on the
+// host emulation) instead of an intrinsic per type behind #ifdef ------------
 
-__device__ __forceinline__ uint64_t double_bits(double x) {
-#ifdef __CUDA_ARCH__
-  return static_cast<uint64_t>(__double_as_longlong(x));
-#else
-  uint64_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-#endif
+template <class To, class From>
+__device__ __forceinline__ To bit_cast_to(From x) {
+  static_assert(sizeof(To) == sizeof(From), "bit casts keep the size");
+  To y;
+  std::memcpy(&y, &x, sizeof y);
+  return y;
 }
-
-__device__ __forceinline__ double bits_double(uint64_t u) {
-#ifdef __CUDA_ARCH__
-  return __longlong_as_double(static_cast<long long>(u));
-#else
-  double x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-#endif
-}
-
-__device__ __forceinline__ uint32_t float_bits(float x) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(x);
-#else
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-#endif
-}
-
-__device__ __forceinline__ float bits_float(uint32_t u) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(u);
-#else
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-#endif
-}
+__device__ __forceinline__ uint64_t double_bits(double x) { return bit_cast_to<uint64_t>(x); }
+__device__ __forceinline__ double bits_double(uint64_t u) { return bit_cast_to<double>(u); }
+__device__ __forceinline__ uint32_t float_bits(float x) { return bit_cast_to<uint32_t>(x); }
+__device__ __forceinline__ float bits_float(uint32_t u) { return bit_cast_to<float>(u); }
 
 // Correctly rounded reciprocals without the division slow-path call (whose
 // calling convention spills the geometry kernel's registers); the host

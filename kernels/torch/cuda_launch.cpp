@@ -108,7 +108,6 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   p.dv = static_cast<uint16_t*>(dv.data_ptr());
   fill_problem(p, call, offsets);
   p.projection = projection;
-  p.deterministic = true;  // the kernel has no atomics: always bit-repeatable
   p.diagnostics = diag;
   const size_t bytes = gpu::bf16_backward_workspace_bytes(p);
   const at::Tensor workspace = workspace_of(q, bytes);

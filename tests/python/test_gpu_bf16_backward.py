@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import attention_inputs
 from test_ops import CASES, Problem, ops, rel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run scripts/device.sh")
@@ -63,19 +64,6 @@ def test_cuda_matches_cpu_reference_emulation(name, backend):
         assert rel(x, truth) <= 1.5 * rel(ref, truth) + 4e-3, f"d{label}: CUDA error vs FP64"
 
 
-def witness():
-    d = 64
-    q = torch.zeros(1, 1, 1, d)
-    k = torch.zeros(1, 1, 4, d)
-    k[..., 0] = 65536.0
-    k[0, 0, :, 1] = torch.arange(4.0)
-    v = torch.zeros(1, 1, 4, d)
-    v[0, 0, 0, 0], v[0, 0, 0, 1], v[0, 0, 1, 0], v[0, 0, 2, 1] = 4.0, 3 / 256, -4.0, -3 / 256
-    grad_out = torch.zeros(1, 1, 1, d)
-    grad_out[..., :2] = 1.0
-    return [t.bfloat16().cuda() for t in (q, k, v, grad_out)]
-
-
 def flash_forward(q, k, v, *, causal, scale):
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
     return out, lse.float()
@@ -100,7 +88,7 @@ def ours(q, k, v, grad_out, backend, *, causal, scale):
 
 
 def test_witness(record_line):
-    q, k, v, grad_out = witness()
+    q, k, v, grad_out = (t.cuda() for t in attention_inputs.witness())
     got = {b: ours(q, k, v, grad_out, b, causal=False, scale=0.125)[0][0, 0, 0, 0].item() for b in PROJECTED}
     record_line(f"witness on the CUDA kernels: dq[0] bf16 {got['bf16']} gproj {got['gproj']} pivot {got['pivot']}")
     assert got == {"bf16": -24.0, "gproj": 0.0, "pivot": 0.0}
@@ -128,15 +116,8 @@ def test_translation_invariance_against_flash(seed, record_line):
     assert worst["pivot"] * 1000 <= flash
 
 
-def make_inputs(kind, *, heads=4, n=1024, d=64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    gain, key_offset = (1.0, 0.0) if kind == "random" else (20.0, 200.0 if d == 64 else 300.0)
-    q = (gain * torch.randn(1, heads, n, d, generator=g)).bfloat16()
-    k = torch.randn(1, heads, n, d, generator=g)
-    k = (k + key_offset * torch.randn(1, heads, 1, d, generator=g)).bfloat16()
-    v = torch.randn(1, heads, n, d, generator=g).bfloat16()
-    grad_out = torch.randn(1, heads, n, d, generator=g).bfloat16()
-    return [t.cuda() for t in (q, k, v, grad_out)]
+def make_inputs(kind, **kwargs):
+    return [t.cuda() for t in attention_inputs.make_inputs(kind, **kwargs)]
 
 
 @pytest.mark.parametrize("kind,d", [("random", 64), ("random", 128), ("sink", 64), ("sink", 128)])

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from attention_inputs import make_inputs, witness
+
 if os.environ.get("GAUGEWATCH_REQUIRE_GPU") == "1" and not torch.cuda.is_available():
     raise RuntimeError("GAUGEWATCH_REQUIRE_GPU=1 but torch sees no CUDA GPU")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run scripts/device.sh")
@@ -51,33 +53,13 @@ def rel(x, ref):
 
 @pytest.mark.parametrize("backend", ["flash", "efficient", "cudnn"])
 def test_witness_on_real_kernels(backend, run_cli, tmp_path, record_line):
-    d = 64
-    q = torch.zeros(1, 1, 1, d)
-    k = torch.zeros(1, 1, 4, d)
-    k[..., 0] = 65536.0
-    k[0, 0, :, 1] = torch.arange(4.0)
-    v = torch.zeros(1, 1, 4, d)
-    v[0, 0, 0, 0], v[0, 0, 0, 1], v[0, 0, 1, 0], v[0, 0, 2, 1] = 4.0, 3 / 256, -4.0, -3 / 256
-    grad_out = torch.zeros(1, 1, 1, d)
-    grad_out[..., :2] = 1.0
-    q, k, v, grad_out = (t.bfloat16() for t in (q, k, v, grad_out))
+    q, k, v, grad_out = witness()
     out, dq, _, _ = sdpa_backward(q, k, v, grad_out, backend, causal=False, scale=0.125)
     assert out.abs().max().item() == 0.0
     record_line(f"witness {backend}: dq[0] = {dq[0, 0, 0, 0].item()}")
     assert dq[0, 0, 0, 0].item() == -24.0
     report = run_cli("audit", "witness", "--json").stdout
     assert '"offset_coordinate_first_row": -24.0' in report
-
-
-def make_inputs(kind, *, heads=4, n=1024, d=64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    gain, key_offset = (1.0, 0.0) if kind == "random" else (20.0, 200.0 if d == 64 else 300.0)
-    q = (gain * torch.randn(1, heads, n, d, generator=g)).bfloat16()
-    k = torch.randn(1, heads, n, d, generator=g)
-    k = (k + key_offset * torch.randn(1, heads, 1, d, generator=g)).bfloat16()
-    v = torch.randn(1, heads, n, d, generator=g).bfloat16()
-    grad_out = torch.randn(1, heads, n, d, generator=g).bfloat16()
-    return q, k, v, grad_out
 
 
 @pytest.mark.parametrize("kind,d", [("random", 64), ("sink", 64), ("sink", 128)])

@@ -1,0 +1,43 @@
+#pragma once
+// Host-side preconditions shared by the kernels' launchers (fp32_backward.cu,
+// bf16_backward.cu, metrics.cu): one check, one message, wherever a launcher
+// needs it.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/fp32_backward.h"  // Status
+
+namespace gaugewatch::gpu::checks {
+
+inline constexpr int64_t kMaxGridY = 65535;  // one grid row per (batch, head)
+inline constexpr size_t kAlign = 256;         // workspace sub-buffers
+
+inline size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+inline Status invalid(std::string message) { return Status{cudaErrorInvalidValue, std::move(message)}; }
+
+// GQA divisibility and lengths the kernels index with int.
+inline Status check_heads_and_lengths(int64_t q_heads, int64_t kv_heads, int64_t q_len, int64_t kv_len) {
+  if (q_heads % kv_heads != 0) {
+    return invalid("kv_heads " + std::to_string(kv_heads) + " does not divide q_heads " + std::to_string(q_heads) +
+                   " (GQA)");
+  }
+  if (q_len > INT32_MAX || kv_len > INT32_MAX) return invalid("q_len and kv_len must fit in int32");
+  return {};
+}
+
+// Packed sequences: both offset arrays or neither, and a segment count.
+inline Status check_packing(const int32_t* cu_q, const int32_t* cu_k, int64_t num_segments) {
+  if ((cu_q == nullptr) != (cu_k == nullptr)) return invalid("cu_seqlens_q and cu_seqlens_k must be given together");
+  if (cu_q != nullptr && (num_segments < 1 || num_segments > INT32_MAX)) {
+    return invalid("packed sequences need num_segments >= 1");
+  }
+  return {};
+}
+
+}  // namespace gaugewatch::gpu::checks
