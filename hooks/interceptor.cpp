@@ -182,7 +182,10 @@ std::optional<std::string> cuda_backend_refusal(Backend backend, const Tensor& l
 // The op's gradients as SDPA's backward returns them: the input's dtype and
 // the stock backward's layout (torch 2.11). The CPU flash and the CUDA
 // efficient backwards always allocate (B, N, H, d) and return it transposed,
-// whatever the input's strides; the CUDA flash and cuDNN ops allocate in the
+// whatever the input's strides (efficient too for q, k, v sliced from one
+// fused qkv buffer: the packed (B, N, 3, H, d) gradient of the lower-level
+// _efficient_attention_backward is not what SDPA's op returns; measured on
+// the H200, and its meta registration says the same); the CUDA flash and cuDNN ops allocate in the
 // input's stride order (flash: empty_like of the (B, N, H, d)-transposed
 // operand; cuDNN: alloc_with_matching_layout), so an SDPA-strided q,
 // transposed from (B, N, H, d) or sliced from a fused qkv projection, gets a
@@ -207,29 +210,6 @@ Tensor like_input(const Tensor& grad, const Tensor& input, OpKind kind) {
   if (grad.scalar_type() == input.scalar_type() && grad.strides() == target.strides()) return grad;
   target.copy_(grad);
   return target;
-}
-
-// The efficient backward's one exception (torch 2.11, its meta registration
-// states it): when q, k and v share one storage (slices of a fused qkv
-// projection) with N = M and equal head dims, their gradients are the three
-// slices of one (B, N, 3, H, d) buffer, so the fused projection's gradient
-// needs no copy. Returned the same way here.
-bool efficient_packs_gradients(const Tensor& q, const Tensor& k, const Tensor& v) {
-  return q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.storage().is_alias_of(k.storage()) &&
-         q.storage().is_alias_of(v.storage()) && q.size(2) == k.size(2) && q.size(3) == v.size(3) &&
-         q.sizes() == k.sizes() && k.sizes() == v.sizes();
-}
-
-Grads packed_like_efficient(const Tensor& dq, const Tensor& dk, const Tensor& dv, at::ScalarType dtype) {
-  // (B, H, N, d) gradients -> one (B, N, 3, H, d) buffer -> (B, H, N, d) views,
-  // in the input's dtype (the fp32 backend returns float32).
-  const Tensor packed = at::empty({dq.size(0), dq.size(2), 3, dq.size(1), dq.size(3)}, dq.options().dtype(dtype));
-  Grads out{packed.select(2, 0).transpose(1, 2), packed.select(2, 1).transpose(1, 2),
-            packed.select(2, 2).transpose(1, 2)};
-  std::get<0>(out).copy_(dq);
-  std::get<1>(out).copy_(dk);
-  std::get<2>(out).copy_(dv);
-  return out;
 }
 
 // The layer's backend, or nullopt (log once) when it cannot run for this call.
@@ -288,9 +268,6 @@ std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, 
       const bool finite = at::isfinite(dq).all().item<bool>() && at::isfinite(dk).all().item<bool>() &&
                           at::isfinite(dv).all().item<bool>();
       if (!finite) return refuse("non-finite gradient");
-    }
-    if (info.kind == OpKind::kEfficient && efficient_packs_gradients(q, k, v)) {
-      return packed_like_efficient(dq, dk, dv, q.scalar_type());
     }
     return Grads{like_input(dq, q, info.kind), like_input(dk, k, info.kind), like_input(dv, v, info.kind)};
   } catch (const std::exception& e) {

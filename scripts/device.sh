@@ -24,7 +24,8 @@
 # (python3), GW_DEVICE_BUDGET_S (540: total seconds; each step is cut short so
 # that results.json is always written inside the device tool's 600 s limit),
 # CTEST_JOBS (8), CMAKE_EXTRA_ARGS, PYTEST_ARGS; focused runs: GW_ONLY_PYTEST,
-# GW_ONLY_BENCH (basenames), GW_SKIP_CTEST=1, GW_SANITIZE=0 (docs/device.md).
+# GW_ONLY_BENCH (basenames), GW_PYTEST_K (a pytest -k expression for every
+# file), GW_SKIP_CTEST=1, GW_SANITIZE=0 (docs/device.md).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -329,7 +330,8 @@ if ((${#py_files[@]})); then
   t0=$(date +%s); worst=0; crashed=()
   for f in "${py_files[@]}"; do
     # shellcheck disable=SC2086
-    run_step "pytest $(basename "$f")" "$OUT/pytest.log" 60 "$PY" -X faulthandler -m pytest "$f" -q -p no:cacheprovider -rfEs ${PYTEST_ARGS:-}
+    run_step "pytest $(basename "$f")" "$OUT/pytest.log" 60 "$PY" -X faulthandler -m pytest "$f" -q -p no:cacheprovider -rfEs \
+      ${GW_PYTEST_K:+-k "$GW_PYTEST_K"} ${PYTEST_ARGS:-}
     case $STEP_RC in 0|5) ;; *) worst=$STEP_RC ;; esac
     if ((STEP_RC > 128)); then crashed+=("$(basename "$f") (signal $((STEP_RC - 128)))"); fi
   done
@@ -370,7 +372,8 @@ if [[ -d "$BUILD_DIR/bin" ]]; then
 fi
 while IFS= read -r s; do benches+=("$s"); done < <(find bench -type f -name '*.py' ! -name '_*' ! -path '*/results/*' ! -path '*/__pycache__/*' 2>/dev/null | sort)
 if [[ -n "${GW_ONLY_BENCH:-}" ]]; then  # space-separated basenames, "none" for no benchmarks
-  filtered=(); for b in "${benches[@]}"; do [[ " $GW_ONLY_BENCH " == *" $(basename "$b") "* ]] && filtered+=("$b"); done
+  # In the order given: the first named runs first (a long one last).
+  filtered=(); for want in $GW_ONLY_BENCH; do for b in "${benches[@]}"; do [[ "$(basename "$b")" == "$want" ]] && filtered+=("$b"); done; done
   benches=("${filtered[@]}")
 fi
 t0=$(date +%s)

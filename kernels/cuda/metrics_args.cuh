@@ -37,11 +37,12 @@ enum NormJobId : int {
 // Row partials, in the order finish_kernel reads them.
 enum RowStatId : int {
   kStatVisible, kStatMassSum, kStatMassMax, kStatNormSum, kStatNormMax,
-  kStatOffsetMax, kStatRatioMax, kStatSharp, kStatLogitMax, kRowStats,
+  kStatOffsetMax, kStatRatioMax, kStatSharp, kStatLogitMax, kStatSpreadRows, kRowStats,
 };
 // Bit v set: row partial v is a sum (else a maximum).
 inline constexpr unsigned kStatSumMask =
-    (1u << kStatVisible) | (1u << kStatMassSum) | (1u << kStatNormSum) | (1u << kStatSharp);
+    (1u << kStatVisible) | (1u << kStatMassSum) | (1u << kStatNormSum) | (1u << kStatSharp) |
+    (1u << kStatSpreadRows);
 
 struct NormJob {
   const void* a;

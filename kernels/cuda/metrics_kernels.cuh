@@ -423,10 +423,16 @@ __global__ void __launch_bounds__(kMetricsThreads) row_stats_kernel(const RowSta
     acc[kStatVisible] += 1.0;
     acc[kStatMassSum] += rho;
     acc[kStatMassMax] = fmax(acc[kStatMassMax], rho);
-    acc[kStatNormSum] += normalized;
-    acc[kStatNormMax] = fmax(acc[kStatNormMax], normalized);
     acc[kStatOffsetMax] = fmax(acc[kStatOffsetMax], a.offset[i]);
-    if (double_bits(a.ratio[i]) != kExcluded) acc[kStatRatioMax] = fmax(acc[kStatRatioMax], a.ratio[i]);
+    // A row with no key spread (one visible key, or all of p on one key) has
+    // t = 0 in exact arithmetic: its |rho| / sum |t| is 0/0 made 1 by rounding
+    // noise, so it is left out of the normalized row mass as of the ratio.
+    if (double_bits(a.ratio[i]) != kExcluded) {
+      acc[kStatRatioMax] = fmax(acc[kStatRatioMax], a.ratio[i]);
+      acc[kStatSpreadRows] += 1.0;
+      acc[kStatNormSum] += normalized;
+      acc[kStatNormMax] = fmax(acc[kStatNormMax], normalized);
+    }
     if (a.p_max[i] > 0.999) acc[kStatSharp] += 1.0;
     acc[kStatLogitMax] = fmax(acc[kStatLogitMax], a.logit_max[i]);
   }
@@ -565,7 +571,7 @@ __global__ void finish_kernel(const FinishArgs a) {
   put(M::kRowMassAbsMax, s[kStatMassMax]);
   put(M::kRowMassAbsMean, visible > 0.0 ? s[kStatMassSum] / visible : 0.0);
   put(M::kRowMassNormalizedMax, s[kStatNormMax]);
-  put(M::kRowMassNormalizedMean, visible > 0.0 ? s[kStatNormSum] / visible : 0.0);
+  put(M::kRowMassNormalizedMean, s[kStatSpreadRows] > 0.0 ? s[kStatNormSum] / s[kStatSpreadRows] : 0.0);
   put(M::kKeyOffsetMedian, a.medians[0]);
   put(M::kKeyOffsetMax, s[kStatOffsetMax]);
   put(M::kKeySpreadMedian, a.medians[1]);

@@ -14,9 +14,10 @@ constexpr std::array<MetricSpec, kMetricCount> kCatalogue{{
      "Largest |rho_i| = |sum_j t_ij| over rows: the BF16 score gradient's leftover row sum."},
     {kRowMassAbsMean, "row_mass_abs_mean", "ratio", "Mean |rho_i| over rows with a visible key."},
     {kRowMassNormalizedMax, "row_mass_normalized_max", "ratio",
-     "Largest |rho_i| / sum_j |t_ij|: row mass relative to the row's gradient size."},
+     "Largest |rho_i| / sum_j |t_ij|: row mass relative to the row's gradient size (rows with key spread; "
+     "a row on one key has t = 0 exactly, its ratio is rounding noise)."},
     {kRowMassNormalizedMean, "row_mass_normalized_mean", "ratio",
-     "Mean |rho_i| / sum_j |t_ij| over rows with a visible key."},
+     "Mean |rho_i| / sum_j |t_ij| over rows with key spread (more than one key carrying probability)."},
     {kKeyOffsetMedian, "key_offset_median", "norm",
      "Median over rows of ||mu_k,i||, the attention-weighted mean key the row mass multiplies."},
     {kKeyOffsetMax, "key_offset_max", "norm", "Largest ||mu_k,i|| over rows."},

@@ -147,11 +147,15 @@ AttentionMetrics compute_metrics(const AttentionInputs& in, const SavedForward& 
     const double rho = std::abs(static_cast<double>(fused.rows.row_mass[i]));
     const double abs_mass = fused.rows.abs_row_mass[i];
     mass.push_back(rho);
-    normalized.push_back(abs_mass > 0.0 ? rho / abs_mass : 0.0);
     offsets.push_back(g.offset);
     spreads.push_back(g.spread);
-    // A row on a single key has no spread: its ratio is unbounded, skip it.
-    if (g.spread > 0.0) ratios.push_back(g.offset / g.spread);
+    // A row on a single key (one visible key, or all of p on one) has no
+    // spread: its ratio is unbounded, and its t is 0 in exact arithmetic, so
+    // |rho| / sum |t| is 0/0 that rounding noise makes 0 or 1. Both skip it.
+    if (g.spread > 0.0) {
+      ratios.push_back(g.offset / g.spread);
+      normalized.push_back(abs_mass > 0.0 ? rho / abs_mass : 0.0);
+    }
     if (g.p_max > 0.999) sharp += 1.0;
     logit_max = std::max(logit_max, g.logit_abs_max);
   }

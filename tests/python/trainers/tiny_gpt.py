@@ -219,11 +219,16 @@ def hold_cupti():
 
 
 def forked_child_pass(out_path):
-    """In the child of os.fork(): an attention forward / backward on the CPU
-    (CUDA cannot be used after a fork), its stats written out, then the normal
-    interpreter exit (atexit handlers run)."""
-    q = torch.randn(1, 2, 16, 8, dtype=torch.bfloat16, requires_grad=True)
-    F.scaled_dot_product_attention(q, q, q, is_causal=True).float().sum().backward()
+    """In the child of os.fork(): an attention forward on the CPU (CUDA cannot
+    be used after a fork) and, unless the parent ran autograd on CUDA, its
+    backward (PyTorch refuses autograd in a child forked after its CUDA
+    device threads started: wiki Autograd-and-Fork), the stats written out,
+    then the normal interpreter exit (atexit handlers run)."""
+    backward = not torch.cuda._is_in_bad_fork()
+    q = torch.randn(1, 2, 16, 8, dtype=torch.bfloat16, requires_grad=backward)
+    out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    if backward:
+        out.float().sum().backward()
     stats = None
     if hasattr(torch.ops, "gaugewatch_hooks"):
         try:
@@ -231,7 +236,9 @@ def forked_child_pass(out_path):
         except (AttributeError, RuntimeError):
             stats = None
     if out_path:
-        pathlib.Path(out_path).write_text(json.dumps({"grad_finite": bool(torch.isfinite(q.grad).all()),
+        grad_finite = bool(torch.isfinite(q.grad).all()) if backward else None
+        pathlib.Path(out_path).write_text(json.dumps({"backward": backward, "grad_finite": grad_finite,
+                                                      "out_finite": bool(torch.isfinite(out).all()),
                                                       "stats": stats}))
     sys.exit(0)
 
