@@ -61,7 +61,8 @@ using BackwardFn = Grads(const at::Tensor&, const at::Tensor&, const at::Tensor&
                          c10::string_view, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool,
                          bool);
 
-// A slice of one call, on the CPU (or being copied there).
+// A slice of one call: on the CPU for a CPU call, on the GPU (made on the
+// side stream) for a CUDA call; a whole call's operands for a capture.
 struct Operands {
   at::Tensor grad_out, q, k, v, out, lse;  // (S, 1, R, d) ... as in SDPA layout
 };
@@ -83,7 +84,8 @@ struct Job {
   Operands whole;
   std::string op;
 #if defined(GAUGEWATCH_HOOKS_CUDA)
-  std::shared_ptr<at::cuda::CUDAEvent> copied;        // side stream: copies done
+  std::optional<c10::cuda::CUDAStream> side;          // the audit's stream (CUDA samples)
+  std::shared_ptr<at::cuda::CUDAEvent> copied;        // side stream: slices / copies done
   std::shared_ptr<at::cuda::CUDAEvent> backward_start;  // training stream, before the backward
   std::shared_ptr<at::cuda::CUDAEvent> backward_end;    // training stream, after it
 #endif
@@ -205,10 +207,14 @@ const c10::TypedOperatorHandle<BackwardFn>& backward_op() {
   return op;
 }
 
-double relative_error(const at::Tensor& live, const at::Tensor& ref) {
+// (||live - ref||, ||ref||) in double, on the tensors' device: the GPU audit
+// reads every such pair back in one copy.
+at::Tensor error_terms(const at::Tensor& live, const at::Tensor& ref) {
   const at::Tensor r = ref.to(at::kDouble);
-  const double denom = r.norm().item<double>();
-  const double num = (live.to(at::kDouble) - r).norm().item<double>();
+  return at::stack({(live.to(at::kDouble) - r).norm(), r.norm()});
+}
+
+double relative_error(double num, double denom) {
   if (!(denom > 0.0)) return num == 0.0 ? 0.0 : std::nan("");
   return num / denom;
 }
@@ -266,38 +272,133 @@ bool auditor_giving_up() {
 std::optional<double> kernel_time_us(CudaTiming& timing);
 namespace {
 
-bool all_finite(const Operands& o) {
+// What one audit measures: the metrics op's values, the live gradients'
+// error terms against the FP32 recompute, and whether the slice was finite.
+struct AuditNumbers {
+  bool finite = true;
+  const char* device = "cpu";       // where the metrics were computed
+  std::vector<double> metrics;      // attention_metrics, catalogue order
+  double dq[2] = {0.0, 0.0};        // error_terms(live dq, fp32 dq)
+  double dk[2] = {0.0, 0.0}, dv[2] = {0.0, 0.0};  // when compare_dkdv
+};
+
+at::Tensor finite_flag(const Operands& o) {
+  std::vector<at::Tensor> flags;
   for (const at::Tensor* t : {&o.grad_out, &o.q, &o.k, &o.v, &o.out, &o.lse}) {
-    if (t->defined() && !at::isfinite(*t).all().item<bool>()) return false;
+    if (t->defined()) flags.push_back(at::isfinite(*t).all());
+  }
+  return at::stack(flags).all();
+}
+
+// The metrics op and the FP32 recompute on the slice, on the slice's device
+// (the caller's current stream), gathered into one float64 vector:
+// [finite, metrics..., dq terms, (dk terms, dv terms)].
+at::Tensor audit_vector(const Job& job) {
+  const Operands& s = job.slice;
+  const at::Tensor values = metrics_op().call(s.grad_out, s.q, s.k, s.v, s.out, s.lse, job.is_causal, job.scale,
+                                              job.alignment, std::nullopt, std::nullopt);
+  const auto [dq, dk, dv] = backward_op().call(s.grad_out, s.q, s.k, s.v, s.out, s.lse, job.is_causal, job.scale,
+                                               "fp32", job.alignment, std::nullopt, std::nullopt, false, true);
+  std::vector<at::Tensor> parts{finite_flag(s).to(at::kDouble).reshape({1}), values.to(at::kDouble).reshape({-1}),
+                                error_terms(job.live_dq, dq)};
+  if (job.compare_dkdv) {
+    parts.push_back(error_terms(job.live_dk, dk));
+    parts.push_back(error_terms(job.live_dv, dv));
+  }
+  return at::cat(parts);
+}
+
+AuditNumbers parse_audit_vector(const at::Tensor& host, bool compare_dkdv) {
+  const at::Tensor v = host.to(at::kDouble).contiguous();
+  const double* p = v.data_ptr<double>();
+  const std::int64_t n = v.numel(), tail = compare_dkdv ? 6 : 2;
+  AuditNumbers out;
+  out.finite = p[0] != 0.0;
+  out.metrics.assign(p + 1, p + (n - tail));
+  out.dq[0] = p[n - tail];
+  out.dq[1] = p[n - tail + 1];
+  if (compare_dkdv) {
+    out.dk[0] = p[n - 4];
+    out.dk[1] = p[n - 3];
+    out.dv[0] = p[n - 2];
+    out.dv[1] = p[n - 1];
+  }
+  return out;
+}
+
+// CPU slices: the ops' CPU implementations (the reference). A non-finite
+// slice is found first and costs no metrics.
+AuditNumbers audit_on_cpu(const Job& job) {
+  if (!finite_flag(job.slice).item<bool>()) return AuditNumbers{false, "cpu", {}, {}, {}, {}};
+  return parse_audit_vector(audit_vector(job), job.compare_dkdv);
+}
+
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+// Polls an event of the side stream (never the training stream): a bounded
+// wait that exit can cut short (Auditor::stop). False: the sample is skipped
+// (counted: over the limit, or `exit_reason` at exit).
+bool wait_polled(const at::cuda::CUDAEvent& event, const std::string& what, const char* exit_reason) {
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kGpuWaitS));
+  auto pause = std::chrono::microseconds(20);
+  while (!event.query()) {
+    if (Clock::now() >= deadline) {
+      log_once("gpu-wait:" + what, "the GPU did not reach " + what + " within " +
+                                       std::to_string(static_cast<int>(kGpuWaitS)) + " s: sample skipped (logged once)");
+      rt::count_audit_skipped("GPU wait over the limit");
+      return false;
+    }
+    if (auditor_giving_up()) {
+      rt::count_audit_skipped(exit_reason);
+      return false;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::microseconds(1000));
   }
   return true;
 }
+
+// CUDA slices: the ops' CUDA kernels (fused BF16 with row diagnostics, the
+// FP32 recompute, GProj, the metric reductions) on the side stream, after the
+// sampled backward; one small vector comes back through pinned memory.
+// nullopt: skipped (counted). A shape the CUDA kernels do not take (head dims
+// other than 64 / 128) is measured on CPU copies instead, logged once.
+std::optional<AuditNumbers> audit_on_gpu(Job& job) {
+  const c10::cuda::CUDAGuard device(job.slice.q.device());
+  const c10::cuda::CUDAStreamGuard on_side(*job.side);
+  at::Tensor host;
+  try {
+    const at::Tensor all = audit_vector(job);
+    host = at::empty(all.sizes(), all.options().device(at::kCPU).pinned_memory(true));
+    host.copy_(all, /*non_blocking=*/true);
+  } catch (const c10::OutOfMemoryError&) {
+    rt::count_audit_skipped("memory budget (out of memory on the side stream)");
+    return std::nullopt;
+  } catch (const c10::Error& e) {
+    log_once("gpu-audit:" + job.op, "the CUDA audit does not take this call (" + short_what(e) +
+                                        "): its samples are measured on CPU copies of the slice (logged once)");
+    for (at::Tensor* t : {&job.slice.grad_out, &job.slice.q, &job.slice.k, &job.slice.v, &job.slice.out,
+                          &job.slice.lse, &job.live_dq, &job.live_dk, &job.live_dv}) {
+      if (t->defined()) *t = t->to(at::kCPU);
+    }
+    return audit_on_cpu(job);
+  }
+  at::cuda::CUDAEvent done(cudaEventDefault);
+  done.record(*job.side);
+  if (!wait_polled(done, "the end of the audit's kernels", "exit before the audit's kernels ended")) return std::nullopt;
+  AuditNumbers numbers = parse_audit_vector(host, job.compare_dkdv);
+  numbers.device = "cuda";
+  return numbers;
+}
+#endif
 
 void Auditor::run(Job& job) {
   double backward_us = job.backward_us;
   const char* timed_by = "host_clock";
 #if defined(GAUGEWATCH_HOOKS_CUDA)
   if (job.copied) {
-    // The side stream's copies (never the training stream), polled: a
-    // bounded wait that exit can cut short (Auditor::stop).
-    const auto gpu_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                 std::chrono::duration<double>(kGpuWaitS));
-    auto pause = std::chrono::microseconds(20);
-    while (!job.copied->query()) {
-      if (Clock::now() >= gpu_deadline) {
-        log_once("gpu-wait", "the GPU did not reach a sampled backward within " +
-                                 std::to_string(static_cast<int>(kGpuWaitS)) + " s: sample skipped (logged once)");
-        rt::count_audit_skipped("GPU wait over the limit");
-        return;
-      }
-      if (auditor_giving_up()) {
-        rt::count_audit_skipped("exit before the GPU reached the sampled backward");
-        return;
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::microseconds(1000));
-    }
-    // The copies are ordered after the backward's kernels: they are done, and
+    if (!wait_polled(*job.copied, "a sampled backward", "exit before the GPU reached the sampled backward")) return;
+    // The slices are ordered after the backward's kernels: they are done, and
     // CUPTI can deliver their records.
     std::optional<double> kernel_us;
     if (job.timing && job.sample) kernel_us = kernel_time_us(*job.timing);
@@ -317,33 +418,35 @@ void Auditor::run(Job& job) {
     }
   }
 #endif
-  // The audit's own time starts when its operands are on the host: waiting
-  // for the GPU to reach the sampled backward (the training stream runs ahead
-  // of the host) is queue time, not audit time charged to the budget.
+  // The audit's own time starts when the sampled backward is done: waiting
+  // for the GPU to reach it (the training stream runs ahead of the host) is
+  // queue time, not audit time charged to the budget.
   const auto start = Clock::now();
   const double queue_us = std::chrono::duration<double, std::micro>(start - job.queued).count();
   if (job.capture) write_capture(job);
   if (!job.sample) return;
-  const Operands& s = job.slice;
+  std::optional<AuditNumbers> numbers;
+#if defined(GAUGEWATCH_HOOKS_CUDA)
+  if (job.side && job.slice.q.is_cuda()) {
+    numbers = audit_on_gpu(job);
+    if (!numbers) return;
+  }
+#endif
+  if (!numbers) numbers = audit_on_cpu(job);
   // NaN / Inf in the sampled operands (a diverging run, a bad batch): the
   // metrics would be meaningless; skip the sample, count it, carry on.
-  if (!all_finite(s)) {
+  if (!numbers->finite) {
     rt::count_audit_skipped("non-finite operands (NaN/Inf)");
     return;
   }
-  const at::Tensor values = metrics_op().call(s.grad_out, s.q, s.k, s.v, s.out, s.lse, job.is_causal, job.scale,
-                                              job.alignment, std::nullopt, std::nullopt);
-  const auto [dq, dk, dv] = backward_op().call(s.grad_out, s.q, s.k, s.v, s.out, s.lse, job.is_causal, job.scale,
-                                               "fp32", job.alignment, std::nullopt, std::nullopt, false, true);
   SampleData& sample = job.data;
   sample.step = job.plan.step;
   sample.layer = job.plan.layer;
   sample.backend = job.ran;
   sample.metrics.fill(std::nan(""));
-  const at::Tensor v64 = values.to(at::kDouble).contiguous();
-  const double* p = v64.data_ptr<double>();
+  const std::vector<double>& values = numbers->metrics;
   const auto& catalogue = reference::metric_catalogue();
-  for (std::size_t i = 0; i < catalogue.size() && static_cast<std::int64_t>(i) < v64.numel(); ++i) {
+  for (std::size_t i = 0; i < catalogue.size() && i < values.size(); ++i) {
     const auto id = catalogue[i].id;
     // "live" metrics describe the backward that actually ran: measured below
     // from its gradients, not taken from the reference's BF16 emulation.
@@ -351,7 +454,7 @@ void Auditor::run(Job& job) {
         id == reference::MetricId::kLiveDvDiscrepancy || id == reference::MetricId::kLiveGaugeViolation) {
       continue;
     }
-    sample.metrics[i] = p[i];
+    sample.metrics[i] = values[i];
   }
   auto slot = [&](reference::MetricId id) -> double& { return sample.metrics[static_cast<std::size_t>(id)]; };
   // live_gauge_violation (NUMERICS.md: the same backend's dQ with every key
@@ -359,21 +462,22 @@ void Auditor::run(Job& job) {
   // the stock fused BF16 numerics ("live" in the op) and for GProj; report
   // the one of the backend that ran. The op has none for pivot or fp32.
   auto op_value = [&](reference::MetricId id) {
-    const auto i = static_cast<std::int64_t>(id);
-    return i < v64.numel() ? p[i] : std::nan("");
+    const auto i = static_cast<std::size_t>(id);
+    return i < values.size() ? values[i] : std::nan("");
   };
   if (job.ran == Backend::kStock || job.ran == Backend::kBf16) {
     slot(reference::MetricId::kLiveGaugeViolation) = op_value(reference::MetricId::kLiveGaugeViolation);
   } else if (job.ran == Backend::kGproj) {
     slot(reference::MetricId::kLiveGaugeViolation) = op_value(reference::MetricId::kGprojGaugeViolation);
   }
-  slot(reference::MetricId::kLiveDqDiscrepancy) = relative_error(job.live_dq, dq);
+  slot(reference::MetricId::kLiveDqDiscrepancy) = relative_error(numbers->dq[0], numbers->dq[1]);
   if (job.compare_dkdv) {
-    slot(reference::MetricId::kLiveDkDiscrepancy) = relative_error(job.live_dk, dk);
-    slot(reference::MetricId::kLiveDvDiscrepancy) = relative_error(job.live_dv, dv);
+    slot(reference::MetricId::kLiveDkDiscrepancy) = relative_error(numbers->dk[0], numbers->dk[1]);
+    slot(reference::MetricId::kLiveDvDiscrepancy) = relative_error(numbers->dv[0], numbers->dv[1]);
   }
   sample.backward_us = backward_us;
   rt::count_timing(timed_by);
+  rt::count_audit_device(numbers->device);
   sample.audit_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   sample.queue_us = queue_us;
   sample.unix_time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -607,14 +711,11 @@ void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, do
         for (const at::Tensor* t : {&c.grad_out, &c.q, &c.k, &c.v, &c.out, &c.lse, &c.dq, &c.dk, &c.dv}) {
           if (t->defined() && t->is_cuda()) t->record_stream(side);
         }
+        // The slices stay on the GPU, made on (and owned by) the side stream:
+        // the auditor runs the CUDA ops on them there.
         if (job.sample) {
           fill_job(job, c, plan);
-          to_pinned(job.slice);
-          job.live_dq = to_pinned(job.live_dq);
-          if (job.compare_dkdv) {
-            job.live_dk = to_pinned(job.live_dk);
-            job.live_dv = to_pinned(job.live_dv);
-          }
+          job.side = side;
         }
         if (job.capture) {
           job.whole = Operands{c.grad_out, c.q, c.k, c.v, c.out, c.lse};

@@ -438,6 +438,11 @@ void Runtime::count_timing(const std::string& source) {
   ++timed_by_[source];
 }
 
+void Runtime::count_audit_device(const std::string& device) {
+  std::lock_guard lock(mu_);
+  ++audits_by_device_[device];
+}
+
 void Runtime::start_reporter_locked() {
   if (reporter_ || shut_down_ || forked_child_) return;
   if (!config_.agent_enabled()) {
@@ -474,6 +479,7 @@ std::string Runtime::stats_json_locked() {
   j["audits_skipped_other"] = audits_skipped_other_;
   j["audits_skipped_reasons"] = audits_skipped_reasons_;
   j["audit_us_total"] = audit_us_total_;
+  j["audits_by_device"] = audits_by_device_;
   j["commands_applied"] = commands_applied_;
   j["commands_rejected"] = commands_rejected_;
   j["sampling"] = {{"every_n_steps", every_n_steps_},
@@ -672,6 +678,7 @@ void set_timing_source(const std::string& source, const std::string& cupti_statu
   runtime().set_timing_source(source, cupti_status);
 }
 void count_timing(const std::string& source) { runtime().count_timing(source); }
+void count_audit_device(const std::string& device) { runtime().count_audit_device(device); }
 void optimizer_step() { runtime().optimizer_step(); }
 void use_optimizer_steps() { runtime().use_optimizer_steps(); }
 }  // namespace rt

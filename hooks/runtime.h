@@ -83,6 +83,8 @@ void set_versions(std::string torch, std::string cuda, std::string driver);
 void set_backend_status(const std::string& backend, const std::string& status);
 void set_timing_source(const std::string& source, const std::string& cupti_status);
 void count_timing(const std::string& source);
+// Where a submitted sample's metrics were computed: "cuda" or "cpu".
+void count_audit_device(const std::string& device);
 void optimizer_step();
 void use_optimizer_steps();
 }  // namespace rt

@@ -92,6 +92,7 @@ class Runtime final : public Reporter::Source {
   // why CUPTI is not used when it is not; a sample timed by `source`.
   void set_timing_source(const std::string& source, const std::string& cupti_status);
   void count_timing(const std::string& source);
+  void count_audit_device(const std::string& device);
 
   // --- introspection ----------------------------------------------------------
   std::string stats_json();
@@ -151,6 +152,7 @@ class Runtime final : public Reporter::Source {
   std::string timing_source_ = "host_clock";            // until a CUDA sample is timed
   std::string cupti_status_ = "not tried";
   std::map<std::string, std::uint64_t> timed_by_;
+  std::map<std::string, std::uint64_t> audits_by_device_;  // where the samples' metrics were computed
   // Steps: backward passes (grad_accum_ per step) until an optimizer step is signalled.
   bool optimizer_mode_ = false;
   std::uint64_t optimizer_steps_pending_ = 0;

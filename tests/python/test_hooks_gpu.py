@@ -99,6 +99,21 @@ def test_gpu_samples_every_sdpa_backend(sdpa, binaries, workdir):
     assert stats["samples_submitted"] == 3 * (10 - stats["audits_skipped_budget"]) > 0, stats
     assert stats["audits_skipped_other"] == 0, stats
     assert all(layer["latest"].get("live_dq_discrepancy", 0) > 0 for layer in stats["layers"]), stats["layers"]
+    # The metrics were computed by the CUDA kernels on the side stream.
+    assert stats["audits_by_device"] == {"cuda": stats["samples_submitted"]}, stats
+
+
+def test_gpu_audit_of_a_head_dim_the_kernels_do_not_take_runs_on_cpu_copies(binaries, workdir):
+    lib = binaries[2]
+    run_id = "hooks-gpu-d96"
+    args = ["--device", "cuda", "--dim", 384, "--heads", 4, "--seq", 64, "--batch", 8]  # head dim 96
+    result = run_trainer(gpu_env(lib, workdir, run_id, "none", "plain"), "--steps", 6, *args)
+    assert_loss_decreases(parse_output(result.stdout)[0])
+    stats = final_stats(workdir, run_id)
+    assert stats["samples_submitted"] > 0 and stats["audits_skipped_other"] == 0, stats
+    assert stats["audits_by_device"] == {"cpu": stats["samples_submitted"]}, stats
+    assert "measured on CPU copies" in result.stderr, result.stderr[-2000:]
+    assert all(layer["latest"].get("live_dq_discrepancy", 0) > 0 for layer in stats["layers"]), stats["layers"]
 
 
 @pytest.mark.parametrize("sdpa", ["default", "flash", "efficient"])

@@ -218,13 +218,13 @@ def hold_cupti():
     return int(result)
 
 
-def forked_child_pass(out_path):
+def forked_child_pass(out_path, parent_device):
     """In the child of os.fork(): an attention forward on the CPU (CUDA cannot
     be used after a fork) and, unless the parent ran autograd on CUDA, its
     backward (PyTorch refuses autograd in a child forked after its CUDA
     device threads started: wiki Autograd-and-Fork), the stats written out,
     then the normal interpreter exit (atexit handlers run)."""
-    backward = not torch.cuda._is_in_bad_fork()
+    backward = parent_device == "cpu"
     q = torch.randn(1, 2, 16, 8, dtype=torch.bfloat16, requires_grad=backward)
     out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
     if backward:
@@ -243,12 +243,12 @@ def forked_child_pass(out_path):
     sys.exit(0)
 
 
-def fork_and_wait(out_path, timeout=30.0):
+def fork_and_wait(out_path, parent_device, timeout=30.0):
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
         try:
-            forked_child_pass(out_path)  # leaves by sys.exit(0): the interpreter's normal exit
+            forked_child_pass(out_path, parent_device)  # leaves by sys.exit(0): the interpreter's normal exit
         except SystemExit:
             raise
         except BaseException:  # noqa: BLE001
@@ -351,7 +351,7 @@ def train(args):
                 model(next_batch()[0])
         print(json.dumps({"step": step, "loss": total}), flush=True)
         if step == args.fork_at:
-            print(json.dumps({"fork_child": fork_and_wait(args.fork_out)}), flush=True)
+            print(json.dumps({"fork_child": fork_and_wait(args.fork_out, args.device)}), flush=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if args.stop_file and os.path.exists(args.stop_file):
