@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/cuda/bf16_backward.h"
 #include "kernels/cuda/bf16_mma.cuh"
@@ -36,15 +37,14 @@ inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kBr = 64;  // query rows per tile
 inline constexpr int kBc = 64;  // keys per tile
 inline constexpr float kLog2e = 1.4426950408889634f;
-// Occupancy configuration: B blocks of 8 warps per SM that the register
-// allocation (and, for the dkdv kernel, shared memory) must allow. D = 64
-// always runs two. D = 128 has two variants for bf16 and pivot, chosen at
-// launch (bf16_backward_launch.cuh): B = 1 keeps the loops fully unrolled and
-// double-buffers Q/dO in the dkdv kernel (~220 registers, 115-147 KiB); B = 2
-// unrolls less and single-buffers Q/dO, to fit 128 registers and half the
-// shared memory, so two blocks overlap each other's barriers. gproj at
-// D = 128 runs B = 1 only: its second accumulator (U, or the -lambda Q tile)
-// does not fit 128 registers without spilling.
+// Occupancy configuration of one kernel: B blocks of 8 warps per SM that the
+// register allocation (and shared memory) must allow. Each kernel of the pair
+// takes its own B (dq_kernel<D, P, BQ>, dkdv_kernel<D, P, BKV>). B = 1 keeps
+// the loops fully unrolled and double-buffers Q/dO in the dkdv kernel
+// (~220 registers at D = 128); B = 2 at D = 128 unrolls less and single-
+// buffers Q/dO, to fit 128 registers and half the shared memory, so two
+// blocks overlap each other's barriers. D = 64 fits 128 registers fully
+// unrolled.
 template <int D, int B>
 struct Occupancy {
   static_assert(B == 1 || B == 2, "one or two blocks per SM");
@@ -52,6 +52,31 @@ struct Occupancy {
   static constexpr int kContractUnroll = (D == 128 && B == 2) ? 1 : kBc / 16;
   static constexpr bool kDoubleBufferQ = !(D == 128 && B == 2);
 };
+
+// Blocks per SM of the dq and dkdv kernels by default: two wherever the kernel
+// fits 128 registers without spilling. gproj at D = 128 runs one block in both
+// kernels: the dq kernel's second accumulator U = r K does not fit, and the
+// dkdv kernel (its -lambda Q operand in shared memory) spills 28 bytes at 128
+// registers (still 8 with the -lambda Q staging loop kept rolled; nvcc 13.0).
+template <int D, Projection P>
+struct DefaultBlocks {
+  static constexpr int kDq = (D == 128 && P == Projection::kGproj) ? 1 : 2;
+  static constexpr int kDkdv = kDq;
+};
+
+// Runs launch.template operator()<BQ, BKV>() with the blocks per SM of the
+// two kernels: DefaultBlocks, or at D = 128 one block each (fully unrolled,
+// the configuration measured before two blocks became the default) when
+// GAUGEWATCH_BF16_BLOCKS_PER_SM=1, kept to compare the two on the GPU.
+// Shared by the GPU launcher (bf16_backward_launch.cuh) and the emulation's.
+template <int D, Projection P, class Launch>
+cudaError_t with_blocks_per_sm(Launch&& launch) {
+  if constexpr (D == 128) {
+    const char* env = std::getenv("GAUGEWATCH_BF16_BLOCKS_PER_SM");
+    if (env != nullptr && env[0] == '1' && env[1] == '\0') return launch.template operator()<1, 1>();
+  }
+  return launch.template operator()<DefaultBlocks<D, P>::kDq, DefaultBlocks<D, P>::kDkdv>();
+}
 
 // Device copy of the launch parameters (by value, in the kernel argument).
 struct Args {
@@ -450,9 +475,8 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
   }
 }
 
-// Shared memory of the dkdv kernel (BF16 elements): K, V, two Q/dO buffers,
-// -lambda Q (gproj), t, r; then per-row arrays for two buffers, then the FP32
-// pivot fix-up [64][D] (pivot only).
+// Shared memory of the dkdv kernel (BF16 elements): K, V, one or two Q/dO
+// buffers, -lambda Q (gproj), t, r; then per-row arrays for two buffers.
 template <int D, Projection P, bool kDB>
 struct DkdvSmem {
   static constexpr int kTile = kBr * D;
@@ -462,9 +486,7 @@ struct DkdvSmem {
   static constexpr int kT = kLq + (P == Projection::kGproj ? kTile : 0), kR = kT + kBr * kBc;
   static constexpr int kRows = kR + kBr * kBc;  // float [2 buffers][7][64]
   static constexpr int kRowFloats = 2 * 7 * kBr;
-  static constexpr int kFix = kRows + kRowFloats * 2;  // float [64][D]
-  static constexpr size_t kBytes =
-      static_cast<size_t>(kFix) * 2 + (P == Projection::kPivot ? static_cast<size_t>(kBc) * D * 4 : 0);
+  static constexpr size_t kBytes = static_cast<size_t>(kRows + kRowFloats * 2) * 2;
 };
 
 // Row arrays of one query tile in the dkdv kernel.
@@ -559,11 +581,6 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
   float dk[D / 16][4], dv[D / 16][4];
   zero<D>(dk);
   zero<D>(dv);
-  float* fix = reinterpret_cast<float*>(smem + L::kFix);
-  if constexpr (P == Projection::kPivot) {
-    for (int idx = threadIdx.x; idx < kBc * D; idx += kThreads) fix[idx] = 0.0f;
-    __syncthreads();
-  }
 
   for (int it = 0; it < iters; ++it) {
     const int buf = kDB ? (it & 1) : 0;
@@ -617,25 +634,45 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
       contract<D, true, Occupancy<D, B>::kContractUnroll>(dk, smem + L::kR, smem + L::kLq, row0, half * (D / 2));
     }
     if constexpr (P == Projection::kPivot) {
-      // fix[j - j0][col] += rho_i q_i[col] for rows whose pivot is in this
-      // tile: thread owns (column, key parity), rows in order: deterministic.
-      // Only the rows flagged at staging are visited (usually none or a few,
-      // all 64 for the tile holding an attention sink).
-      constexpr int kOwners = kThreads / D;  // 4 (D = 64) or 2 (D = 128)
-      const int col = threadIdx.x % D, part = threadIdx.x / D;
+      // dKacc_j -= rho_i q_i for the rows i of this query tile whose pivot
+      // j = j*(i) is in this key tile, straight into the accumulator: key
+      // j - j0 = 16 w' + 8 hh + g' lives in warps w' and w' + 4 (one head-dim
+      // half each), lanes 4 g'.. 4 g' + 3, fragment elements 2 hh and
+      // 2 hh + 1 of every n-tile. Each element is owned by one thread and
+      // the flagged rows are visited in increasing i: deterministic, and the
+      // same order in every occupancy variant (an explicit FMA, so the CPU
+      // emulation rounds as the GPU does). Only the rows flagged at staging
+      // are visited (usually none or a few, all 64 in the tile holding an
+      // attention sink). No FP32 [64][D] shared tile: two blocks fit per SM.
       for (uint64_t left = ra.hits[0] | (static_cast<uint64_t>(ra.hits[1]) << 32); left != 0; left &= left - 1) {
         const int r = __ffsll(static_cast<long long>(left)) - 1;
         const int js = ra.row_b[r] - j0;
-        if (js % kOwners != part) continue;
-        const float qv = mma::bf16_bits_to_float(qs[mma::swz<D>(r, col >> 3) + (col & 7)]);
-        fix[js * D + col] += ra.row_a[r] * qv;
+        if ((js >> 4) != rg || (js & 7) != g) continue;
+        const int hh = (js >> 3) & 1;
+        const float neg_rho = -ra.row_a[r];
+#pragma unroll
+        for (int nt = 0; nt < D / 16; ++nt) {
+          const int col = half * (D / 2) + nt * 8 + 2 * c;
+          const uint32_t qq = *reinterpret_cast<const uint32_t*>(qs + mma::swz<D>(r, col >> 3) + (col & 7));
+          const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
+          const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
+          // Constant fragment indices (a runtime index would move dk to local memory).
+          if (hh == 0) {
+            dk[nt][0] = fmaf(neg_rho, q0, dk[nt][0]);
+            dk[nt][1] = fmaf(neg_rho, q1, dk[nt][1]);
+          } else {
+            dk[nt][2] = fmaf(neg_rho, q0, dk[nt][2]);
+            dk[nt][3] = fmaf(neg_rho, q1, dk[nt][3]);
+          }
+        }
       }
     }
     __syncthreads();
   }
   mma::cp_async_wait<0>();
 
-  // dK = bf16(alpha (dKacc - fix)), dV = bf16(dVacc). Keys past M are not written.
+  // dK = bf16(alpha dKacc), dV = bf16(dVacc) (pivot's fix-up already in dKacc).
+  // Keys past M are not written.
   const int d0 = half * (D / 2);
   const int64_t key_base = static_cast<int64_t>(bhk) * a.m;
 #pragma unroll
@@ -648,12 +685,7 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
 #pragma unroll
     for (int nt = 0; nt < D / 16; ++nt) {
       const int col = d0 + nt * 8 + 2 * c;
-      float x0 = dk[nt][2 * hh], x1 = dk[nt][2 * hh + 1];
-      if constexpr (P == Projection::kPivot) {
-        x0 -= fix[kl * D + col];
-        x1 -= fix[kl * D + col + 1];
-      }
-      *reinterpret_cast<uint32_t*>(dko + col) = mma::pack_bf16(a.scale * x0, a.scale * x1);
+      *reinterpret_cast<uint32_t*>(dko + col) = mma::pack_bf16(a.scale * dk[nt][2 * hh], a.scale * dk[nt][2 * hh + 1]);
       *reinterpret_cast<uint32_t*>(dvo + col) = mma::pack_bf16(dv[nt][2 * hh], dv[nt][2 * hh + 1]);
     }
   }

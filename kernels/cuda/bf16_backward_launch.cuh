@@ -7,53 +7,47 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-
 #include "kernels/cuda/bf16_backward_kernel.cuh"
 
 namespace gaugewatch::gpu::bf16 {
 
-template <int D, Projection P, int B>
+// Runs the pair with BQ blocks per SM for the dq kernel and BKV for the dkdv
+// kernel (Occupancy; the choice: with_blocks_per_sm).
+template <int D, Projection P, int BQ, int BKV>
 cudaError_t launch_blocks(const Args& a, cudaStream_t stream) {
   constexpr int kDqSmem = static_cast<int>(DqSmem<D>::kBytes);
-  constexpr int kKvSmem = static_cast<int>(DkdvSmem<D, P, Occupancy<D, B>::kDoubleBufferQ>::kBytes);
-  static_assert(kDqSmem <= 227 * 1024 && kKvSmem <= 227 * 1024, "tile does not fit one SM's shared memory");
-  cudaError_t err = cudaFuncSetAttribute(dq_kernel<D, P, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem);
+  constexpr int kKvSmem = static_cast<int>(DkdvSmem<D, P, Occupancy<D, BKV>::kDoubleBufferQ>::kBytes);
+  // 228 KiB per SM (sm_90), of which the runtime reserves 1 KiB per block.
+  static_assert(BQ * (kDqSmem + 1024) <= 228 * 1024, "dq kernel: BQ blocks do not fit one SM's shared memory");
+  static_assert(BKV * (kKvSmem + 1024) <= 228 * 1024, "dkdv kernel: BKV blocks do not fit one SM's shared memory");
+  cudaError_t err = cudaFuncSetAttribute(dq_kernel<D, P, BQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem);
   if (err != cudaSuccess) return err;
-  err = cudaFuncSetAttribute(dkdv_kernel<D, P, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kKvSmem);
+  err = cudaFuncSetAttribute(dkdv_kernel<D, P, BKV>, cudaFuncAttributeMaxDynamicSharedMemorySize, kKvSmem);
   if (err != cudaSuccess) return err;
   const int64_t bhq = static_cast<int64_t>(a.batch) * a.hq, bhk = static_cast<int64_t>(a.batch) * a.hkv;
   const dim3 dq_grid(static_cast<unsigned>((a.n + kBr - 1) / kBr), static_cast<unsigned>(bhq));
   if (dq_grid.x > 0 && dq_grid.y > 0) {
-    dq_kernel<D, P, B><<<dq_grid, kThreads, kDqSmem, stream>>>(a);
+    dq_kernel<D, P, BQ><<<dq_grid, kThreads, kDqSmem, stream>>>(a);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   const dim3 kv_grid(static_cast<unsigned>((a.m + kBc - 1) / kBc), static_cast<unsigned>(bhk));
   if (kv_grid.x > 0 && kv_grid.y > 0) {
-    dkdv_kernel<D, P, B><<<kv_grid, kThreads, kKvSmem, stream>>>(a);
+    dkdv_kernel<D, P, BKV><<<kv_grid, kThreads, kKvSmem, stream>>>(a);
     err = cudaGetLastError();
   }
   return err;
 }
 
-// D = 64 runs two blocks per SM; gproj at D = 128 one (see Occupancy). bf16
-// and pivot at D = 128: the fully unrolled one-block variant (the one measured
-// on the H200, bench/results/bench_bf16_backward-h200-*) unless
-// GAUGEWATCH_BF16_BLOCKS_PER_SM=2 selects the two-block variant, which is
-// verified (bitwise equal, sanitizer-clean) but not yet timed: the benchmark
-// times both in one process, and the default follows that measurement.
+// Defaults (DefaultBlocks): two blocks per SM for both kernels, but one for
+// gproj at D = 128 (spills otherwise). GAUGEWATCH_BF16_BLOCKS_PER_SM=1 selects
+// one block for both kernels at D = 128, the previous default (H200, bf16
+// d128 causal B4 H16 N4096: 6.34 ms against 5.36 ms with two blocks); the
+// benchmark times both in one process.
 template <int D, Projection P>
 cudaError_t launch(const Args& a, cudaStream_t stream) {
-  if constexpr (D == 64) {
-    return launch_blocks<D, P, 2>(a, stream);
-  } else if constexpr (P == Projection::kGproj) {
-    return launch_blocks<D, P, 1>(a, stream);
-  } else {
-    const char* env = std::getenv("GAUGEWATCH_BF16_BLOCKS_PER_SM");
-    if (env != nullptr && env[0] == '2' && env[1] == '\0') return launch_blocks<D, P, 2>(a, stream);
-    return launch_blocks<D, P, 1>(a, stream);
-  }
+  return with_blocks_per_sm<D, P>(
+      [&]<int BQ, int BKV>() { return launch_blocks<D, P, BQ, BKV>(a, stream); });
 }
 
 }  // namespace gaugewatch::gpu::bf16

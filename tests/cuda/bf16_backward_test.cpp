@@ -2,8 +2,9 @@
 // bf16, gproj, pivot) against the CPU reference emulation of the same kernels
 // (kernels/reference/fused_backward_bf16.h, outputs rounded to BF16): every
 // masking mode, packing, GQA, head dims 64 and 128, lengths 1 and ragged, the
-// four-key witness exactly, and the row diagnostics. Outputs are poisoned with
-// NaN first, so an element the kernel forgets to write fails.
+// four-key witness exactly, the row diagnostics, pivot's dK fix-up with O(1)
+// row mass, and the D = 128 occupancy variants bitwise. Outputs are poisoned
+// with NaN first, so an element the kernel forgets to write fails.
 //
 // Two builds of this one source (tests/cuda/CMakeLists.txt):
 //   gaugewatch_cuda_tests            on an sm_90 GPU (skips without one)
@@ -16,12 +17,17 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <ostream>
 #include <random>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -243,6 +249,80 @@ TEST(Bf16Backward, FourKeyWitness) {
   EXPECT_EQ(run_kernel(in, saved, gpu::Projection::kNone).grads.dq[0], -24.0f);
   EXPECT_EQ(run_kernel(in, saved, gpu::Projection::kGproj).grads.dq[0], 0.0f);
   EXPECT_EQ(run_kernel(in, saved, gpu::Projection::kPivot).grads.dq[0], 0.0f);
+}
+
+// Pivot's dK fix-up, dK_j -= sum over rows i with j*(i) = j of rho_i q_i, in
+// earnest. rho_i is normally a BF16 rounding residual, far below dK's
+// tolerance; here the saved output is halved (exact in BF16), so delta_i is
+// half of sum_j P_ij dP_ij and rho_i is O(1): the fix-up moves dK by O(dK).
+// Causal 200 x 200 with two query heads on one key head: every key tile sees
+// flagged rows from several query tiles and both heads, and (checked on the
+// reference's pivots) one query tile flags, within one key tile, keys of all
+// four warp row groups and both fragment halves (key % 16 < 8 and >= 8).
+TEST(Bf16Backward, PivotFixupWithLargeRowMass) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t d : {64, 128}) {
+    SCOPED_TRACE(d);
+    Bf16Case c = make_case("pivot_fixup", {1, 2, 1, 200, 200, d}, ref::CausalMode::kTopLeft);
+    c.q_gain = 3.0f;  // sharp rows: no near-ties for j*
+    const ref::AttentionInputs in = make_inputs(c);
+    ref::SavedForward saved = ref::forward_fused_bf16(in);
+    for (float& o : saved.out) o *= 0.5f;
+    const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+
+    // Coverage: (key tile, query tile, head) -> set of (key % 64) / 8, i.e.
+    // warp row group and fragment half of the flagged keys.
+    std::map<std::tuple<int64_t, int64_t, int64_t>, std::set<int64_t>> slots;
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < 200; ++i) {
+        const int64_t js = want.rows.pivot[h * 200 + i];
+        if (js >= 0) slots[{js / 64, i / 64, h}].insert(js % 64 / 8);
+      }
+    }
+    size_t widest = 0;
+    for (const auto& kv : slots) widest = std::max(widest, kv.second.size());
+    ASSERT_EQ(widest, 8u) << "no query tile flags keys in every warp and fragment half of one key tile";
+    const double moved = relative(want.pivot.dk, want.plain.dk);
+    ASSERT_GT(moved, 0.1) << "the fix-up must move dK far beyond the tolerance";
+
+    const KernelRun got = run_kernel(in, saved, gpu::Projection::kPivot);
+    ASSERT_TRUE(got.status.ok()) << got.status.message;
+    const double eq = relative(got.grads.dq, want.pivot.dq), ek = relative(got.grads.dk, want.pivot.dk);
+    std::printf("[ pivot_fixup d%lld ] fix-up moves dK by %.2e; vs reference emulation: dq %.2e dk %.2e\n",
+                static_cast<long long>(d), moved, eq, ek);
+    EXPECT_LE(eq, 2e-2);
+    EXPECT_LE(ek, 2e-2);
+  }
+}
+
+// At D = 128 the default blocks per SM (two, gproj's dq kernel one) and
+// GAUGEWATCH_BF16_BLOCKS_PER_SM=1 differ in unrolling and buffering only,
+// never in the order of a sum: bitwise equal, for every projection.
+TEST(Bf16Backward, OccupancyVariantsAgreeBitwise) {
+  SKIP_WITHOUT_GPU();
+  Bf16Case c = make_case("variants_d128", {1, 2, 1, 150, 140, 128}, ref::CausalMode::kBottomRight);
+  c.q_gain = 3.0f;
+  const ref::AttentionInputs in = make_inputs(c);
+  ref::SavedForward saved = ref::forward_fused_bf16(in);
+  for (float& o : saved.out) o *= 0.5f;  // large rho: pivot's fix-up in earnest (see above)
+  const char* before = std::getenv("GAUGEWATCH_BF16_BLOCKS_PER_SM");
+  const std::string saved_env = before != nullptr ? before : "";
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kGproj, gpu::Projection::kPivot}) {
+    SCOPED_TRACE(name_of(projection));
+    unsetenv("GAUGEWATCH_BF16_BLOCKS_PER_SM");
+    const KernelRun two = run_kernel(in, saved, projection);
+    setenv("GAUGEWATCH_BF16_BLOCKS_PER_SM", "1", 1);
+    const KernelRun one = run_kernel(in, saved, projection);
+    ASSERT_TRUE(two.status.ok() && one.status.ok());
+    EXPECT_EQ(std::memcmp(two.grads.dq.data(), one.grads.dq.data(), two.grads.dq.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(two.grads.dk.data(), one.grads.dk.data(), two.grads.dk.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(two.grads.dv.data(), one.grads.dv.data(), two.grads.dv.size() * sizeof(float)), 0);
+  }
+  if (before != nullptr) {
+    setenv("GAUGEWATCH_BF16_BLOCKS_PER_SM", saved_env.c_str(), 1);
+  } else {
+    unsetenv("GAUGEWATCH_BF16_BLOCKS_PER_SM");
+  }
 }
 
 TEST(Bf16Backward, RejectsUnsupportedInputsWithReasons) {

@@ -1,9 +1,8 @@
 // The fused BF16 backward's real host launcher (kernels/cuda/bf16_backward.cu)
 // compiled against the emulated runtime, with the launches that the GPU build
 // makes through <<<>>> (bf16_backward_launch.cuh, bf16_backward_delta.cu)
-// re-expressed as loops over the grid, choosing the same occupancy variants.
-#include <cstdlib>
-
+// re-expressed as loops over the grid; the occupancy variant is chosen by the
+// same with_blocks_per_sm (bf16_backward_kernel.cuh).
 #include "kernels/cuda/bf16_backward.cu"
 #include "kernels/cuda/bf16_delta_kernel.cuh"
 
@@ -15,31 +14,23 @@ cudaError_t launch_delta(const DeltaArgs& a, cudaStream_t /*stream*/) {
   return cudaSuccess;
 }
 
-template <int D, Projection P, int B>
+template <int D, Projection P, int BQ, int BKV>
 cudaError_t launch_blocks(const Args& a) {
   const dim3 dq_grid(static_cast<unsigned>((a.n + kBr - 1) / kBr), static_cast<unsigned>(a.batch * a.hq));
   if (dq_grid.x > 0 && dq_grid.y > 0) {
-    gaugewatch_emulation::run_grid(dq_grid, kThreads, DqSmem<D>::kBytes, [&a] { dq_kernel<D, P, B>(a); });
+    gaugewatch_emulation::run_grid(dq_grid, kThreads, DqSmem<D>::kBytes, [&a] { dq_kernel<D, P, BQ>(a); });
   }
   const dim3 kv_grid(static_cast<unsigned>((a.m + kBc - 1) / kBc), static_cast<unsigned>(a.batch * a.hkv));
   if (kv_grid.x > 0 && kv_grid.y > 0) {
-    gaugewatch_emulation::run_grid(kv_grid, kThreads, DkdvSmem<D, P, Occupancy<D, B>::kDoubleBufferQ>::kBytes,
-                                   [&a] { dkdv_kernel<D, P, B>(a); });
+    gaugewatch_emulation::run_grid(kv_grid, kThreads, DkdvSmem<D, P, Occupancy<D, BKV>::kDoubleBufferQ>::kBytes,
+                                   [&a] { dkdv_kernel<D, P, BKV>(a); });
   }
   return cudaSuccess;
 }
 
 template <int D, Projection P>
 cudaError_t launch(const Args& a, cudaStream_t /*stream*/) {
-  if constexpr (D == 64) {
-    return launch_blocks<D, P, 2>(a);
-  } else if constexpr (P == Projection::kGproj) {
-    return launch_blocks<D, P, 1>(a);
-  } else {
-    const char* env = std::getenv("GAUGEWATCH_BF16_BLOCKS_PER_SM");
-    if (env != nullptr && env[0] == '2' && env[1] == '\0') return launch_blocks<D, P, 2>(a);
-    return launch_blocks<D, P, 1>(a);
-  }
+  return with_blocks_per_sm<D, P>([&]<int BQ, int BKV>() { return launch_blocks<D, P, BQ, BKV>(a); });
 }
 
 template cudaError_t launch<64, Projection::kNone>(const Args&, cudaStream_t);
