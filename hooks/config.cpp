@@ -194,10 +194,12 @@ HookConfig load_config(const EnvLookup& env, std::vector<std::string>* warnings)
     }
   }
   if (const char* v = env("GAUGEWATCH_TIMING"); v != nullptr && *v != '\0') {
-    if (std::string_view(v) == "auto" || std::string_view(v) == "events") {
-      c.timing = v;
+    if (std::string_view(v) == "events") {
+      c.timing = "events";
+    } else if (std::string_view(v) == "cupti" || std::string_view(v) == "auto") {
+      c.timing = "cupti";
     } else if (warnings != nullptr) {
-      warnings->push_back(std::string("GAUGEWATCH_TIMING='") + v + "' is not auto|events; using auto");
+      warnings->push_back(std::string("GAUGEWATCH_TIMING='") + v + "' is not events|cupti; using events");
     }
   }
   if (const char* v = env("GAUGEWATCH_CUPTI_LIB"); v != nullptr) c.cupti_lib = v;

@@ -34,7 +34,10 @@ struct HookConfig {
   std::uint64_t capture_max_bytes = 1ull << 30;  // GAUGEWATCH_CAPTURE_MAX_BYTES, all files together
   std::uint64_t audit_max_bytes = 256ull << 20;  // GAUGEWATCH_AUDIT_MAX_BYTES: memory of one audit's copies (side stream + host)
   std::uint32_t grad_accum = 1;          // GAUGEWATCH_GRAD_ACCUM: backward passes per step until an optimizer step is signalled
-  std::string timing = "auto";           // GAUGEWATCH_TIMING: auto (CUPTI, else CUDA events) | events
+  // GAUGEWATCH_TIMING: events (default) | cupti (CUPTI where usable, else CUDA
+  // events; "auto" is the same). CUPTI is opt-in: once used it slows every
+  // later kernel launch of the process (docs/hooks.md, "Kernel timing").
+  std::string timing = "events";
   std::string cupti_lib;                 // GAUGEWATCH_CUPTI_LIB: libcupti.so to dlopen (else searched)
   std::uint32_t queue_size = 1024;       // GAUGEWATCH_QUEUE_SIZE: samples waiting for the agent
   std::uint32_t reconnect_max_ms = 5000; // GAUGEWATCH_RECONNECT_MAX_MS: backoff ceiling

@@ -10,8 +10,10 @@ efficient attention); a rule switches layer 1 to gproj, acked and effective
 at a step boundary, the backward-call counters by backend agree, the CUDA
 gproj probe says available and nothing falls back; loss decreases; the
 gradients of every backend have the stock backward's strides and dtype, and
-about its values; CUPTI times the sampled backwards, CUDA events when a
-profiler holds CUPTI; the memory budget, NaN queries, float16 training,
+about its values; the audit's metrics come from the CUDA kernels (CPU
+copies for a head dim they do not take); CUDA events time the sampled
+backwards by default, CUPTI when asked (events again when a profiler holds
+CUPTI); the memory budget, NaN queries, float16 training,
 gradient accumulation (optimizer steps), DataLoader workers and a forked
 child, on a CUDA trainer."""
 
@@ -107,7 +109,7 @@ def test_gpu_audit_of_a_head_dim_the_kernels_do_not_take_runs_on_cpu_copies(bina
     lib = binaries[2]
     run_id = "hooks-gpu-d96"
     args = ["--device", "cuda", "--dim", 384, "--heads", 4, "--seq", 64, "--batch", 8]  # head dim 96
-    result = run_trainer(gpu_env(lib, workdir, run_id, "none", "plain"), "--steps", 6, *args)
+    result = run_trainer(gpu_env(lib, workdir, run_id, "none", "plain"), "--steps", 10, *args)
     assert_loss_decreases(parse_output(result.stdout)[0])
     stats = final_stats(workdir, run_id)
     assert stats["samples_submitted"] > 0 and stats["audits_skipped_other"] == 0, stats
@@ -130,10 +132,21 @@ def test_gpu_backend_gradients_have_the_stock_layout_and_dtype(binaries, workdir
         assert relative_difference(other["out"][name]["grad"], stock["out"][name]["grad"]) < 0.05, name
 
 
-def test_gpu_timing_uses_cupti(binaries, workdir):
+def test_gpu_timing_uses_cuda_events_by_default(binaries, workdir):
+    lib = binaries[2]
+    run_id = "hooks-gpu-events"
+    result = run_trainer(gpu_env(lib, workdir, run_id, "none", "plain"), "--steps", 10, *GPU_ARGS)
+    assert_loss_decreases(parse_output(result.stdout)[0])
+    timing = final_stats(workdir, run_id)["timing"]
+    assert timing["source"] == "cuda_events" and timing["cupti"] == "off (GAUGEWATCH_TIMING=events)", timing
+    assert list(timing["samples_by_source"]) == ["cuda_events"], timing
+
+
+def test_gpu_timing_uses_cupti_when_asked(binaries, workdir):
     lib = binaries[2]
     run_id = "hooks-gpu-cupti"
-    result = run_trainer(gpu_env(lib, workdir, run_id, "none", "plain"), "--steps", 10, *GPU_ARGS)
+    env = gpu_env(lib, workdir, run_id, "none", "plain", GAUGEWATCH_TIMING="cupti")
+    result = run_trainer(env, "--steps", 10, *GPU_ARGS)
     assert_loss_decreases(parse_output(result.stdout)[0])
     timing = final_stats(workdir, run_id)["timing"]
     assert timing["source"] == "cupti" and timing["cupti"] == "ok", (timing, result.stderr[-2000:])
@@ -143,7 +156,8 @@ def test_gpu_timing_uses_cupti(binaries, workdir):
 def test_gpu_cupti_held_by_a_profiler_falls_back_to_cuda_events(binaries, workdir):
     lib = binaries[2]
     run_id = "hooks-gpu-cupti-held"
-    result = run_trainer(gpu_env(lib, workdir, run_id, "none", "plain"), "--steps", 10, "--hold-cupti", *GPU_ARGS)
+    env = gpu_env(lib, workdir, run_id, "none", "plain", GAUGEWATCH_TIMING="cupti")
+    result = run_trainer(env, "--steps", 10, "--hold-cupti", *GPU_ARGS)
     assert records(result.stdout, "cupti_hold") == [0], result.stdout[:500]  # the "profiler" subscribed
     assert_loss_decreases(parse_output(result.stdout)[0])
     timing = final_stats(workdir, run_id)["timing"]
