@@ -13,11 +13,13 @@
 // (runtime.h), which skips later sampled steps when exceeded.
 //
 // CUDA: the training thread records an event on the current stream; a side
-// stream waits on it, copies the slices into pinned host memory
-// (non_blocking) and records a second event; tensors read on the side stream
-// are record_stream'ed. The training stream is never synchronized. The
-// auditor thread waits on the side event, then runs the same CPU metrics on
-// the copies. Copies larger than GAUGEWATCH_AUDIT_MAX_BYTES (CPU and CUDA),
+// stream waits on it, cuts the slices there (they stay on the GPU) and
+// records a second event; tensors read on the side stream are
+// record_stream'ed. The training stream is never synchronized. The auditor
+// thread polls the side event, then launches the same two ops on the slices
+// on the side stream (their CUDA kernels) and reads back one small vector
+// through pinned memory; a shape the CUDA kernels do not take (head dims
+// other than 64 / 128) is measured on CPU copies instead. Copies larger than GAUGEWATCH_AUDIT_MAX_BYTES (CPU and CUDA),
 // or an allocation failure, skip the sample ("memory budget ..."); so do
 // non-finite values in the sampled slices ("non-finite operands (NaN/Inf)").
 //
