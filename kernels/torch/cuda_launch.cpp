@@ -44,31 +44,12 @@ at::Tensor workspace_of(const at::Tensor& like, size_t bytes) {
 // The shape, scale, masking and packing fields both parameter blocks share.
 template <class Params>
 void fill_problem(Params& p, const AttentionCall& call, const DeviceOffsets& offsets) {
-  const auto& sh = call.shape;
-  p.batch = sh.batch;
-  p.q_heads = sh.q_heads;
-  p.kv_heads = sh.kv_heads;
-  p.q_len = sh.q_len;
-  p.kv_len = sh.kv_len;
-  p.head_dim = sh.head_dim;
-  p.scale = static_cast<float>(call.scale);
-  p.causal = to_gpu(call.causal);
-  if (offsets.q.defined()) {
-    p.cu_seqlens_q = offsets.q.data_ptr<int32_t>();
-    p.cu_seqlens_k = offsets.k.data_ptr<int32_t>();
-    p.num_segments = offsets.segments();
-  }
+  const bool packed = offsets.q.defined();
+  gpu::fill_problem(p, call.shape, call.scale, call.causal, packed ? offsets.q.data_ptr<int32_t>() : nullptr,
+                    packed ? offsets.k.data_ptr<int32_t>() : nullptr, offsets.segments());
 }
 
 }  // namespace
-
-gpu::CausalMode to_gpu(reference::CausalMode mode) {
-  switch (mode) {
-    case reference::CausalMode::kTopLeft: return gpu::CausalMode::kTopLeft;
-    case reference::CausalMode::kBottomRight: return gpu::CausalMode::kBottomRight;
-    default: return gpu::CausalMode::kNone;
-  }
-}
 
 DeviceOffsets device_offsets(const AttentionCall& call, const std::optional<at::Tensor>& cu_seqlens_q,
                              const std::optional<at::Tensor>& cu_seqlens_k, const at::Tensor& q) {

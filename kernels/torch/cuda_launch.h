@@ -12,13 +12,13 @@
 
 #include "kernels/cuda/bf16_backward.h"
 #include "kernels/cuda/fp32_backward.h"
+#include "kernels/cuda/problem_fields.h"
 #include "kernels/torch/attention_call.h"
 
 namespace gaugewatch::torch_ops {
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-gpu::CausalMode to_gpu(reference::CausalMode mode);
 
 // cu_seqlens as int32 on q's device (undefined tensors when not packed).
 // Offsets still on the CPU are checked (0 first, length last, non-decreasing);

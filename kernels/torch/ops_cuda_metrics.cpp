@@ -82,15 +82,8 @@ at::Tensor attention_metrics_cuda(const at::Tensor& grad_out_arg, const at::Tens
   const auto [ref_dq, ref_dk, ref_dv] =
       fused_fp32_backward(call, gf, qf, kf, vf, offsets, std::nullopt, true, true, stream);
 
-  gpu::MetricsShape ms;
-  ms.batch = sh.batch;
-  ms.q_heads = sh.q_heads;
-  ms.kv_heads = sh.kv_heads;
-  ms.q_len = sh.q_len;
-  ms.kv_len = sh.kv_len;
-  ms.head_dim = sh.head_dim;
-  ms.scale = call.scale;
-  ms.causal = to_gpu(call.causal);
+  gpu::MetricsShape ms;  // not packed here: the translation ignores masking; the reductions get the offsets
+  gpu::fill_problem(ms, sh, call.scale, call.causal);
 
   // 4: translated keys and lse (masking plays no part in the translation).
   const at::Tensor k_shift = at::empty(k.sizes(), k.options());

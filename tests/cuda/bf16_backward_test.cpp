@@ -49,7 +49,7 @@ using Bf16Case = testing_cuda::KernelCase;
 using testing_cuda::from_bf16_bits;
 using testing_cuda::make_inputs;
 using testing_cuda::to_bf16_bits;
-using testing_cuda::to_gpu;
+using testing_cuda::fill_problem;
 using testing_cuda::to_int32;
 
 struct KernelRun {
@@ -83,21 +83,9 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   p.dq = dq.get();
   p.dk = dk.get();
   p.dv = dv.get();
-  p.batch = sh.batch;
-  p.q_heads = sh.q_heads;
-  p.kv_heads = sh.kv_heads;
-  p.q_len = sh.q_len;
-  p.kv_len = sh.kv_len;
-  p.head_dim = sh.head_dim;
-  p.scale = static_cast<float>(in.scale);
-  p.causal = to_gpu(in.causal);
+  fill_problem(p, in, cu_q.get(), cu_k.get());
   p.projection = projection;
   p.set_contiguous_strides();
-  if (in.packed()) {
-    p.cu_seqlens_q = cu_q.get();
-    p.cu_seqlens_k = cu_k.get();
-    p.num_segments = static_cast<int64_t>(in.cu_seqlens_q.size()) - 1;
-  }
   if (projection == gpu::Projection::kNone) {
     p.diagnostics.row_mass = row_mass.get();
     p.diagnostics.p_max = p_max.get();

@@ -23,6 +23,7 @@
 
 #include "kernels/cuda/fp32_backward.h"
 #include "tests/cuda/device_support.h"
+#include "tests/cuda/problem_support.h"
 #include "kernels/reference/attention_problem.h"
 #include "kernels/reference/bf16.h"
 #include "kernels/reference/errors.h"
@@ -35,6 +36,8 @@ namespace {
 namespace ref = gaugewatch::reference;
 
 using testing_cuda::DeviceBuffer;
+using testing_cuda::shape;
+using testing_cuda::to_int32;
 
 struct Case {
   std::string name;
@@ -80,17 +83,6 @@ ref::AttentionInputs make_inputs(const Case& c) {
   return in;
 }
 
-gpu::CausalMode to_gpu(ref::CausalMode mode) {
-  switch (mode) {
-    case ref::CausalMode::kNone: return gpu::CausalMode::kNone;
-    case ref::CausalMode::kTopLeft: return gpu::CausalMode::kTopLeft;
-    case ref::CausalMode::kBottomRight: return gpu::CausalMode::kBottomRight;
-  }
-  return gpu::CausalMode::kNone;
-}
-
-std::vector<int32_t> to_int32(const std::vector<int64_t>& v) { return std::vector<int32_t>(v.begin(), v.end()); }
-
 struct GpuResult {
   gpu::Status status;
   ref::Gradients grads;
@@ -119,19 +111,7 @@ GpuResult run_gpu(const ref::AttentionInputs& in, bool center_keys, bool determi
   p.dq = dq.get();
   p.dk = dk.get();
   p.dv = dv.get();
-  p.batch = sh.batch;
-  p.q_heads = sh.q_heads;
-  p.kv_heads = sh.kv_heads;
-  p.q_len = sh.q_len;
-  p.kv_len = sh.kv_len;
-  p.head_dim = sh.head_dim;
-  p.scale = static_cast<float>(in.scale);
-  p.causal = to_gpu(in.causal);
-  if (in.packed()) {
-    p.cu_seqlens_q = cu_q.get();
-    p.cu_seqlens_k = cu_k.get();
-    p.num_segments = static_cast<int64_t>(in.cu_seqlens_q.size()) - 1;
-  }
+  testing_cuda::fill_problem(p, in, cu_q.get(), cu_k.get());
   if (subset) {
     p.slices = slices_d.get();
     p.num_slices = static_cast<int64_t>(slices.size());
@@ -196,17 +176,6 @@ TEST_P(Fp32BackwardCase, MatchesReference) {
   EXPECT_LT(dq64, kFp32Tolerance) << c.name << " dq vs attention_fp64, " << describe(in);
   EXPECT_LT(dk64, kFp32Tolerance) << c.name << " dk vs attention_fp64, " << describe(in);
   EXPECT_LT(dv64, kFp32Tolerance) << c.name << " dv vs attention_fp64, " << describe(in);
-}
-
-ref::AttentionShape shape(int64_t b, int64_t hq, int64_t hkv, int64_t n, int64_t m, int64_t d) {
-  ref::AttentionShape s;
-  s.batch = b;
-  s.q_heads = hq;
-  s.kv_heads = hkv;
-  s.q_len = n;
-  s.kv_len = m;
-  s.head_dim = d;
-  return s;
 }
 
 Case make_case(std::string name, ref::AttentionShape sh, ref::CausalMode causal = ref::CausalMode::kNone) {

@@ -104,7 +104,6 @@ using testing_cuda::DeviceBuffer;
 using testing_cuda::make_inputs;
 using testing_cuda::shape;
 using testing_cuda::to_bf16_bits;
-using testing_cuda::to_gpu;
 using testing_cuda::to_int32;
 
 
@@ -146,19 +145,7 @@ Translated reference_translation(const ref::AttentionInputs& in, const ref::Save
 
 gpu::MetricsShape metrics_shape(const ref::AttentionInputs& in, const int32_t* cu_q, const int32_t* cu_k) {
   gpu::MetricsShape s;
-  s.batch = in.shape.batch;
-  s.q_heads = in.shape.q_heads;
-  s.kv_heads = in.shape.kv_heads;
-  s.q_len = in.shape.q_len;
-  s.kv_len = in.shape.kv_len;
-  s.head_dim = in.shape.head_dim;
-  s.scale = in.scale;
-  s.causal = to_gpu(in.causal);
-  if (in.packed()) {
-    s.cu_seqlens_q = cu_q;
-    s.cu_seqlens_k = cu_k;
-    s.num_segments = static_cast<int64_t>(in.cu_seqlens_q.size()) - 1;
-  }
+  testing_cuda::fill_problem(s, in, cu_q, cu_k);
   return s;
 }
 

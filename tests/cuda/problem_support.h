@@ -2,7 +2,8 @@
 // Shared by the CUDA kernel tests: a named attention problem with BF16-valued
 // normal operands (optionally a common key offset and sharper queries: the
 // sink-like regime), and the conversions between the reference's float
-// vectors and the kernels' BF16 bits / int32 offsets / causal modes.
+// vectors and the kernels' BF16 bits / int32 offsets (causal modes and the
+// parameter blocks' shared fields: kernels/cuda/problem_fields.h).
 
 #include <cmath>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/fp32_backward.h"
+#include "kernels/cuda/problem_fields.h"
 #include "kernels/reference/attention_problem.h"
 #include "kernels/reference/bf16.h"
 
@@ -69,11 +71,16 @@ inline ref::AttentionInputs make_inputs(const KernelCase& c) {
   return in;
 }
 
-inline gpu::CausalMode to_gpu(ref::CausalMode mode) {
-  switch (mode) {
-    case ref::CausalMode::kTopLeft: return gpu::CausalMode::kTopLeft;
-    case ref::CausalMode::kBottomRight: return gpu::CausalMode::kBottomRight;
-    default: return gpu::CausalMode::kNone;
+using gpu::to_gpu;
+
+// A parameter block's shared fields from a reference problem; cu_q / cu_k
+// (its offsets on the device) are used only when the problem is packed.
+template <class Params>
+void fill_problem(Params& p, const ref::AttentionInputs& in, const int32_t* cu_q, const int32_t* cu_k) {
+  if (in.packed()) {
+    gpu::fill_problem(p, in.shape, in.scale, in.causal, cu_q, cu_k, static_cast<int64_t>(in.cu_seqlens_q.size()) - 1);
+  } else {
+    gpu::fill_problem(p, in.shape, in.scale, in.causal);
   }
 }
 
