@@ -103,9 +103,8 @@ Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, siz
   Status st = validate(p);
   if (!st.ok()) return st;
   const Layout w = layout_of(p);
-  if (workspace_bytes < w.total || (w.total > 0 && workspace == nullptr)) {
-    return invalid("workspace too small: need " + std::to_string(w.total) + " bytes");
-  }
+  st = checks::check_workspace(workspace, workspace_bytes, w.total);
+  if (!st.ok()) return st;
   const int64_t rows = p.batch * p.q_heads * p.q_len;
   auto* ws = static_cast<char*>(workspace);
 

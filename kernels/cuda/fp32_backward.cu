@@ -83,9 +83,8 @@ Status fp32_attention_backward(const Fp32BackwardParams& p, void* workspace, siz
   Status status = validate(p);
   if (!status.ok()) return status;
   const WorkspaceLayout w = layout_of(p);
-  if (workspace_bytes < w.total || (w.total > 0 && workspace == nullptr)) {
-    return invalid("workspace too small: need " + std::to_string(w.total) + " bytes");
-  }
+  status = checks::check_workspace(workspace, workspace_bytes, w.total);
+  if (!status.ok()) return status;
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace must be 16-byte aligned");
   char* ws = static_cast<char*>(workspace);
 

@@ -31,6 +31,14 @@ inline Status check_heads_and_lengths(int64_t q_heads, int64_t kv_heads, int64_t
   return {};
 }
 
+// The caller's workspace: at least `needed` bytes (null only when none are needed).
+inline Status check_workspace(const void* workspace, size_t workspace_bytes, size_t needed) {
+  if (workspace_bytes < needed || (needed > 0 && workspace == nullptr)) {
+    return invalid("workspace too small: need " + std::to_string(needed) + " bytes");
+  }
+  return {};
+}
+
 // Packed sequences: both offset arrays or neither, and a segment count.
 inline Status check_packing(const int32_t* cu_q, const int32_t* cu_k, int64_t num_segments) {
   if ((cu_q == nullptr) != (cu_k == nullptr)) return invalid("cu_seqlens_q and cu_seqlens_k must be given together");

@@ -109,9 +109,8 @@ Status attention_metrics(const MetricsParams& p, void* workspace, size_t workspa
   if (!status.ok()) return status;
   const MetricsShape& s = p.shape;
   const Layout w = layout_of(s);
-  if (workspace == nullptr || workspace_bytes < w.total) {
-    return invalid("workspace too small: need " + std::to_string(w.total) + " bytes");
-  }
+  status = checks::check_workspace(workspace, workspace_bytes, w.total);
+  if (!status.ok()) return status;
   if (!aligned16(workspace)) return invalid("workspace must be 16-byte aligned");
   char* ws = static_cast<char*>(workspace);
   auto at = [ws](size_t offset) { return reinterpret_cast<double*>(ws + offset); };
@@ -200,9 +199,8 @@ size_t translate_workspace_bytes(const TranslateParams& p) {
 Status translate_keys(const TranslateParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   Status status = validate(p);
   if (!status.ok()) return status;
-  if (workspace == nullptr || workspace_bytes < translate_workspace_bytes(p)) {
-    return invalid("workspace too small: need " + std::to_string(translate_workspace_bytes(p)) + " bytes");
-  }
+  status = checks::check_workspace(workspace, workspace_bytes, translate_workspace_bytes(p));
+  if (!status.ok()) return status;
   const MetricsShape& s = p.shape;
   float* centre = static_cast<float*>(workspace);
   const int d = static_cast<int>(s.head_dim);
