@@ -515,21 +515,24 @@ Selection select(const AuditCall& c, const BackwardPlan& plan) {
   return sel;
 }
 
-// (B, H, L, d) -> the chosen slices (S, 1, L', d), contiguous.
+// (B, H, L, d) -> the chosen slices (S, 1, L', d), contiguous. `index` is on t's device.
 at::Tensor take(const at::Tensor& t, const at::Tensor& index, std::int64_t row0, std::int64_t rows) {
   const at::Tensor flat = t.reshape({t.size(0) * t.size(1), t.size(2), t.size(3)});
-  at::Tensor s = flat.index_select(0, index.to(t.device()));
+  at::Tensor s = flat.index_select(0, index);
   if (rows >= 0) s = s.narrow(1, row0, rows);
   return s.unsqueeze(1).contiguous();
 }
 
 at::Tensor take_lse(const at::Tensor& t, const at::Tensor& index, std::int64_t row0, std::int64_t rows) {
   const at::Tensor flat = t.reshape({t.size(0) * t.size(1), t.size(2)});
-  return flat.index_select(0, index.to(t.device())).narrow(1, row0, rows).unsqueeze(1).contiguous();
+  return flat.index_select(0, index).narrow(1, row0, rows).unsqueeze(1).contiguous();
 }
 
 void fill_job(Job& job, const AuditCall& c, const BackwardPlan& plan) {
-  const Selection sel = select(c, plan);
+  Selection sel = select(c, plan);
+  // Once to the operands' device (a CUDA call: one small copy each, not one per tensor taken).
+  sel.q_index = sel.q_index.to(c.q.device());
+  sel.kv_index = sel.kv_index.to(c.q.device());
   job.alignment = sel.alignment;
   job.compare_dkdv = sel.all_rows && c.q.size(1) == c.k.size(1);
   job.slice.q = take(c.q, sel.q_index, sel.row0, sel.rows);
