@@ -23,6 +23,20 @@ def find_library():
     return None
 
 
+def load_ops(bench):
+    """torch.ops.gaugewatch, or an exit code: 0 without a CUDA device (nothing
+    to time), 1 when libgaugewatch_ops.so is not built."""
+    if not torch.cuda.is_available():
+        print(f"{bench}: no CUDA device; nothing to time")
+        return None, 0
+    lib = find_library()
+    if lib is None:
+        print(f"{bench}: libgaugewatch_ops.so not found (GAUGEWATCH_OPS_LIB / GAUGEWATCH_BUILD_DIR)")
+        return None, 1
+    torch.ops.load_library(lib)
+    return torch.ops.gaugewatch, 0
+
+
 def time_ms(fn, inputs, reps, warmup=2):
     for i in range(warmup):
         fn(inputs[i % len(inputs)])

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _common import find_library, time_ms
+from _common import load_ops, time_ms
 
 SHAPES = [
     # name, B, Hq, Hkv, N, d, causal
@@ -85,15 +85,9 @@ def main():
     parser.add_argument("--json", default="")
     parser.add_argument("--markdown", default="")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_bf16_backward: no CUDA device; nothing to time")
-        return 0
-    lib = find_library()
-    if lib is None:
-        print("bench_bf16_backward: libgaugewatch_ops.so not found (GAUGEWATCH_OPS_LIB / GAUGEWATCH_BUILD_DIR)")
-        return 1
-    torch.ops.load_library(lib)
-    ops = torch.ops.gaugewatch
+    ops, rc = load_ops("bench_bf16_backward")
+    if ops is None:
+        return rc
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sdpa = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _common import find_library, time_ms
+from _common import load_ops, time_ms
 
 SHAPES = [
     # name, B, Hq, Hkv, N, d, causal
@@ -60,15 +60,9 @@ def main():
                         "$GAUGEWATCH_BENCH_OUT/bench_fp32_backward.json when that is set, as device.sh does)")
     args = parser.parse_args()
 
-    if not torch.cuda.is_available():
-        print("bench_fp32_backward: no CUDA device; nothing to time")
-        return 0
-    lib = find_library()
-    if lib is None:
-        print("bench_fp32_backward: libgaugewatch_ops.so not found (GAUGEWATCH_OPS_LIB / GAUGEWATCH_BUILD_DIR)")
-        return 1
-    torch.ops.load_library(lib)
-    ops = torch.ops.gaugewatch
+    ops, rc = load_ops("bench_fp32_backward")
+    if ops is None:
+        return rc
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
