@@ -185,9 +185,10 @@ std::optional<std::string> cuda_backend_refusal(Backend backend, const Tensor& l
 // whatever the input's strides (efficient too for q, k, v sliced from one
 // fused qkv buffer: the packed (B, N, 3, H, d) gradient of the lower-level
 // _efficient_attention_backward is not what SDPA's op returns; measured on
-// the H200, and its meta registration says the same); the CUDA flash and cuDNN ops allocate in the
-// input's stride order (flash: empty_like of the (B, N, H, d)-transposed
-// operand; cuDNN: alloc_with_matching_layout), so an SDPA-strided q,
+// the H200, and its meta registration says the same); the CUDA flash and
+// cuDNN ops allocate in the input's stride order (flash: empty_like of the
+// (B, N, H, d)-transposed operand; cuDNN: alloc_with_matching_layout), so an
+// SDPA-strided q,
 // transposed from (B, N, H, d) or sliced from a fused qkv projection, gets a
 // (B, N, H, d) transposed gradient and a contiguous q a contiguous one. The
 // op returns contiguous tensors: copied only when the layouts differ.

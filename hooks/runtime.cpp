@@ -589,7 +589,6 @@ void Runtime::shutdown() {
 namespace {
 // Set once the runtime exists (the fork handlers run only after that).
 Runtime* g_runtime_for_fork = nullptr;
-Runtime* runtime_for_fork() { return g_runtime_for_fork; }
 }  // namespace
 
 Runtime& runtime() {
@@ -602,11 +601,11 @@ Runtime& runtime() {
     std::atexit([] { runtime().shutdown(); });
     // A fork (DataLoader workers, os.fork) copies the state but not the
     // threads: the child turns monitoring off (runtime_state.h).
-    ::pthread_atfork([] { runtime_for_fork()->prepare_fork(); log_prepare_fork(); },
-                     [] { log_after_fork(); runtime_for_fork()->after_fork_parent(); },
+    ::pthread_atfork([] { g_runtime_for_fork->prepare_fork(); log_prepare_fork(); },
+                     [] { log_after_fork(); g_runtime_for_fork->after_fork_parent(); },
                      [] {
                        log_after_fork();
-                       runtime_for_fork()->after_fork_child();
+                       g_runtime_for_fork->after_fork_child();
                        log_line("forked child: monitoring is off in this process (no samples, captures, agent "
                                 "stream or stats file; the layers keep their backends)");
                      });
