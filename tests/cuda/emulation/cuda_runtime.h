@@ -31,6 +31,8 @@
 #define __shared__ static
 #define GAUGEWATCH_DYNAMIC_SMEM(name) float4* name = gaugewatch_emulation::dynamic_smem()
 #define GAUGEWATCH_BF16_SMEM(name) uint16_t* name = reinterpret_cast<uint16_t*>(gaugewatch_emulation::dynamic_smem())
+#define GAUGEWATCH_WGMMA_TEST_SMEM(name) \
+  uint16_t* name = reinterpret_cast<uint16_t*>(gaugewatch_emulation::dynamic_smem())
 
 struct float4 {
   float x, y, z, w;
@@ -89,10 +91,15 @@ T __ldg(const T* ptr) {
 
 namespace gaugewatch_emulation {
 float4* dynamic_smem();
+// Its size in bytes (at least what the launch asked for).
+size_t dynamic_smem_bytes();
 // Runs `body` as every thread of every block of `grid` (blocks in order).
 void run_grid(dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body);
 // Per-warp scratch (2 KiB) and a barrier of the calling thread's warp: the
 // building blocks of warp-collective instructions (bf16_mma_emulation.h).
 void* warp_scratch();
 void warp_barrier();
+// A barrier of the calling thread's warpgroup (128 threads: bar.sync id, 128),
+// for kernels/cuda/wgmma.cuh (wgmma_emulation.h); blocks of whole warpgroups only.
+void warpgroup_barrier();
 }  // namespace gaugewatch_emulation

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <barrier>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -21,6 +22,7 @@ namespace gaugewatch_emulation {
 namespace {
 
 constexpr int kWarp = 32;
+constexpr int kWarpgroup = 128;  // 4 warps: the threads of one wgmma
 constexpr size_t kScratchWords = 256;  // 2 KiB per warp
 
 struct Block {
@@ -30,11 +32,18 @@ struct Block {
         scratch(static_cast<size_t>(threads / kWarp) * kScratchWords, 0),
         smem(smem_bytes / sizeof(float4) + 1) {
     for (int w = 0; w < threads / kWarp; ++w) warps.push_back(std::make_unique<std::barrier<>>(kWarp));
+    // A block that is not whole warpgroups has none (warpgroup_barrier fails).
+    if (threads % kWarpgroup == 0) {
+      for (int g = 0; g < threads / kWarpgroup; ++g) {
+        warpgroups.push_back(std::make_unique<std::barrier<>>(kWarpgroup));
+      }
+    }
     // Shared memory starts as NaN: a read before a write poisons the result.
     for (auto& v : smem) v = make_float4(NAN, NAN, NAN, NAN);
   }
   std::barrier<> all;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<std::unique_ptr<std::barrier<>>> warpgroups;
   std::vector<float> shuffle;
   std::vector<uint64_t> scratch;  // kScratchWords per warp
   std::atomic<int> any{0};
@@ -69,6 +78,8 @@ void run_grid_impl(dim3 grid, int threads, size_t smem_bytes, Body body) {
 
 float4* dynamic_smem() { return current->smem.data(); }
 
+size_t dynamic_smem_bytes() { return current->smem.size() * sizeof(float4); }
+
 void run_grid(dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body) {
   run_grid_impl(grid, threads, smem_bytes, body);
 }
@@ -79,6 +90,16 @@ void* warp_scratch() {
 }
 
 void warp_barrier() { current->warps[threadIdx.x / kWarp]->arrive_and_wait(); }
+
+void warpgroup_barrier() {
+  const size_t group = threadIdx.x / kWarpgroup;
+  if (group >= current->warpgroups.size()) {
+    std::fprintf(stderr, "emulation: warpgroup_barrier in a block of %zu threads (not whole warpgroups of %d)\n",
+                 current->shuffle.size(), kWarpgroup);
+    std::abort();
+  }
+  current->warpgroups[group]->arrive_and_wait();
+}
 
 }  // namespace gaugewatch_emulation
 

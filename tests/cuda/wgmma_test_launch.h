@@ -1,0 +1,33 @@
+#pragma once
+// The launcher of the wgmma primitive tests (wgmma_test.cpp), one definition
+// per build: wgmma_test_gpu.cu (<<<>>> on an sm_90a GPU) and
+// emulation/wgmma_test_launcher.cpp (the CPU emulation). Each case is one
+// block of one warpgroup (kernels in wgmma_test_kernels.cuh); matrices are
+// row-major BF16 bits in, FP32 out, all in device memory.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace gaugewatch::testing_cuda::wgmma_test {
+
+enum class Case {
+  kSsKMajor,   // C[64][64] = A[64][size] B[64][size]^T: ss, both operands K-major
+  kRsBMnMajor, // C[64][size] = A[64][64] B[64][size]: A in registers, B MN-major
+  kSsMnMajor,  // C[64][size] = A[64][64]^T B[64][size]: ss, both operands MN-major
+  kChain,      // C[64][size] = bf16(A[64][64] B[64][64]^T) V[64][size]: the
+               // kSsKMajor accumulator fed as the A registers of kRsBMnMajor
+};
+
+struct Operands {
+  const uint16_t* a = nullptr;
+  const uint16_t* b = nullptr;
+  const uint16_t* v = nullptr;  // kChain only
+  float* c = nullptr;
+};
+
+// Runs one case, size 64 or 128, and waits for it (cudaErrorInvalidValue for
+// another size).
+cudaError_t run(Case which, int size, const Operands& operands);
+
+}  // namespace gaugewatch::testing_cuda::wgmma_test
