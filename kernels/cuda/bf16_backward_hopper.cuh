@@ -1,0 +1,531 @@
+#pragma once
+// Hopper kernel pair of the fused BF16 backward (the default on sm_90a; math,
+// layouts and the choice of structure: kernels/cuda/bf16_backward.h). Same
+// two kernels, same arithmetic as the mma.sync pair of
+// bf16_backward_kernel.cuh, but every product is a warpgroup MMA
+// (kernels/cuda/wgmma.cuh): operands are read by the tensor cores straight
+// from shared memory (no ldmatrix through the register file, the mma.sync
+// pair's limit), and t, r feed dQ from registers.
+//
+// Both kernels run two warpgroups (256 threads); warpgroup wg owns 64 rows of
+// every accumulator, warp v of it rows 16 v.., lane 4 g + c rows g and g + 8.
+//   dq kernel:   block = 128 query rows (wg: rows 64 wg..), loop over key
+//                tiles of 64 (cp.async double buffering):
+//                  S = Q K^T, dP = dO V^T       ss, m64n64, D / 16 steps
+//                  t, r in registers (bf16_backward.h), row statistics
+//                  dQ += t K (and U += r K)     rs, m64nD, B = K MN-major
+//   dkdv kernel: block = 128 keys (wg: keys 64 wg..), loop over query tiles
+//                of 64 rows of every query head of the group (double buffered):
+//                  S = Q K_wg^T, dP = dO V_wg^T ss, m64n64 (the same
+//                                               instruction sequence as the
+//                                               dq kernel: t, r bit-identical)
+//                  t, r -> shared [64 rows][64 keys] per warpgroup
+//                  dV += r^T dO, dK += t^T Q    ss, m64nD, A and B MN-major
+//                  gproj: dK += r^T bf16(-lambda Q); pivot: fix-up in registers
+// Build: instantiated in bf16_backward_d{64,128}_{none,gproj,pivot}.cu.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_backward_kernel.cuh"  // Args, RowInputs, RowArrays, row_keys, first_row
+#include "kernels/cuda/wgmma.cuh"
+
+namespace gaugewatch::gpu::bf16::hopper {
+
+inline constexpr int kThreads = 2 * wgmma::kWarpgroupThreads;
+inline constexpr int kDqRows = 128;  // query rows per dq block
+inline constexpr int kDqKeys = 64;   // keys per dq iteration
+inline constexpr int kKvKeys = 128;  // keys per dkdv block
+inline constexpr int kKvRows = 64;   // query rows per dkdv iteration
+static_assert(kKvRows == kBr, "the dkdv kernel's row arrays (RowArrays) hold kBr rows");
+
+// Two blocks per SM where the registers allow it (D = 64); one at D = 128,
+// where a warpgroup holds two m64n128 accumulators (128 registers) besides S
+// and dP.
+template <int D>
+inline constexpr int kBlocksPerSm = 1;
+
+// Copies rows [row0, row0 + R) of a (rows, D) BF16 matrix into an R-row tile
+// (wgmma::tile_offset layout); rows past `rows` are zero-filled.
+template <int R, int D>
+__device__ __forceinline__ void load_rows(uint16_t* dst, const uint16_t* src, int64_t row_stride, int row0, int rows) {
+  constexpr int kChunks = D / 8;
+  for (int idx = threadIdx.x; idx < R * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = row0 + r < rows;
+    const uint16_t* from = src + (valid ? static_cast<int64_t>(row0 + r) * row_stride + c * 8 : 0);
+    mma::cp_async_16(dst + wgmma::chunk_offset<R>(r, c), from, valid);
+  }
+}
+
+template <int F>
+__device__ __forceinline__ void zero(float (&acc)[F]) {
+#pragma unroll
+  for (int i = 0; i < F; ++i) acc[i] = 0.0f;
+}
+
+// S (64 x 64) = X Y^T over the head dim: X rows x_row0.. of an XR-row tile,
+// Y rows y_row0.. of a YR-row tile, both K-major. Issued, not waited for.
+template <int D, int XR, int YR>
+__device__ __forceinline__ void scores_mma(float (&s)[32], const uint16_t* x, int x_row0, const uint16_t* y,
+                                           int y_row0) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    wgmma::mma_ss<false, false>(s, wgmma::desc_k_major(x + wgmma::chunk_offset<XR>(x_row0, 2 * kk)),
+                                wgmma::desc_k_major(y + wgmma::chunk_offset<YR>(y_row0, 2 * kk)));
+  }
+}
+
+// Turns S into r = bf16(P) and dP into t = bf16(P (dP - delta)) in place, for
+// this thread's rows (half 0: g, half 1: g + 8) and keys j_base + 8 jn + 2 c
+// + (e & 1). `visit(half, j, visible, p, t, r, s)` sees every element, keys
+// in increasing order per row.
+template <class Visit>
+__device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], float (&dp)[32], const RowInputs& in,
+                                             int j_base, Visit&& visit) {
+  const int c = threadIdx.x & 3;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int half = (i >> 1) & 1;
+    const int j = j_base + 8 * (i >> 2) + 2 * c + (i & 1);
+    const bool visible = j >= in.kb[half] && j < in.ke[half];
+    // exp2(s alpha log2e - lse log2e) as FlashAttention forms it; a select,
+    // not a multiply, for masked keys, so NaN or Inf in padding never leaks.
+    const float p = visible ? mma::exp2_approx(fmaf(s[i], a.scale_log2, -in.lse_log2[half])) : 0.0f;
+    const float t = visible ? mma::round_bf16(p * (dp[i] - in.delta[half])) : 0.0f;
+    const float r = mma::round_bf16(p);
+    visit(half, j, visible, p, t, r, s[i]);
+    s[i] = r;
+    dp[i] = t;
+  }
+}
+
+// Accumulator columns 16 k .. 16 k + 15 as the A operand of step k.
+__device__ __forceinline__ void accumulator_to_a(uint32_t (&frag)[4][4], const float (&x)[32]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) frag[k][q] = mma::pack_bf16(x[8 * k + 2 * q], x[8 * k + 2 * q + 1]);
+  }
+}
+
+// Shared memory of the dq kernel (BF16 elements, offsets 1024-byte aligned).
+template <int D>
+struct DqLayout {
+  static constexpr int kQ = 0, kGo = kDqRows * D;
+  static constexpr int kK0 = 2 * kDqRows * D, kV0 = kK0 + kDqKeys * D;
+  static constexpr int kK1 = kV0 + kDqKeys * D, kV1 = kK1 + kDqKeys * D;
+  static constexpr size_t kBytes = static_cast<size_t>(kV1 + kDqKeys * D) * 2 + 1024;  // + alignment slack
+};
+
+template <int D, Projection P>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Args a) {
+  GAUGEWATCH_BF16_SMEM(raw);
+  uint16_t* smem = wgmma::align_1024(raw);
+  using L = DqLayout<D>;
+  constexpr uint32_t kSubTile = kDqKeys * 64 * 2;  // bytes between the K tile's 64-column blocks
+  const int tiles = (a.n + kDqRows - 1) / kDqRows;
+  // Under causal masking the last query tiles see the most keys: first.
+  const int tile = a.causal != 0 ? tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int bh = blockIdx.y;
+  const int b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
+  const int i0 = tile * kDqRows;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wg = warp >> 2, g = lane >> 2, c = lane & 3;
+  const int row0 = 64 * wg + 16 * (warp & 3);  // this warp's first row in the block
+
+  const uint16_t* qp = a.q + b * a.qs[0] + h * a.qs[1];
+  const uint16_t* gp = a.grad_out + b * a.gs[0] + h * a.gs[1];
+  const uint16_t* kp = a.k + b * a.ks[0] + hk * a.ks[1];
+  const uint16_t* vp = a.v + b * a.vs[0] + hk * a.vs[1];
+  const float* lp = a.lse + b * a.ls[0] + h * a.ls[1];
+  const int64_t row_base = static_cast<int64_t>(bh) * a.n;
+
+  RowInputs in;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = i0 + row0 + g + 8 * hh;
+    const KeyRange kr = row_keys(a, row);
+    in.kb[hh] = kr.begin;
+    in.ke[hh] = kr.end;
+    in.lse_log2[hh] = row < a.n && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
+    in.delta[hh] = row < a.n ? a.delta[row_base + row] : 0.0f;
+  }
+  // Key tiles: from the first row's first visible key to the last row's end
+  // (visible ranges are monotone along the rows).
+  const int last_row = (i0 + kDqRows < a.n ? i0 + kDqRows : a.n) - 1;
+  const int j_begin = row_keys(a, i0).begin / kDqKeys * kDqKeys;
+  const int j_end = row_keys(a, last_row).end;
+
+  load_rows<kDqRows, D>(smem + L::kQ, qp, a.qs[2], i0, a.n);
+  load_rows<kDqRows, D>(smem + L::kGo, gp, a.gs[2], i0, a.n);
+  if (j_begin < j_end) {
+    load_rows<kDqKeys, D>(smem + L::kK0, kp, a.ks[2], j_begin, a.m);
+    load_rows<kDqKeys, D>(smem + L::kV0, vp, a.vs[2], j_begin, a.m);
+  }
+  mma::cp_async_commit();
+
+  float dq[D / 2], u[D / 2];
+  zero(dq);
+  if constexpr (P == Projection::kGproj) zero(u);
+  // Row statistics of rows g and g + 8 over this thread's keys.
+  float rho[2] = {0, 0}, mass[2] = {0, 0}, abs_rho[2] = {0, 0}, pmax[2] = {-1, -1}, lmax[2] = {0, 0};
+  int parg[2] = {-1, -1};
+  // Row diagnostics are written by the bf16 variant only (validate() refuses
+  // them elsewhere): the other variants keep those registers free.
+  const bool want_diag = P == Projection::kNone && a.diag.any();
+
+  int buf = 0;
+  for (int j0 = j_begin; j0 < j_end; j0 += kDqKeys) {
+    if (j0 + kDqKeys < j_end) {
+      load_rows<kDqKeys, D>(smem + (buf ? L::kK0 : L::kK1), kp, a.ks[2], j0 + kDqKeys, a.m);
+      load_rows<kDqKeys, D>(smem + (buf ? L::kV0 : L::kV1), vp, a.vs[2], j0 + kDqKeys, a.m);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    // cp.async writes through the generic proxy; wgmma reads through the async one.
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    const uint16_t* ks = smem + (buf ? L::kK1 : L::kK0);
+    const uint16_t* vs = smem + (buf ? L::kV1 : L::kV0);
+
+    float s[32], dp[32];
+    zero(s);
+    zero(dp);
+    wgmma::fence();
+    scores_mma<D, kDqRows, kDqKeys>(s, smem + L::kQ, 64 * wg, ks, 0);
+    scores_mma<D, kDqRows, kDqKeys>(dp, smem + L::kGo, 64 * wg, vs, 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operand(s);
+    wgmma::fence_operand(dp);
+
+    scores_to_tr(a, s, dp, in, j0, [&](int hh, int j, bool visible, float p, float t, float r, float sv) {
+      rho[hh] += t;
+      mass[hh] += r;
+      if (want_diag) {
+        abs_rho[hh] += fabsf(t);
+        if (visible) lmax[hh] = fmaxf(lmax[hh], fabsf(a.scale * sv));
+      }
+      if (P == Projection::kPivot || want_diag) {
+        if (visible && p > pmax[hh]) {  // keys visited in increasing j: ties keep the lower
+          pmax[hh] = p;
+          parg[hh] = j;
+        }
+      }
+    });
+    uint32_t tf[4][4];
+    accumulator_to_a(tf, dp);
+    wgmma::fence();
+    if constexpr (P == Projection::kGproj) {
+      uint32_t rf[4][4];
+      accumulator_to_a(rf, s);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint64_t kd = wgmma::desc_mn_major(ks + wgmma::chunk_offset<kDqKeys>(16 * k, 0), kSubTile);
+        wgmma::mma_rs<true>(dq, tf[k], kd);
+        wgmma::mma_rs<true>(u, rf[k], kd);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        wgmma::mma_rs<true>(dq, tf[k], wgmma::desc_mn_major(ks + wgmma::chunk_offset<kDqKeys>(16 * k, 0), kSubTile));
+      }
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operand(dq);
+    if constexpr (P == Projection::kGproj) wgmma::fence_operand(u);
+    // Every warpgroup is done with this K/V buffer before the next iteration refills it.
+    __syncthreads();
+    buf ^= 1;
+  }
+  mma::cp_async_wait<0>();
+
+  // Reduce the row statistics over the 4 lanes of a row (fixed xor order).
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      rho[hh] += __shfl_xor_sync(0xffffffffu, rho[hh], off);
+      mass[hh] += __shfl_xor_sync(0xffffffffu, mass[hh], off);
+      abs_rho[hh] += __shfl_xor_sync(0xffffffffu, abs_rho[hh], off);
+      lmax[hh] = fmaxf(lmax[hh], __shfl_xor_sync(0xffffffffu, lmax[hh], off));
+      const float op = __shfl_xor_sync(0xffffffffu, pmax[hh], off);
+      const int oa = __shfl_xor_sync(0xffffffffu, parg[hh], off);
+      if (op > pmax[hh] || (op == pmax[hh] && oa >= 0 && (parg[hh] < 0 || oa < parg[hh]))) {
+        pmax[hh] = op;
+        parg[hh] = oa;
+      }
+    }
+  }
+
+  // dQ' = alpha (dQacc - correction), rounded once to BF16.
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = i0 + row0 + g + 8 * hh;
+    if (row >= a.n) continue;
+    const int64_t orow = row_base + row;
+    const float lam = mass[hh] > 0.0f ? rho[hh] / mass[hh] : 0.0f;
+    uint16_t* out = a.dq + orow * D;
+    const uint16_t* kstar = (P == Projection::kPivot && parg[hh] >= 0) ? kp + parg[hh] * a.ks[2] : nullptr;
+#pragma unroll
+    for (int jn = 0; jn < D / 8; ++jn) {
+      const int col = 8 * jn + 2 * c;
+      float x0 = dq[4 * jn + 2 * hh], x1 = dq[4 * jn + 2 * hh + 1];
+      if constexpr (P == Projection::kGproj) {
+        x0 -= lam * u[4 * jn + 2 * hh];
+        x1 -= lam * u[4 * jn + 2 * hh + 1];
+      } else if constexpr (P == Projection::kPivot) {
+        if (kstar != nullptr) {
+          x0 -= rho[hh] * mma::bf16_bits_to_float(kstar[col]);
+          x1 -= rho[hh] * mma::bf16_bits_to_float(kstar[col + 1]);
+        }
+      }
+      *reinterpret_cast<uint32_t*>(out + col) = mma::pack_bf16(a.scale * x0, a.scale * x1);
+    }
+    // One thread per row writes the per-row outputs.
+    if (c == 0) {
+      if constexpr (P == Projection::kGproj) a.row_a[orow] = lam;
+      if constexpr (P == Projection::kPivot) {
+        a.row_a[orow] = rho[hh];
+        a.row_b[orow] = parg[hh];
+      }
+      if (want_diag) {
+        if (a.diag.row_mass) a.diag.row_mass[orow] = rho[hh];
+        if (a.diag.prob_mass) a.diag.prob_mass[orow] = mass[hh];
+        if (a.diag.abs_row_mass) a.diag.abs_row_mass[orow] = abs_rho[hh];
+        if (a.diag.p_max) a.diag.p_max[orow] = fmaxf(pmax[hh], 0.0f);
+        if (a.diag.logit_abs_max) a.diag.logit_abs_max[orow] = lmax[hh];
+        if (a.diag.pivot) a.diag.pivot[orow] = parg[hh];
+      }
+    }
+  }
+}
+
+// Shared memory of the dkdv kernel (BF16 elements, offsets 1024-byte
+// aligned): K, V (128 keys), two Q/dO buffers (64 rows), -lambda Q (gproj),
+// t and r of each warpgroup ([64 rows][64 keys] each), then the per-row
+// arrays of the two buffers (RowArrays, floats).
+template <int D, Projection P>
+struct KvLayout {
+  static constexpr int kRowTile = kKvRows * D;
+  static constexpr int kK = 0, kV = kKvKeys * D;
+  static constexpr int kQ0 = 2 * kKvKeys * D, kG0 = kQ0 + kRowTile, kQ1 = kG0 + kRowTile, kG1 = kQ1 + kRowTile;
+  static constexpr int kLq = kG1 + kRowTile;
+  static constexpr int kTr = kLq + (P == Projection::kGproj ? kRowTile : 0);  // t0, r0, t1, r1
+  static constexpr int kScoreTile = kKvRows * 64;
+  static constexpr int kRows = kTr + 4 * kScoreTile;
+  static constexpr int kRowFloats = 2 * 7 * kBr;
+  static constexpr size_t kBytes = static_cast<size_t>(kRows) * 2 + kRowFloats * 4 + 1024;  // + alignment slack
+};
+
+template <int D, Projection P>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const Args a) {
+  GAUGEWATCH_BF16_SMEM(raw);
+  uint16_t* smem = wgmma::align_1024(raw);
+  using L = KvLayout<D, P>;
+  constexpr uint32_t kSubTile = kKvRows * 64 * 2;  // bytes between a row tile's 64-column blocks
+  // Key tile 0 has the most query rows under causal masking: it goes first.
+  const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
+  const int bhk = blockIdx.y;
+  const int b = bhk / a.hkv, hk = bhk % a.hkv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
+  const int row0 = 16 * v;  // this warp's first query row of a tile (scores) / first key of its warpgroup's 64
+
+  const uint16_t* kp = a.k + b * a.ks[0] + hk * a.ks[1];
+  const uint16_t* vp = a.v + b * a.vs[0] + hk * a.vs[1];
+  float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
+  uint16_t* t_tile = smem + L::kTr + wg * 2 * L::kScoreTile;
+  uint16_t* r_tile = t_tile + L::kScoreTile;
+
+  // Query rows that see a key of [j0, j1): two binary searches (monotone ranges).
+  const int j1 = j0 + kKvKeys < a.m ? j0 + kKvKeys : a.m;
+  const int r_begin = first_row(0, a.n, [&](int r) { return row_keys(a, r).end > j0; });
+  const int r_end = first_row(r_begin, a.n, [&](int r) { return row_keys(a, r).begin >= j1; });
+  const int t_begin = r_begin / kKvRows, t_end = r_begin < r_end ? (r_end + kKvRows - 1) / kKvRows : t_begin;
+  const int tiles = t_end - t_begin;
+  const int iters = tiles * a.group;
+
+  load_rows<kKvKeys, D>(smem + L::kK, kp, a.ks[2], j0, a.m);
+  load_rows<kKvKeys, D>(smem + L::kV, vp, a.vs[2], j0, a.m);
+
+  // Issues the loads of iteration `it` (query head, query tile) into buffer `buf`.
+  auto stage = [&](int it, int buf) {
+    const int h = hk * a.group + it / tiles;
+    const int i0 = (t_begin + it % tiles) * kKvRows;
+    load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), a.q + b * a.qs[0] + h * a.qs[1], a.qs[2], i0, a.n);
+    load_rows<kKvRows, D>(smem + (buf ? L::kG1 : L::kG0), a.grad_out + b * a.gs[0] + h * a.gs[1], a.gs[2], i0, a.n);
+    const RowArrays ra = row_arrays(rows_base, buf);
+    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + h) * a.n;
+    const float* lp = a.lse + b * a.ls[0] + h * a.ls[1];
+    if (threadIdx.x < kKvRows) {
+      const int r = threadIdx.x;
+      const int row = i0 + r;
+      const KeyRange kr = row_keys(a, row);
+      const bool ok = row < a.n;
+      ra.kb[r] = kr.begin;
+      ra.ke[r] = kr.end;
+      ra.lse_log2[r] = ok && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
+      ra.delta[r] = ok ? a.delta[row_base + row] : 0.0f;
+      if constexpr (P != Projection::kNone) ra.row_a[r] = ok ? a.row_a[row_base + row] : 0.0f;
+      if constexpr (P == Projection::kPivot) {
+        const int js = ok ? a.row_b[row_base + row] : -1;
+        ra.row_b[r] = js;
+        // Threads 0..63 are warps 0 and 1, whole: one ballot word each.
+        const unsigned word = __ballot_sync(0xffffffffu, js >= j0 && js < j0 + kKvKeys);
+        if ((threadIdx.x & 31) == 0) ra.hits[threadIdx.x >> 5] = word;
+      }
+    }
+  };
+  if (iters > 0) stage(0, 0);
+  mma::cp_async_commit();
+
+  float dk[D / 2], dv[D / 2];
+  zero(dk);
+  zero(dv);
+
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < iters) {
+      stage(it + 1, buf ^ 1);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
+    const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
+    const RowArrays ra = row_arrays(rows_base, buf);
+
+    if constexpr (P == Projection::kGproj) {
+      // bf16(-lambda_i q_i): the third product accumulates into dK with the
+      // sign folded in (negation is exact in BF16).
+      uint16_t* lq = smem + L::kLq;
+      for (int idx = threadIdx.x; idx < kKvRows * (D / 2); idx += kThreads) {
+        const int r = idx / (D / 2), cc = (idx % (D / 2)) * 2;
+        const int off = wgmma::tile_offset<kKvRows>(r, cc);
+        const float lam = ra.row_a[r];
+        const uint32_t qq = *reinterpret_cast<const uint32_t*>(qs + off);
+        const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
+        const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
+        *reinterpret_cast<uint32_t*>(lq + off) = mma::pack_bf16(-lam * q0, -lam * q1);
+      }
+      wgmma::fence_proxy_async();
+      __syncthreads();
+    }
+
+    RowInputs in;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = row0 + g + 8 * hh;
+      in.kb[hh] = ra.kb[r];
+      in.ke[hh] = ra.ke[r];
+      in.lse_log2[hh] = ra.lse_log2[r];
+      in.delta[hh] = ra.delta[r];
+    }
+    float s[32], dp[32];
+    zero(s);
+    zero(dp);
+    wgmma::fence();
+    scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);
+    scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operand(s);
+    wgmma::fence_operand(dp);
+    scores_to_tr(a, s, dp, in, j0 + 64 * wg, [](int, int, bool, float, float, float, float) {});
+    // t and r to this warpgroup's [64 rows][64 keys] tiles: the A operands
+    // (keys x rows, MN-major) of dK and dV.
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
+        *reinterpret_cast<uint32_t*>(t_tile + off) = mma::pack_bf16(dp[4 * jn + 2 * hh], dp[4 * jn + 2 * hh + 1]);
+        *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
+      }
+    }
+    wgmma::fence_proxy_async();
+    wgmma::warpgroup_barrier(1 + wg);
+
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
+      const uint64_t rd = wgmma::desc_mn_major(r_tile + step, kSubTile);
+      wgmma::mma_ss<true, true>(dv, rd, wgmma::desc_mn_major(gos + step, kSubTile));
+      wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile + step, kSubTile),
+                                wgmma::desc_mn_major(qs + step, kSubTile));
+      if constexpr (P == Projection::kGproj) {
+        wgmma::mma_ss<true, true>(dk, rd, wgmma::desc_mn_major(smem + L::kLq + step, kSubTile));
+      }
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operand(dk);
+    wgmma::fence_operand(dv);
+
+    if constexpr (P == Projection::kPivot) {
+      // dKacc_j -= rho_i q_i for the rows i of this query tile whose pivot
+      // j = j*(i) is in this key tile, straight into the accumulator: key
+      // j - j0 = 64 wg' + 16 v' + 8 hh + g' lives in warp v' of warpgroup
+      // wg', lanes 4 g'.. 4 g' + 3, elements 4 jn + 2 hh and 4 jn + 2 hh + 1.
+      // Each element is owned by one thread and the flagged rows are visited
+      // in increasing i: deterministic (an explicit FMA, so the CPU emulation
+      // rounds as the GPU does). Only the rows flagged at staging are visited
+      // (usually none or a few, all 64 in the tile holding an attention sink).
+      for (uint64_t left = ra.hits[0] | (static_cast<uint64_t>(ra.hits[1]) << 32); left != 0; left &= left - 1) {
+        const int r = __ffsll(static_cast<long long>(left)) - 1;
+        const int js = ra.row_b[r] - j0;
+        if ((js >> 6) != wg || ((js >> 4) & 3) != v || (js & 7) != g) continue;
+        const int hh = (js >> 3) & 1;
+        const float neg_rho = -ra.row_a[r];
+#pragma unroll
+        for (int jn = 0; jn < D / 8; ++jn) {
+          const int col = 8 * jn + 2 * c;
+          const uint32_t qq = *reinterpret_cast<const uint32_t*>(qs + wgmma::tile_offset<kKvRows>(r, col));
+          const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
+          const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
+          // Constant element indices (a runtime index would move dk to local memory).
+          if (hh == 0) {
+            dk[4 * jn] = fmaf(neg_rho, q0, dk[4 * jn]);
+            dk[4 * jn + 1] = fmaf(neg_rho, q1, dk[4 * jn + 1]);
+          } else {
+            dk[4 * jn + 2] = fmaf(neg_rho, q0, dk[4 * jn + 2]);
+            dk[4 * jn + 3] = fmaf(neg_rho, q1, dk[4 * jn + 3]);
+          }
+        }
+      }
+    }
+    // Buffers, -lambda Q and the t/r tiles are free for the next iteration.
+    __syncthreads();
+  }
+  mma::cp_async_wait<0>();
+
+  // dK = bf16(alpha dKacc), dV = bf16(dVacc) (pivot's fix-up already in dKacc).
+  // Keys past M are not written.
+  const int64_t key_base = static_cast<int64_t>(bhk) * a.m;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = j0 + 64 * wg + row0 + g + 8 * hh;
+    if (key >= a.m) continue;
+    uint16_t* dko = a.dk + (key_base + key) * D;
+    uint16_t* dvo = a.dv + (key_base + key) * D;
+#pragma unroll
+    for (int jn = 0; jn < D / 8; ++jn) {
+      const int col = 8 * jn + 2 * c;
+      *reinterpret_cast<uint32_t*>(dko + col) =
+          mma::pack_bf16(a.scale * dk[4 * jn + 2 * hh], a.scale * dk[4 * jn + 2 * hh + 1]);
+      *reinterpret_cast<uint32_t*>(dvo + col) = mma::pack_bf16(dv[4 * jn + 2 * hh], dv[4 * jn + 2 * hh + 1]);
+    }
+  }
+}
+
+}  // namespace gaugewatch::gpu::bf16::hopper

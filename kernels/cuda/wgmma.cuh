@@ -1,0 +1,162 @@
+#pragma once
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for the fused BF16 backward:
+// shared-memory matrix descriptors for the 128-byte swizzle, the m64n64k16
+// and m64n128k16 BF16 -> FP32 instructions (both operands in shared memory,
+// "ss", or A in registers, "rs"), and the fences and barriers around them.
+//
+// Tile layout (tile_offset): a [R][W] BF16 tile is stored as W / 64 sub-tiles
+// [R][64], each row 128 bytes, the 16-byte chunk c of row r stored at chunk
+// c ^ (r % 8). Tiles start 1024-byte aligned. This is the hardware's 128-byte
+// swizzle (address bits 4-6 XOR bits 7-9), so the same tile is a legal wgmma
+// operand read either way:
+//   K-major  (the contraction index runs along the 64-wide rows): one core
+//            group is 8 rows x 128 bytes; SBO = 1024 bytes between groups of
+//            8 rows; step k16 advances the start address by 32 bytes inside
+//            the row, and by one sub-tile every 64 columns.
+//   MN-major (the contraction index runs down the rows): 16 rows per k16
+//            step, SBO = 1024 bytes between the two groups of 8 rows; LBO =
+//            the sub-tile stride between 64-wide column blocks of M or N.
+//            Step k16 advances the start address by 16 rows (2048 bytes).
+// Descriptor bits (PTX ISA, "Matrix Descriptor"): start address >> 4 in
+// 0-13, LBO >> 4 in 16-29, SBO >> 4 in 32-45, base offset 0 (1024-byte
+// aligned tiles), swizzle mode 1 (128 B) in 62-63.
+//
+// Fragments (per warp w = warp index % 4 of the warpgroup, lane = 4 g + c):
+//   accumulator m64nN, float d[N / 2]: d[4 j + 0, 1] = (row 16 w + g,
+//     cols 8 j + 2 c, +1), d[4 j + 2, 3] = (row 16 w + g + 8, same cols);
+//   A in registers (rs), m64k16: a[0] = (16 w + g, 2 c..+1), a[1] = (16 w +
+//     g + 8, 2 c..), a[2] = (16 w + g, 2 c + 8..), a[3] = (16 w + g + 8,
+//     2 c + 8..): the accumulator's columns 16 k.. 16 k + 15 packed to BF16
+//     pairs are the A operand of step k (accumulator_to_a).
+// The instructions are asynchronous: fence() before the first of a batch
+// (registers written since), commit() after it, wait<N>() before the
+// accumulators are read; operand fences keep the compiler from moving
+// register reads across the wait. Shared memory written by threads
+// (st.shared, cp.async) is made visible to wgmma with fence_proxy_async()
+// by the writers, then a barrier.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace gaugewatch::gpu::wgmma {
+
+inline constexpr int kWarpgroupThreads = 128;
+
+// Element offset of (row, col) in a [R][W] tile (layout above).
+template <int R>
+__device__ __forceinline__ int tile_offset(int row, int col) {
+  return (col >> 6) * (R * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
+}
+
+// Element offset of the 16-byte chunk `chunk` (8 columns) of row `row`.
+template <int R>
+__device__ __forceinline__ int chunk_offset(int row, int chunk) {
+  return (chunk >> 3) * (R * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+}
+
+// Descriptor fields other than the start address.
+__host__ __device__ constexpr uint64_t desc_bits(uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3fffu) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3fffu) << 32) | (uint64_t{1} << 62);
+}
+inline constexpr uint32_t kGroupBytes = 1024;  // 8 rows x 128 bytes
+
+// The first 1024-byte aligned address at or after p: kernels round their
+// dynamic shared memory up with it (and allocate 1024 bytes more), so every
+// tile is aligned whatever the runtime's base alignment. The emulation's
+// descriptors count from the same rounded base.
+template <class T>
+__host__ __device__ __forceinline__ T* align_1024(T* p) {
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t{1023});
+}
+
+}  // namespace gaugewatch::gpu::wgmma
+
+#if defined(GAUGEWATCH_CUDA_EMULATION)
+// CI without a GPU: the same functions on the CPU emulation's warps
+// (tests/cuda/emulation/wgmma_emulation.h).
+#include "wgmma_emulation.h"
+#else
+namespace gaugewatch::gpu::wgmma {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Operand whose contraction index runs along the 64-wide rows.
+__device__ __forceinline__ uint64_t desc_k_major(const void* p) {
+  return desc_bits(16, kGroupBytes) | ((smem_u32(p) >> 4) & 0x3fffu);
+}
+
+// Operand whose contraction index runs down the rows; lbo_bytes = stride
+// between the tile's 64-wide column blocks.
+__device__ __forceinline__ uint64_t desc_mn_major(const void* p, uint32_t lbo_bytes) {
+  return desc_bits(lbo_bytes, kGroupBytes) | ((smem_u32(p) >> 4) & 0x3fffu);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+template <int F>
+__device__ __forceinline__ void fence_operand(float (&d)[F]) {
+#pragma unroll
+  for (int i = 0; i < F; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Barrier of one warpgroup (ids 1.. ; 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kWarpgroupThreads) : "memory");
+}
+
+// d (m64 x N) += A (m64 x k16) B (k16 x N). kTransA / kTransB: the operand is
+// MN-major (otherwise K-major).
+template <bool kTransA, bool kTransB>
+__device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
+}
+
+template <bool kTransB>
+__device__ __forceinline__ void mma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kTransB ? 1 : 0));
+}
+
+template <bool kTransA, bool kTransB>
+__device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
+}
+
+template <bool kTransB>
+__device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kTransB ? 1 : 0));
+}
+
+}  // namespace gaugewatch::gpu::wgmma
+#endif  // GAUGEWATCH_CUDA_EMULATION
