@@ -25,7 +25,8 @@
 # that results.json is always written inside the device tool's 600 s limit),
 # CTEST_JOBS (8), CMAKE_EXTRA_ARGS, PYTEST_ARGS; focused runs: GW_ONLY_PYTEST,
 # GW_ONLY_BENCH (basenames), GW_PYTEST_K (a pytest -k expression for every
-# file), GW_SKIP_CTEST=1, GW_SANITIZE=0 (docs/device.md).
+# file), GW_SKIP_CTEST=1, GW_CTEST_R (a ctest -R regex), GW_BUILD_TARGETS
+# (space-separated CMake targets instead of all), GW_SANITIZE=0 (docs/device.md).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -288,7 +289,8 @@ CONFIGURED=$STEP_RC
 
 # --- build ----------------------------------------------------------------------------------
 if [[ $CONFIGURED -eq 0 ]]; then
-  run_step build "$OUT/build.log" 200 cmake --build "$BUILD_DIR" -j "$JOBS" -- -k 0
+  # shellcheck disable=SC2086
+  run_step build "$OUT/build.log" 200 cmake --build "$BUILD_DIR" -j "$JOBS" ${GW_BUILD_TARGETS:+--target $GW_BUILD_TARGETS} -- -k 0
   note="$(grep -c '^FAILED:' "$OUT/build.log" 2>/dev/null) failed build edges"
   # Our shared libraries are loaded into torch processes: none may carry a
   # private copy of libstdc++ (see gaugewatch::shared_libstdcxx).
@@ -312,7 +314,8 @@ if [[ $CONFIGURED -eq 0 && -n "${GW_SKIP_CTEST:-}" ]]; then
   record ctest skipped 0 0 "GW_SKIP_CTEST set"
 elif [[ $CONFIGURED -eq 0 ]]; then
   : >"$OUT/ctest.log"
-  run_step ctest "$OUT/ctest.log" 120 ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$CTEST_JOBS" --timeout 300
+  run_step ctest "$OUT/ctest.log" 120 ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$CTEST_JOBS" --timeout 300 \
+    ${GW_CTEST_R:+-R "$GW_CTEST_R"}
   record ctest "$(status_of $STEP_RC)" "$STEP_RC" "$STEP_S" "$(grep -E 'tests passed' "$OUT/ctest.log" | tail -1)"
 else
   record ctest skipped 0 0 "not configured"

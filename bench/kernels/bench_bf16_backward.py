@@ -9,9 +9,9 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
   gw_<backend>    torch.ops.gaugewatch.attention_backward(backend=...), on the
                   BF16 operands and SDPA flash's saved out and lse; includes
                   the delta pre-pass and the workspace allocation
-  gw_<backend>_1blk  the same at d = 128 with GAUGEWATCH_BF16_BLOCKS_PER_SM=1:
-                  one block per SM for both kernels (the default runs two,
-                  gproj's dq kernel one), for bf16, gproj and pivot
+  gw_<backend>_mma_sync  the same with GAUGEWATCH_BF16_KERNEL=mma_sync: the
+                  mma.sync kernel pair that the Hopper (wgmma) pair replaced,
+                  for bf16, gproj and pivot
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16.
 
@@ -39,8 +39,8 @@ SHAPES = [
     ("B4_Hq32_Hkv8_N4096_d128_causal_gqa", 4, 32, 8, 4096, 128, True),
 ]
 GW = ("bf16", "gproj", "pivot", "fp32")
-# At d = 128, also timed with GAUGEWATCH_BF16_BLOCKS_PER_SM=1 (gw_<backend>_1blk).
-ONE_BLOCK = ("bf16", "gproj", "pivot")
+# Also timed with GAUGEWATCH_BF16_KERNEL=mma_sync (gw_<backend>_mma_sync).
+MMA_SYNC = ("bf16", "gproj", "pivot")
 
 
 def kernel_breakdown(ops, x, causal, calls=3):
@@ -132,16 +132,17 @@ def main():
                                               backend=b)
             row[f"gw_{backend}_ms"] = time_ms(gw, inputs, args.fp32_reps if backend == "fp32" else args.reps,
                                               warmup=1 if backend == "fp32" else 3)
-        if d == 128:
-            # The one-block-per-SM variant (both kernels) that the default
-            # replaced, for comparison in the same process.
-            os.environ["GAUGEWATCH_BF16_BLOCKS_PER_SM"] = "1"
-            for backend in ONE_BLOCK:
-                row[f"gw_{backend}_1blk_ms"] = time_ms(
+        # The mma.sync pair that the Hopper pair replaced, in the same process.
+        os.environ["GAUGEWATCH_BF16_KERNEL"] = "mma_sync"
+        try:
+            for backend in MMA_SYNC:
+                row[f"gw_{backend}_mma_sync_ms"] = time_ms(
                     lambda x, b=backend: ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"],
                                                                 is_causal=causal, backend=b), inputs, args.reps,
                     warmup=3)
-            del os.environ["GAUGEWATCH_BF16_BLOCKS_PER_SM"]
+            row["kernels_us_mma_sync"] = kernel_breakdown(ops, inputs[0], causal)
+        finally:
+            del os.environ["GAUGEWATCH_BF16_KERNEL"]
         for key in [k[:-3] for k in list(row) if k.endswith("_ms")]:
             ms = row[key + "_ms"]
             row[key + "_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
@@ -172,13 +173,11 @@ def main():
         lines.append(f"| {row['shape']} | " + " | ".join(fmt(row, c) for c in cols) +
                      f" | {ratio(row['gproj_over_flash'])} | {ratio(row['gproj_over_bf16'])} | "
                      f"{ratio(row['pivot_over_bf16'])} | {ratio(row.get('gw_gproj_vs_cudnn'))} |")
-    one_block = [row for row in cases if any(f"gw_{b}_1blk_ms" in row for b in ONE_BLOCK)]
-    if one_block:
-        lines += ["", "d = 128, default blocks per SM against GAUGEWATCH_BF16_BLOCKS_PER_SM=1: ms default / 1 block", "",
-                  "| shape | " + " | ".join(ONE_BLOCK) + " |", "|---" * (len(ONE_BLOCK) + 1) + "|"]
-        for row in one_block:
-            lines.append(f"| {row['shape']} | " + " | ".join(
-                f"{row[f'gw_{b}_ms']:.3f} / {row[f'gw_{b}_1blk_ms']:.3f}" for b in ONE_BLOCK) + " |")
+    lines += ["", "Hopper (wgmma) pair against the mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync): "
+              "ms Hopper / mma.sync", "", "| shape | " + " | ".join(MMA_SYNC) + " |", "|---" * (len(MMA_SYNC) + 1) + "|"]
+    for row in cases:
+        lines.append(f"| {row['shape']} | " + " | ".join(
+            f"{row[f'gw_{b}_ms']:.3f} / {row[f'gw_{b}_mma_sync_ms']:.3f}" for b in MMA_SYNC) + " |")
     markdown = "\n".join(lines)
     print(markdown)
     result = {"meta": meta, "cases": cases, "markdown": markdown}

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <string_view>
 
 #include "kernels/cuda/bf16_backward.h"
 #include "kernels/cuda/bf16_mma.cuh"
@@ -64,18 +65,13 @@ struct DefaultBlocks {
   static constexpr int kDkdv = kDq;
 };
 
-// Runs launch.template operator()<BQ, BKV>() with the blocks per SM of the
-// two kernels: DefaultBlocks, or at D = 128 one block each (fully unrolled,
-// the configuration measured before two blocks became the default) when
-// GAUGEWATCH_BF16_BLOCKS_PER_SM=1, kept to compare the two on the GPU.
-// Shared by the GPU launcher (bf16_backward_launch.cuh) and the emulation's.
-template <int D, Projection P, class Launch>
-cudaError_t with_blocks_per_sm(Launch&& launch) {
-  if constexpr (D == 128) {
-    const char* env = std::getenv("GAUGEWATCH_BF16_BLOCKS_PER_SM");
-    if (env != nullptr && env[0] == '1' && env[1] == '\0') return launch.template operator()<1, 1>();
-  }
-  return launch.template operator()<DefaultBlocks<D, P>::kDq, DefaultBlocks<D, P>::kDkdv>();
+// Which kernel pair runs: the Hopper pair (bf16_backward_hopper.cuh, warpgroup
+// MMAs) by default; GAUGEWATCH_BF16_KERNEL=mma_sync selects this file's
+// mma.sync pair, kept to compare the two on the GPU (the benchmark times both
+// in one process) and as the measured baseline of the Hopper pair.
+inline bool use_mma_sync_pair() {
+  const char* env = std::getenv("GAUGEWATCH_BF16_KERNEL");
+  return env != nullptr && std::string_view(env) == "mma_sync";
 }
 
 // Device copy of the launch parameters (by value, in the kernel argument).

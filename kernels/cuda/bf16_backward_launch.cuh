@@ -7,12 +7,13 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bf16_backward_kernel.cuh"
 
 namespace gaugewatch::gpu::bf16 {
 
 // Runs the pair with BQ blocks per SM for the dq kernel and BKV for the dkdv
-// kernel (Occupancy; the choice: with_blocks_per_sm).
+// kernel (Occupancy, DefaultBlocks).
 template <int D, Projection P, int BQ, int BKV>
 cudaError_t launch_blocks(const Args& a, cudaStream_t stream) {
   constexpr int kDqSmem = static_cast<int>(DqSmem<D>::kBytes);
@@ -39,15 +40,43 @@ cudaError_t launch_blocks(const Args& a, cudaStream_t stream) {
   return err;
 }
 
-// Defaults (DefaultBlocks): two blocks per SM for both kernels, but one for
-// gproj at D = 128 (spills otherwise). GAUGEWATCH_BF16_BLOCKS_PER_SM=1 selects
-// one block for both kernels at D = 128, the previous default (H200, bf16
-// d128 causal B4 H16 N4096: 6.34 ms against 5.36 ms with two blocks); the
-// benchmark times both in one process.
+// The Hopper pair (bf16_backward_hopper.cuh): two warpgroups per block.
+template <int D, Projection P>
+cudaError_t launch_hopper(const Args& a, cudaStream_t stream) {
+  constexpr int kDqSmem = static_cast<int>(hopper::DqLayout<D>::kBytes);
+  constexpr int kKvSmem = static_cast<int>(hopper::KvLayout<D, P>::kBytes);
+  constexpr int kBlocks = hopper::kBlocksPerSm<D>;
+  static_assert(kBlocks * (kDqSmem + 1024) <= 228 * 1024, "dq kernel: blocks do not fit one SM's shared memory");
+  static_assert(kKvSmem + 1024 <= 228 * 1024, "dkdv kernel: a block does not fit one SM's shared memory");
+  cudaError_t err =
+      cudaFuncSetAttribute(hopper::dq_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem);
+  if (err != cudaSuccess) return err;
+  err = cudaFuncSetAttribute(hopper::dkdv_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kKvSmem);
+  if (err != cudaSuccess) return err;
+  const int64_t bhq = static_cast<int64_t>(a.batch) * a.hq, bhk = static_cast<int64_t>(a.batch) * a.hkv;
+  const dim3 dq_grid(static_cast<unsigned>((a.n + hopper::kDqRows - 1) / hopper::kDqRows), static_cast<unsigned>(bhq));
+  if (dq_grid.x > 0 && dq_grid.y > 0) {
+    hopper::dq_kernel<D, P><<<dq_grid, hopper::kThreads, kDqSmem, stream>>>(a);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 kv_grid(static_cast<unsigned>((a.m + hopper::kKvKeys - 1) / hopper::kKvKeys),
+                     static_cast<unsigned>(bhk));
+  if (kv_grid.x > 0 && kv_grid.y > 0) {
+    hopper::dkdv_kernel<D, P><<<kv_grid, hopper::kThreads, kKvSmem, stream>>>(a);
+    err = cudaGetLastError();
+  }
+  return err;
+}
+
+// The Hopper pair, or the mma.sync pair at its default blocks per SM
+// (DefaultBlocks) under GAUGEWATCH_BF16_KERNEL=mma_sync.
 template <int D, Projection P>
 cudaError_t launch(const Args& a, cudaStream_t stream) {
-  return with_blocks_per_sm<D, P>(
-      [&]<int BQ, int BKV>() { return launch_blocks<D, P, BQ, BKV>(a, stream); });
+  if (use_mma_sync_pair()) {
+    return launch_blocks<D, P, DefaultBlocks<D, P>::kDq, DefaultBlocks<D, P>::kDkdv>(a, stream);
+  }
+  return launch_hopper<D, P>(a, stream);
 }
 
 }  // namespace gaugewatch::gpu::bf16

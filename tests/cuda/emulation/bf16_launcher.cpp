@@ -1,9 +1,10 @@
 // The fused BF16 backward's real host launcher (kernels/cuda/bf16_backward.cu)
 // compiled against the emulated runtime, with the launches that the GPU build
 // makes through <<<>>> (bf16_backward_launch.cuh, bf16_backward_delta.cu)
-// re-expressed as loops over the grid; the occupancy variant is chosen by the
-// same with_blocks_per_sm (bf16_backward_kernel.cuh).
+// re-expressed as loops over the grid; the kernel pair (Hopper or mma.sync) is
+// chosen by the same use_mma_sync_pair() (bf16_backward_kernel.cuh).
 #include "kernels/cuda/bf16_backward.cu"
+#include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bf16_delta_kernel.cuh"
 
 namespace gaugewatch::gpu::bf16 {
@@ -29,8 +30,26 @@ cudaError_t launch_blocks(const Args& a) {
 }
 
 template <int D, Projection P>
+cudaError_t launch_hopper(const Args& a) {
+  const dim3 dq_grid(static_cast<unsigned>((a.n + hopper::kDqRows - 1) / hopper::kDqRows),
+                     static_cast<unsigned>(a.batch * a.hq));
+  if (dq_grid.x > 0 && dq_grid.y > 0) {
+    gaugewatch_emulation::run_grid(dq_grid, hopper::kThreads, hopper::DqLayout<D>::kBytes,
+                                   [&a] { hopper::dq_kernel<D, P>(a); });
+  }
+  const dim3 kv_grid(static_cast<unsigned>((a.m + hopper::kKvKeys - 1) / hopper::kKvKeys),
+                     static_cast<unsigned>(a.batch * a.hkv));
+  if (kv_grid.x > 0 && kv_grid.y > 0) {
+    gaugewatch_emulation::run_grid(kv_grid, hopper::kThreads, hopper::KvLayout<D, P>::kBytes,
+                                   [&a] { hopper::dkdv_kernel<D, P>(a); });
+  }
+  return cudaSuccess;
+}
+
+template <int D, Projection P>
 cudaError_t launch(const Args& a, cudaStream_t /*stream*/) {
-  return with_blocks_per_sm<D, P>([&]<int BQ, int BKV>() { return launch_blocks<D, P, BQ, BKV>(a); });
+  if (use_mma_sync_pair()) return launch_blocks<D, P, DefaultBlocks<D, P>::kDq, DefaultBlocks<D, P>::kDkdv>(a);
+  return launch_hopper<D, P>(a);
 }
 
 template cudaError_t launch<64, Projection::kNone>(const Args&, cudaStream_t);
