@@ -28,7 +28,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/bf16_backward_kernel.cuh"  // Args, RowInputs, RowArrays, row_keys, first_row
+#include "kernels/cuda/bf16_backward_kernel.cuh"  // Args, RowInputs, row_keys, first_row
 #include "kernels/cuda/wgmma.cuh"
 
 namespace gaugewatch::gpu::bf16::hopper {
@@ -38,11 +38,18 @@ inline constexpr int kDqRows = 128;  // query rows per dq block
 inline constexpr int kDqKeys = 64;   // keys per dq iteration
 inline constexpr int kKvKeys = 128;  // keys per dkdv block
 inline constexpr int kKvRows = 64;   // query rows per dkdv iteration
-static_assert(kKvRows == kBr, "the dkdv kernel's row arrays (RowArrays) hold kBr rows");
+static_assert(kKvRows == 64, "pivot's hit mask is two 32-row ballot words");
 
-// Two blocks per SM where the registers allow it (D = 64); one at D = 128,
-// where a warpgroup holds two m64n128 accumulators (128 registers) besides S
-// and dP.
+// Named barriers: 0 is __syncthreads, 1 and 2 the dkdv kernel's per-warpgroup
+// barriers (1 + wg), 3 the pingpong that lets warpgroup 1 issue its S and dP
+// MMAs after warpgroup 0's (wgmma::pingpong_arrive), so that one warpgroup's
+// element work overlaps the other's MMAs in every iteration.
+inline constexpr int kPingpongBarrier = 3;
+
+// One block (two warpgroups) per SM. At D = 128 a warpgroup holds two
+// m64n128 accumulators (128 registers) besides S and dP; at D = 64 two blocks
+// would need 128 registers, and ptxas then spills 300-430 bytes and
+// serializes the wgmmas (nvcc 13.0).
 template <int D>
 inline constexpr int kBlocksPerSm = 1;
 
@@ -195,28 +202,41 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Arg
     float s[32], dp[32];
     zero(s);
     zero(dp);
+    if (wg == 1) wgmma::pingpong_wait(kPingpongBarrier);
     wgmma::fence();
     scores_mma<D, kDqRows, kDqKeys>(s, smem + L::kQ, 64 * wg, ks, 0);
     scores_mma<D, kDqRows, kDqKeys>(dp, smem + L::kGo, 64 * wg, vs, 0);
     wgmma::commit();
+    if (wg == 0) wgmma::pingpong_arrive(kPingpongBarrier);
     wgmma::wait<0>();
     wgmma::fence_operand(s);
     wgmma::fence_operand(dp);
 
-    scores_to_tr(a, s, dp, in, j0, [&](int hh, int j, bool visible, float p, float t, float r, float sv) {
+    // Two instantiations of the element loop: the diagnostics' extra
+    // statistics cost the bf16 variant ~15% of its dq kernel when compiled in
+    // unused (H200), so the common call runs the lean one.
+    auto lean = [&](int hh, int j, bool visible, float p, float t, float r, float) {
       rho[hh] += t;
       mass[hh] += r;
-      if (want_diag) {
+      if (P == Projection::kPivot && visible && p > pmax[hh]) {  // keys in increasing j: ties keep the lower
+        pmax[hh] = p;
+        parg[hh] = j;
+      }
+    };
+    if (want_diag) {
+      scores_to_tr(a, s, dp, in, j0, [&](int hh, int j, bool visible, float p, float t, float r, float sv) {
+        rho[hh] += t;
+        mass[hh] += r;
         abs_rho[hh] += fabsf(t);
         if (visible) lmax[hh] = fmaxf(lmax[hh], fabsf(a.scale * sv));
-      }
-      if (P == Projection::kPivot || want_diag) {
-        if (visible && p > pmax[hh]) {  // keys visited in increasing j: ties keep the lower
+        if (visible && p > pmax[hh]) {
           pmax[hh] = p;
           parg[hh] = j;
         }
-      }
-    });
+      });
+    } else {
+      scores_to_tr(a, s, dp, in, j0, lean);
+    }
     uint32_t tf[4][4];
     accumulator_to_a(tf, dp);
     wgmma::fence();
@@ -309,7 +329,25 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Arg
 // Shared memory of the dkdv kernel (BF16 elements, offsets 1024-byte
 // aligned): K, V (128 keys), two Q/dO buffers (64 rows), -lambda Q (gproj),
 // t and r of each warpgroup ([64 rows][64 keys] each), then the per-row
-// arrays of the two buffers (RowArrays, floats).
+// arrays of the two buffers (StagedRows).
+// Per-row inputs of one query tile in the dkdv kernel, staged in shared
+// memory (rows past N zero-filled).
+struct StagedRows {
+  float* lse;    // natural-log lse as saved
+  float* delta;
+  float* row_a;  // lambda (gproj) or rho (pivot)
+  int* row_b;    // j* (pivot)
+  int* kb;
+  int* ke;
+};
+inline constexpr int kStagedArrays = 6;
+
+__device__ __forceinline__ StagedRows staged_rows(float* base, int buf) {
+  float* p = base + buf * kStagedArrays * kKvRows;
+  return {p, p + kKvRows, p + 2 * kKvRows, reinterpret_cast<int*>(p + 3 * kKvRows),
+          reinterpret_cast<int*>(p + 4 * kKvRows), reinterpret_cast<int*>(p + 5 * kKvRows)};
+}
+
 template <int D, Projection P>
 struct KvLayout {
   static constexpr int kRowTile = kKvRows * D;
@@ -319,7 +357,7 @@ struct KvLayout {
   static constexpr int kTr = kLq + (P == Projection::kGproj ? kRowTile : 0);  // t0, r0, t1, r1
   static constexpr int kScoreTile = kKvRows * 64;
   static constexpr int kRows = kTr + 4 * kScoreTile;
-  static constexpr int kRowFloats = 2 * 7 * kBr;
+  static constexpr int kRowFloats = 2 * kStagedArrays * kKvRows;
   static constexpr size_t kBytes = static_cast<size_t>(kRows) * 2 + kRowFloats * 4 + 1024;  // + alignment slack
 };
 
@@ -354,32 +392,27 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
   load_rows<kKvKeys, D>(smem + L::kK, kp, a.ks[2], j0, a.m);
   load_rows<kKvKeys, D>(smem + L::kV, vp, a.vs[2], j0, a.m);
 
-  // Issues the loads of iteration `it` (query head, query tile) into buffer `buf`.
+  // Issues the loads of iteration `it` (query head, query tile) into buffer
+  // `buf`: the Q and dO tiles and the per-row inputs, all by cp.async, so no
+  // thread waits on global memory while the current tile is computed.
+  auto tile_row0 = [&](int it) { return (t_begin + it % tiles) * kKvRows; };
   auto stage = [&](int it, int buf) {
     const int h = hk * a.group + it / tiles;
-    const int i0 = (t_begin + it % tiles) * kKvRows;
+    const int i0 = tile_row0(it);
     load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), a.q + b * a.qs[0] + h * a.qs[1], a.qs[2], i0, a.n);
     load_rows<kKvRows, D>(smem + (buf ? L::kG1 : L::kG0), a.grad_out + b * a.gs[0] + h * a.gs[1], a.gs[2], i0, a.n);
-    const RowArrays ra = row_arrays(rows_base, buf);
-    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + h) * a.n;
-    const float* lp = a.lse + b * a.ls[0] + h * a.ls[1];
     if (threadIdx.x < kKvRows) {
-      const int r = threadIdx.x;
-      const int row = i0 + r;
-      const KeyRange kr = row_keys(a, row);
+      const StagedRows sr = staged_rows(rows_base, buf);
+      const int r = threadIdx.x, row = i0 + r;
       const bool ok = row < a.n;
-      ra.kb[r] = kr.begin;
-      ra.ke[r] = kr.end;
-      ra.lse_log2[r] = ok && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
-      ra.delta[r] = ok ? a.delta[row_base + row] : 0.0f;
-      if constexpr (P != Projection::kNone) ra.row_a[r] = ok ? a.row_a[row_base + row] : 0.0f;
-      if constexpr (P == Projection::kPivot) {
-        const int js = ok ? a.row_b[row_base + row] : -1;
-        ra.row_b[r] = js;
-        // Threads 0..63 are warps 0 and 1, whole: one ballot word each.
-        const unsigned word = __ballot_sync(0xffffffffu, js >= j0 && js < j0 + kKvKeys);
-        if ((threadIdx.x & 31) == 0) ra.hits[threadIdx.x >> 5] = word;
-      }
+      const int64_t at = (static_cast<int64_t>(b) * a.hq + h) * a.n + (ok ? row : 0);
+      const KeyRange kr = row_keys(a, row);  // arithmetic (packed: a search of cu_seqlens)
+      sr.kb[r] = kr.begin;
+      sr.ke[r] = kr.end;
+      mma::cp_async_4(sr.lse + r, a.lse + b * a.ls[0] + h * a.ls[1] + (ok ? row : 0), ok);
+      mma::cp_async_4(sr.delta + r, a.delta + at, ok);
+      if constexpr (P != Projection::kNone) mma::cp_async_4(sr.row_a + r, a.row_a + at, ok);
+      if constexpr (P == Projection::kPivot) mma::cp_async_4(sr.row_b + r, a.row_b + at, ok);
     }
   };
   if (iters > 0) stage(0, 0);
@@ -402,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
     __syncthreads();
     const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
     const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
-    const RowArrays ra = row_arrays(rows_base, buf);
+    const StagedRows ra = staged_rows(rows_base, buf);
 
     if constexpr (P == Projection::kGproj) {
       // bf16(-lambda_i q_i): the third product accumulates into dK with the
@@ -427,16 +460,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
       const int r = row0 + g + 8 * hh;
       in.kb[hh] = ra.kb[r];
       in.ke[hh] = ra.ke[r];
-      in.lse_log2[hh] = ra.lse_log2[r];
+      // The lse of a row that sees no key is never read (P is a select on
+      // visibility), whatever it holds.
+      in.lse_log2[hh] = ra.lse[r] * kLog2e;
       in.delta[hh] = ra.delta[r];
     }
     float s[32], dp[32];
     zero(s);
     zero(dp);
+    if (wg == 1) wgmma::pingpong_wait(kPingpongBarrier);
     wgmma::fence();
     scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);
     scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
     wgmma::commit();
+    if (wg == 0) wgmma::pingpong_arrive(kPingpongBarrier);
     wgmma::wait<0>();
     wgmma::fence_operand(s);
     wgmma::fence_operand(dp);
@@ -481,7 +518,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
       // in increasing i: deterministic (an explicit FMA, so the CPU emulation
       // rounds as the GPU does). Only the rows flagged at staging are visited
       // (usually none or a few, all 64 in the tile holding an attention sink).
-      for (uint64_t left = ra.hits[0] | (static_cast<uint64_t>(ra.hits[1]) << 32); left != 0; left &= left - 1) {
+      // Padding rows (past N) are never flagged: their staged j* is a zero fill.
+      const int i0 = tile_row0(it);
+      auto hit = [&](int r) { return i0 + r < a.n && ra.row_b[r] >= j0 && ra.row_b[r] < j0 + kKvKeys; };
+      const uint64_t hits = __ballot_sync(0xffffffffu, hit(lane)) |
+                            (static_cast<uint64_t>(__ballot_sync(0xffffffffu, hit(32 + lane))) << 32);
+      for (uint64_t left = hits; left != 0; left &= left - 1) {
         const int r = __ffsll(static_cast<long long>(left)) - 1;
         const int js = ra.row_b[r] - j0;
         if ((js >> 6) != wg || ((js >> 4) & 3) != v || (js & 7) != g) continue;

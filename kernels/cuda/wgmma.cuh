@@ -112,6 +112,19 @@ __device__ __forceinline__ void warpgroup_barrier(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kWarpgroupThreads) : "memory");
 }
 
+// Pingpong between the two warpgroups of a 256-thread block: warpgroup 0
+// calls pingpong_arrive(id) once it has issued a batch of MMAs, warpgroup 1
+// pingpong_wait(id) before issuing its own. The tensor cores (shared by the
+// two, one per SM quarter) then run warpgroup 0's batch first, and each
+// warpgroup's softmax-style element work overlaps the other's MMAs instead of
+// both idling the tensor cores at once. Scheduling only: no data passes.
+__device__ __forceinline__ void pingpong_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(2 * kWarpgroupThreads) : "memory");
+}
+__device__ __forceinline__ void pingpong_wait(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(2 * kWarpgroupThreads) : "memory");
+}
+
 // d (m64 x N) += A (m64 x k16) B (k16 x N). kTransA / kTransB: the operand is
 // MN-major (otherwise K-major).
 template <bool kTransA, bool kTransB>

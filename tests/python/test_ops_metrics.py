@@ -98,9 +98,12 @@ def test_cuda_metrics_match_cpu(name):
             assert abs(have - want) <= 1e-4 * abs(want) + 1e-9, f"{name}: {metric} cpu {want} cuda {have}"
         elif metric == "sharp_row_fraction":
             assert abs(have - want) <= 1.5 / rows, f"{name}: {metric} cpu {want} cuda {have}"
-        elif metric.startswith("row_mass"):
-            # Row mass is the rounding residue itself: it follows the last bit
-            # of every t, so the two kernels agree in size, not in value.
+        elif metric.startswith("row_mass") or metric == "gproj_gauge_violation":
+            # Row mass is the rounding residue itself, and GProj's gauge
+            # violation is the FP32 rounding left after its projection: both
+            # follow the last bit of every t (the summation order of S, which
+            # differs between the GPU's tensor cores and the CPU), so the two
+            # kernels agree in size, not in value.
             assert want / 2 - 1e-9 <= have <= 2 * want + 1e-9, f"{name}: {metric} cpu {want} cuda {have}"
         else:
             assert abs(have - want) <= 0.3 * abs(want) + 1e-6, f"{name}: {metric} cpu {want} cuda {have}"

@@ -97,6 +97,13 @@ inline void cp_async_16(void* dst, const void* src, bool valid) {
     std::memset(dst, 0, 16);
   }
 }
+inline void cp_async_4(void* dst, const void* src, bool valid) {
+  if (valid) {
+    std::memcpy(dst, src, 4);
+  } else {
+    std::memset(dst, 0, 4);
+  }
+}
 inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}

@@ -183,6 +183,10 @@ inline void fence_operand(float (&)[F]) {}
 inline void fence_proxy_async() {}
 // The emulation has one barrier per warpgroup; the id only matters on the GPU.
 inline void warpgroup_barrier(int /*id*/) { gaugewatch_emulation::warpgroup_barrier(); }
+// Pingpong orders MMA issue between warpgroups for the tensor cores' sake; the
+// emulation's MMAs run at the call, so there is nothing to order.
+inline void pingpong_arrive(int /*id*/) {}
+inline void pingpong_wait(int /*id*/) {}
 
 // d (m64 x N) += A (m64 x k16) B (k16 x N); the two shapes of wgmma.cuh.
 template <bool kTransA, bool kTransB>
