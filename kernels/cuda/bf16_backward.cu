@@ -30,7 +30,7 @@ using checks::kMaxGridY;
 using checks::round_up;
 
 struct Layout {
-  size_t delta = 0, row_a = 0, row_b = 0, total = 0;
+  size_t delta = 0, row_a = 0, row_b = 0, neg_lambda_q = 0, total = 0;
 };
 
 Layout layout_of(const Bf16BackwardParams& p) {
@@ -39,7 +39,11 @@ Layout layout_of(const Bf16BackwardParams& p) {
   w.delta = 0;
   w.row_a = round_up(rows * sizeof(float));
   w.row_b = w.row_a + round_up(rows * sizeof(float));
-  w.total = w.row_b + round_up(rows * sizeof(int32_t));
+  w.neg_lambda_q = w.row_b + round_up(rows * sizeof(int32_t));
+  // gproj: bf16(-lambda_i q_i) per row (BF16, rows x d), written once by the
+  // dq kernel and read by every key tile of the dkdv kernel.
+  const size_t lq_bytes = p.projection == Projection::kGproj ? rows * static_cast<size_t>(p.head_dim) * 2 : 0;
+  w.total = w.neg_lambda_q + round_up(lq_bytes);
   return w;
 }
 
@@ -128,6 +132,7 @@ Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, siz
   a.delta = reinterpret_cast<float*>(ws + w.delta);
   a.row_a = reinterpret_cast<float*>(ws + w.row_a);
   a.row_b = reinterpret_cast<int32_t*>(ws + w.row_b);
+  a.neg_lambda_q = reinterpret_cast<uint16_t*>(ws + w.neg_lambda_q);
   a.batch = static_cast<int>(p.batch);
   a.hq = static_cast<int>(p.q_heads);
   a.hkv = static_cast<int>(p.kv_heads);

@@ -118,7 +118,8 @@ struct Bf16BackwardParams {
 
 Status validate(const Bf16BackwardParams& params);
 
-// Device scratch (delta, and lambda or rho/j* per row), in bytes.
+// Device scratch (delta, lambda or rho/j* per row, and for gproj
+// bf16(-lambda_i q_i) per row: d BF16 values), in bytes.
 size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& params);
 
 // Enqueues the backward on `stream`; never synchronizes, never aborts.

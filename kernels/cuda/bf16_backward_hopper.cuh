@@ -21,7 +21,8 @@
 //                                               dq kernel: t, r bit-identical)
 //                  t, r -> shared [64 rows][64 keys] per warpgroup
 //                  dV += r^T dO, dK += t^T Q    ss, m64nD, A and B MN-major
-//                  gproj: dK += r^T bf16(-lambda Q); pivot: fix-up in registers
+//                  gproj: dK += r^T bf16(-lambda Q) (rows staged like Q; the
+//                  dq kernel wrote them); pivot: fix-up in registers
 // Build: instantiated in bf16_backward_d{64,128}_{none,gproj,pivot}.cu.
 
 #include <cuda_runtime.h>
@@ -307,6 +308,21 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Arg
       }
       *reinterpret_cast<uint32_t*>(out + col) = mma::pack_bf16(a.scale * x0, a.scale * x1);
     }
+    if constexpr (P == Projection::kGproj) {
+      // bf16(-lambda_i q_i), the B operand of the dkdv kernel's third product
+      // (the sign folded in: negation is exact in BF16), once per row here
+      // rather than once per key tile there. Q is still in shared memory.
+      uint16_t* lq = a.neg_lambda_q + orow * D;
+#pragma unroll
+      for (int jn = 0; jn < D / 8; ++jn) {
+        const int col = 8 * jn + 2 * c;
+        const uint32_t qq =
+            *reinterpret_cast<const uint32_t*>(smem + L::kQ + wgmma::tile_offset<kDqRows>(row0 + g + 8 * hh, col));
+        const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
+        const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
+        *reinterpret_cast<uint32_t*>(lq + col) = mma::pack_bf16(-lam * q0, -lam * q1);
+      }
+    }
     // One thread per row writes the per-row outputs.
     if (c == 0) {
       if constexpr (P == Projection::kGproj) a.row_a[orow] = lam;
@@ -327,8 +343,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Arg
 }
 
 // Shared memory of the dkdv kernel (BF16 elements, offsets 1024-byte
-// aligned): K, V (128 keys), two Q/dO buffers (64 rows), -lambda Q (gproj,
-// one copy per warpgroup),
+// aligned): K, V (128 keys), two Q/dO (and for gproj bf16(-lambda Q), which
+// the dq kernel wrote) buffers of 64 rows,
 // t and r of each warpgroup ([64 rows][64 keys] each), then the per-row
 // arrays of the two buffers (StagedRows).
 // Per-row inputs of one query tile in the dkdv kernel, staged in shared
@@ -354,8 +370,8 @@ struct KvLayout {
   static constexpr int kRowTile = kKvRows * D;
   static constexpr int kK = 0, kV = kKvKeys * D;
   static constexpr int kQ0 = 2 * kKvKeys * D, kG0 = kQ0 + kRowTile, kQ1 = kG0 + kRowTile, kG1 = kQ1 + kRowTile;
-  static constexpr int kLq = kG1 + kRowTile;
-  static constexpr int kTr = kLq + (P == Projection::kGproj ? 2 * kRowTile : 0);  // t0, r0, t1, r1
+  static constexpr int kL0 = kG1 + kRowTile, kL1 = kL0 + (P == Projection::kGproj ? kRowTile : 0);
+  static constexpr int kTr = kL1 + (P == Projection::kGproj ? kRowTile : 0);  // t0, r0, t1, r1
   static constexpr int kScoreTile = kKvRows * 64;
   static constexpr int kRows = kTr + 4 * kScoreTile;
   static constexpr int kRowFloats = 2 * kStagedArrays * kKvRows;
@@ -402,6 +418,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
     const int i0 = tile_row0(it);
     load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), a.q + b * a.qs[0] + h * a.qs[1], a.qs[2], i0, a.n);
     load_rows<kKvRows, D>(smem + (buf ? L::kG1 : L::kG0), a.grad_out + b * a.gs[0] + h * a.gs[1], a.gs[2], i0, a.n);
+    if constexpr (P == Projection::kGproj) {
+      load_rows<kKvRows, D>(smem + (buf ? L::kL1 : L::kL0),
+                            a.neg_lambda_q + (static_cast<int64_t>(b) * a.hq + h) * a.n * D, D, i0, a.n);
+    }
     if (threadIdx.x < kKvRows) {
       const StagedRows sr = staged_rows(rows_base, buf);
       const int r = threadIdx.x, row = i0 + r;
@@ -436,6 +456,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
     __syncthreads();
     const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
     const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
+    const uint16_t* lqs = smem + (buf ? L::kL1 : L::kL0);  // gproj: bf16(-lambda Q)
     const StagedRows ra = staged_rows(rows_base, buf);
 
     RowInputs in;
@@ -458,29 +479,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
     scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
     wgmma::commit();
     if (wg == 0) wgmma::pingpong_arrive(kPingpongBarrier);
-    uint16_t* lq = smem + L::kLq + wg * L::kRowTile;  // this warpgroup's copy
-    if constexpr (P == Projection::kGproj) {
-      // bf16(-lambda_i q_i), the B operand of the third product (the sign
-      // folded in: negation is exact in BF16). Each warpgroup builds its own
-      // copy while its S and dP MMAs run, so no block-wide barrier is needed;
-      // the barrier before dK's MMAs publishes it with t and r.
-      for (int idx = threadIdx.x & 127; idx < kKvRows * (D / 2); idx += wgmma::kWarpgroupThreads) {
-        const int r = idx / (D / 2), cc = (idx % (D / 2)) * 2;
-        const int off = wgmma::tile_offset<kKvRows>(r, cc);
-        const float lam = ra.row_a[r];
-        const uint32_t qq = *reinterpret_cast<const uint32_t*>(qs + off);
-        const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
-        const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
-        *reinterpret_cast<uint32_t*>(lq + off) = mma::pack_bf16(-lam * q0, -lam * q1);
-      }
-    }
     wgmma::wait<0>();
     wgmma::fence_operand(s);
     wgmma::fence_operand(dp);
     scores_to_tr(a, s, dp, in, j0 + 64 * wg, [](int, int, bool, float, float, float, float) {});
     // t and r to this warpgroup's [64 rows][64 keys] tiles: the A operands
-    // (keys x rows, MN-major) of dK and dV; the barrier below also publishes
-    // -lambda Q (gproj).
+    // (keys x rows, MN-major) of dK and dV.
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn) {
 #pragma unroll
@@ -502,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
       wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile + step, kSubTile),
                                 wgmma::desc_mn_major(qs + step, kSubTile));
       if constexpr (P == Projection::kGproj) {
-        wgmma::mma_ss<true, true>(dk, rd, wgmma::desc_mn_major(lq + step, kSubTile));
+        wgmma::mma_ss<true, true>(dk, rd, wgmma::desc_mn_major(lqs + step, kSubTile));
       }
     }
     wgmma::commit();

@@ -88,6 +88,7 @@ struct Args {
   const float* delta;  // (B, Hq, N) workspace
   float* row_a;        // gproj: lambda; pivot: rho       (B, Hq, N) workspace
   int32_t* row_b;      // pivot: j*                      (B, Hq, N) workspace
+  uint16_t* neg_lambda_q;  // gproj, Hopper pair: bf16(-lambda_i q_i), (B, Hq, N, d) workspace
   int batch, hq, hkv, group;
   int n, m;
   float scale, scale_log2;
