@@ -535,28 +535,38 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
       };
       const uint64_t hits = __ballot_sync(0xffffffffu, hit(lane)) |
                             (static_cast<uint64_t>(__ballot_sync(0xffffffffu, hit(32 + lane))) << 32);
+      // Then each lane group g takes its own rows, split by which of its two
+      // keys (g or g + 8 of the warp's 16) they hit, so the eight groups work
+      // in parallel and no branch diverges inside the updates.
+      uint64_t mine_lo = 0, mine_hi = 0;
       for (uint64_t left = hits; left != 0; left &= left - 1) {
         const int r = __ffsll(static_cast<long long>(left)) - 1;
         const int js = ra.row_b[r] - j0;
         if ((js & 7) != g) continue;
-        const int hh = (js >> 3) & 1;
-        const float neg_rho = -ra.row_a[r];
-#pragma unroll
-        for (int jn = 0; jn < D / 8; ++jn) {
-          const int col = 8 * jn + 2 * c;
-          const uint32_t qq = *reinterpret_cast<const uint32_t*>(qs + wgmma::tile_offset<kKvRows>(r, col));
-          const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
-          const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
-          // Constant element indices (a runtime index would move dk to local memory).
-          if (hh == 0) {
-            dk[4 * jn] = fmaf(neg_rho, q0, dk[4 * jn]);
-            dk[4 * jn + 1] = fmaf(neg_rho, q1, dk[4 * jn + 1]);
-          } else {
-            dk[4 * jn + 2] = fmaf(neg_rho, q0, dk[4 * jn + 2]);
-            dk[4 * jn + 3] = fmaf(neg_rho, q1, dk[4 * jn + 3]);
-          }
+        if ((js >> 3) & 1) {
+          mine_hi |= uint64_t{1} << r;
+        } else {
+          mine_lo |= uint64_t{1} << r;
         }
       }
+      // Constant element indices (a runtime index would move dk to local memory).
+      auto fix_up = [&](uint64_t rows, int e) {
+        for (; rows != 0; rows &= rows - 1) {
+          const int r = __ffsll(static_cast<long long>(rows)) - 1;
+          const float neg_rho = -ra.row_a[r];
+#pragma unroll
+          for (int jn = 0; jn < D / 8; ++jn) {
+            const int col = 8 * jn + 2 * c;
+            const uint32_t qq = *reinterpret_cast<const uint32_t*>(qs + wgmma::tile_offset<kKvRows>(r, col));
+            const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
+            const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
+            dk[4 * jn + e] = fmaf(neg_rho, q0, dk[4 * jn + e]);
+            dk[4 * jn + e + 1] = fmaf(neg_rho, q1, dk[4 * jn + e + 1]);
+          }
+        }
+      };
+      fix_up(mine_lo, 0);
+      fix_up(mine_hi, 2);
     }
     // Buffers, -lambda Q and the t/r tiles are free for the next iteration.
     __syncthreads();
