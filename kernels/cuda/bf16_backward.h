@@ -33,6 +33,11 @@
 // ops' "deterministic" flag needs no parameter here. Both kernels compute
 // S and dP with the same instructions in the same order, so the t and r the
 // key-outer kernel contracts are bit-identical to those summed into rho and m.
+// Two implementations of the pair: the Hopper pair (warpgroup MMAs,
+// bf16_backward_hopper.cuh; the default) and the mma.sync pair
+// (bf16_backward_kernel.cuh; GAUGEWATCH_BF16_KERNEL=mma_sync). For gproj the
+// Hopper dq kernel also writes bf16(-lambda_i q_i) per row to the workspace,
+// which its dkdv kernel stages like Q.
 //
 // Layouts: q, grad_out, out: (B, Hq, N, d); k, v: (B, Hkv, M, d); BF16, last
 // dim contiguous, other strides free (SDPA's (B, N, H, d) views work), rows
