@@ -67,6 +67,20 @@ __device__ __forceinline__ void load_rows(uint16_t* dst, const uint16_t* src, in
   }
 }
 
+// Waits for this thread's copies of the current buffer (the next buffer's stay
+// in flight when `next_in_flight`), then publishes every thread's copies to
+// the block and to the tensor cores (cp.async writes through the generic
+// proxy, wgmma reads through the async one).
+__device__ __forceinline__ void publish_buffer(bool next_in_flight) {
+  if (next_in_flight) {
+    mma::cp_async_wait<1>();
+  } else {
+    mma::cp_async_wait<0>();
+  }
+  wgmma::fence_proxy_async();
+  __syncthreads();
+}
+
 template <int F>
 __device__ __forceinline__ void zero(float (&acc)[F]) {
 #pragma unroll
@@ -150,16 +164,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Arg
   const float* lp = a.lse + b * a.ls[0] + h * a.ls[1];
   const int64_t row_base = static_cast<int64_t>(bh) * a.n;
 
-  RowInputs in;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int row = i0 + row0 + g + 8 * hh;
-    const KeyRange kr = row_keys(a, row);
-    in.kb[hh] = kr.begin;
-    in.ke[hh] = kr.end;
-    in.lse_log2[hh] = row < a.n && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
-    in.delta[hh] = row < a.n ? a.delta[row_base + row] : 0.0f;
-  }
+  const RowInputs in = row_inputs(a, i0 + row0, lp, row_base);
   // Key tiles: from the first row's first visible key to the last row's end
   // (visible ranges are monotone along the rows).
   const int last_row = (i0 + kDqRows < a.n ? i0 + kDqRows : a.n) - 1;
@@ -178,25 +183,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Arg
   zero(dq);
   if constexpr (P == Projection::kGproj) zero(u);
   // Row statistics of rows g and g + 8 over this thread's keys.
-  float rho[2] = {0, 0}, mass[2] = {0, 0}, abs_rho[2] = {0, 0}, pmax[2] = {-1, -1}, lmax[2] = {0, 0};
-  int parg[2] = {-1, -1};
+  RowStats row_stats;
   // Row diagnostics are written by the bf16 variant only (validate() refuses
   // them elsewhere): the other variants keep those registers free.
   const bool want_diag = P == Projection::kNone && a.diag.any();
 
   int buf = 0;
   for (int j0 = j_begin; j0 < j_end; j0 += kDqKeys) {
-    if (j0 + kDqKeys < j_end) {
+    const bool more = j0 + kDqKeys < j_end;
+    if (more) {
       load_rows<kDqKeys, D>(smem + (buf ? L::kK0 : L::kK1), kp, a.ks[2], j0 + kDqKeys, a.m);
       load_rows<kDqKeys, D>(smem + (buf ? L::kV0 : L::kV1), vp, a.vs[2], j0 + kDqKeys, a.m);
       mma::cp_async_commit();
-      mma::cp_async_wait<1>();
-    } else {
-      mma::cp_async_wait<0>();
     }
-    // cp.async writes through the generic proxy; wgmma reads through the async one.
-    wgmma::fence_proxy_async();
-    __syncthreads();
+    publish_buffer(more);
     const uint16_t* ks = smem + (buf ? L::kK1 : L::kK0);
     const uint16_t* vs = smem + (buf ? L::kV1 : L::kV0);
 
@@ -216,27 +216,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Arg
     // Two instantiations of the element loop: the diagnostics' extra
     // statistics cost the bf16 variant ~15% of its dq kernel when compiled in
     // unused (H200), so the common call runs the lean one.
-    auto lean = [&](int hh, int j, bool visible, float p, float t, float r, float) {
-      rho[hh] += t;
-      mass[hh] += r;
-      if (P == Projection::kPivot && visible && p > pmax[hh]) {  // keys in increasing j: ties keep the lower
-        pmax[hh] = p;
-        parg[hh] = j;
-      }
-    };
     if (want_diag) {
       scores_to_tr(a, s, dp, in, j0, [&](int hh, int j, bool visible, float p, float t, float r, float sv) {
-        rho[hh] += t;
-        mass[hh] += r;
-        abs_rho[hh] += fabsf(t);
-        if (visible) lmax[hh] = fmaxf(lmax[hh], fabsf(a.scale * sv));
-        if (visible && p > pmax[hh]) {
-          pmax[hh] = p;
-          parg[hh] = j;
-        }
+        row_stats.add<true, true>(hh, j, visible, p, t, r, a.scale * sv);
       });
     } else {
-      scores_to_tr(a, s, dp, in, j0, lean);
+      scores_to_tr(a, s, dp, in, j0, [&](int hh, int j, bool visible, float p, float t, float r, float) {
+        row_stats.add<false, P == Projection::kPivot>(hh, j, visible, p, t, r, 0.0f);
+      });
     }
     uint32_t tf[4][4];
     accumulator_to_a(tf, dp);
@@ -266,23 +253,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Arg
   }
   mma::cp_async_wait<0>();
 
-  // Reduce the row statistics over the 4 lanes of a row (fixed xor order).
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-      rho[hh] += __shfl_xor_sync(0xffffffffu, rho[hh], off);
-      mass[hh] += __shfl_xor_sync(0xffffffffu, mass[hh], off);
-      abs_rho[hh] += __shfl_xor_sync(0xffffffffu, abs_rho[hh], off);
-      lmax[hh] = fmaxf(lmax[hh], __shfl_xor_sync(0xffffffffu, lmax[hh], off));
-      const float op = __shfl_xor_sync(0xffffffffu, pmax[hh], off);
-      const int oa = __shfl_xor_sync(0xffffffffu, parg[hh], off);
-      if (op > pmax[hh] || (op == pmax[hh] && oa >= 0 && (parg[hh] < 0 || oa < parg[hh]))) {
-        pmax[hh] = op;
-        parg[hh] = oa;
-      }
-    }
-  }
+  row_stats.reduce_quad();
+  const float* rho = row_stats.rho;
+  const float* mass = row_stats.mass;
+  const int* parg = row_stats.parg;
 
   // dQ' = alpha (dQacc - correction), rounded once to BF16.
 #pragma unroll
@@ -333,9 +307,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Arg
       if (want_diag) {
         if (a.diag.row_mass) a.diag.row_mass[orow] = rho[hh];
         if (a.diag.prob_mass) a.diag.prob_mass[orow] = mass[hh];
-        if (a.diag.abs_row_mass) a.diag.abs_row_mass[orow] = abs_rho[hh];
-        if (a.diag.p_max) a.diag.p_max[orow] = fmaxf(pmax[hh], 0.0f);
-        if (a.diag.logit_abs_max) a.diag.logit_abs_max[orow] = lmax[hh];
+        if (a.diag.abs_row_mass) a.diag.abs_row_mass[orow] = row_stats.abs_rho[hh];
+        if (a.diag.p_max) a.diag.p_max[orow] = fmaxf(row_stats.pmax[hh], 0.0f);
+        if (a.diag.logit_abs_max) a.diag.logit_abs_max[orow] = row_stats.lmax[hh];
         if (a.diag.pivot) a.diag.pivot[orow] = parg[hh];
       }
     }
@@ -445,15 +419,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
 
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
-    if (it + 1 < iters) {
+    const bool more = it + 1 < iters;
+    if (more) {
       stage(it + 1, buf ^ 1);
       mma::cp_async_commit();
-      mma::cp_async_wait<1>();
-    } else {
-      mma::cp_async_wait<0>();
     }
-    wgmma::fence_proxy_async();
-    __syncthreads();
+    publish_buffer(more);
     const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
     const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
     const uint16_t* lqs = smem + (buf ? L::kL1 : L::kL0);  // gproj: bf16(-lambda Q)

@@ -139,6 +139,68 @@ struct RowInputs {
   int kb[2], ke[2];
 };
 
+// RowInputs of rows first + g and first + g + 8 (this thread's two rows,
+// lane = 4 g + c) of query head slice lp (lse) / row_base (delta).
+__device__ __forceinline__ RowInputs row_inputs(const Args& a, int first, const float* lp, int64_t row_base) {
+  const int g = (threadIdx.x & 31) >> 2;
+  RowInputs in;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = first + g + 8 * hh;
+    const KeyRange kr = row_keys(a, row);
+    in.kb[hh] = kr.begin;
+    in.ke[hh] = kr.end;
+    in.lse_log2[hh] = row < a.n && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
+    in.delta[hh] = row < a.n ? a.delta[row_base + row] : 0.0f;
+  }
+  return in;
+}
+
+// Statistics of this thread's two rows over the keys it visited: rho, m, and
+// for the diagnostics and pivot sum |t|, max |alpha s|, max P and its key.
+struct RowStats {
+  float rho[2] = {0, 0}, mass[2] = {0, 0}, abs_rho[2] = {0, 0}, pmax[2] = {-1, -1}, lmax[2] = {0, 0};
+  int parg[2] = {-1, -1};
+
+  // One visited element (keys in increasing j per thread: ties keep the lower).
+  template <bool kDiag, bool kArgmax>
+  __device__ __forceinline__ void add(int hh, int j, bool visible, float p, float t, float r, float scaled_s) {
+    rho[hh] += t;
+    mass[hh] += r;
+    if constexpr (kDiag) {
+      abs_rho[hh] += fabsf(t);
+      if (visible) lmax[hh] = fmaxf(lmax[hh], fabsf(scaled_s));
+    }
+    if constexpr (kArgmax) {
+      if (visible && p > pmax[hh]) {
+        pmax[hh] = p;
+        parg[hh] = j;
+      }
+    }
+  }
+
+  // Combines the 4 lanes of each row (fixed xor order; argmax ties to the
+  // lower key).
+  __device__ __forceinline__ void reduce_quad() {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) {
+        rho[hh] += __shfl_xor_sync(0xffffffffu, rho[hh], off);
+        mass[hh] += __shfl_xor_sync(0xffffffffu, mass[hh], off);
+        abs_rho[hh] += __shfl_xor_sync(0xffffffffu, abs_rho[hh], off);
+        lmax[hh] = fmaxf(lmax[hh], __shfl_xor_sync(0xffffffffu, lmax[hh], off));
+        const float op = __shfl_xor_sync(0xffffffffu, pmax[hh], off);
+        const int oa = __shfl_xor_sync(0xffffffffu, parg[hh], off);
+        if (op > pmax[hh] || (op == pmax[hh] && oa >= 0 && (parg[hh] < 0 || oa < parg[hh]))) {
+          pmax[hh] = op;
+          parg[hh] = oa;
+        }
+      }
+    }
+  }
+};
+
 // Phase 1 on one warp: S and dP for 16 rows x 32 keys (keys key0.. of the
 // tile, absolute index j0 + key0 + ...), then P, t, r; t and r go to the
 // swizzled [64][64] tiles ts/rs. `visit(half, nt, e, j, p, t, r, s)` sees
@@ -304,16 +366,7 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
   const float* lp = a.lse + b * a.ls[0] + h * a.ls[1];
   const int64_t row_base = static_cast<int64_t>(bh) * a.n;
 
-  RowInputs in;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int row = i0 + row0 + g + 8 * hh;
-    const KeyRange kr = row_keys(a, row);
-    in.kb[hh] = kr.begin;
-    in.ke[hh] = kr.end;
-    in.lse_log2[hh] = row < a.n && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
-    in.delta[hh] = row < a.n ? a.delta[row_base + row] : 0.0f;
-  }
+  const RowInputs in = row_inputs(a, i0 + row0, lp, row_base);
   // Key tiles: from the first row's first visible key to the last row's end.
   const int last_row = (i0 + kBr < a.n ? i0 + kBr : a.n) - 1;
   const int j_begin = row_keys(a, i0).begin / kBc * kBc;
@@ -331,8 +384,7 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
   zero<D>(dq);
   if constexpr (P == Projection::kGproj) zero<D>(u);
   // Row statistics of this warp's key half, for its rows g and g + 8.
-  float rho[2] = {0, 0}, mass[2] = {0, 0}, abs_rho[2] = {0, 0}, pmax[2] = {-1, -1}, lmax[2] = {0, 0};
-  int parg[2] = {-1, -1};
+  RowStats row_stats;
   // Row diagnostics are written by the bf16 variant only (validate() refuses
   // them elsewhere): the other variants keep those registers free.
   const bool want_diag = P == Projection::kNone && a.diag.any();
@@ -352,17 +404,10 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
     const uint16_t* vs = smem + (buf ? L::kV1 : L::kV0);
     scores_phase<D, Occupancy<D, B>::kPhase1Unroll>(a, smem + L::kQ, smem + L::kGo, ks, vs, smem + L::kT, smem + L::kR, row0, half * 32, j0, in,
                     [&](int hh, int j, bool visible, float p, float t, float r, float s) {
-                      rho[hh] += t;
-                      mass[hh] += r;
                       if (want_diag) {
-                        abs_rho[hh] += fabsf(t);
-                        if (visible) lmax[hh] = fmaxf(lmax[hh], fabsf(a.scale * s));
-                      }
-                      if (P == Projection::kPivot || want_diag) {
-                        if (visible && p > pmax[hh]) {  // keys visited in increasing j: ties keep the lower
-                          pmax[hh] = p;
-                          parg[hh] = j;
-                        }
+                        row_stats.add<true, true>(hh, j, visible, p, t, r, a.scale * s);
+                      } else {
+                        row_stats.add<false, P == Projection::kPivot>(hh, j, visible, p, t, r, a.scale * s);
                       }
                     });
     __syncthreads();
@@ -381,29 +426,17 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
   // Reduce the row statistics over the 4 lanes of a row (fixed xor order),
   // then over the two key halves through shared memory (half 0 + half 1).
   float* stats = reinterpret_cast<float*>(smem + L::kStats);  // [2 halves][64 rows][8]
+  row_stats.reduce_quad();
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-      rho[hh] += __shfl_xor_sync(0xffffffffu, rho[hh], off);
-      mass[hh] += __shfl_xor_sync(0xffffffffu, mass[hh], off);
-      abs_rho[hh] += __shfl_xor_sync(0xffffffffu, abs_rho[hh], off);
-      lmax[hh] = fmaxf(lmax[hh], __shfl_xor_sync(0xffffffffu, lmax[hh], off));
-      const float op = __shfl_xor_sync(0xffffffffu, pmax[hh], off);
-      const int oa = __shfl_xor_sync(0xffffffffu, parg[hh], off);
-      if (op > pmax[hh] || (op == pmax[hh] && oa >= 0 && (parg[hh] < 0 || oa < parg[hh]))) {
-        pmax[hh] = op;
-        parg[hh] = oa;
-      }
-    }
     if (c == 0) {
       float* st = stats + (half * kBr + row0 + g + 8 * hh) * 8;
-      st[0] = rho[hh];
-      st[1] = mass[hh];
-      st[2] = abs_rho[hh];
-      st[3] = pmax[hh];
-      st[4] = __int_as_float(parg[hh]);
-      st[5] = lmax[hh];
+      st[0] = row_stats.rho[hh];
+      st[1] = row_stats.mass[hh];
+      st[2] = row_stats.abs_rho[hh];
+      st[3] = row_stats.pmax[hh];
+      st[4] = __int_as_float(row_stats.parg[hh]);
+      st[5] = row_stats.lmax[hh];
     }
   }
   __syncthreads();
