@@ -252,6 +252,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Arg
     buf ^= 1;
   }
   mma::cp_async_wait<0>();
+  // gproj's epilogue reads Q rows that other threads copied. The key loop's
+  // barriers published them, but a block whose rows see no key runs no
+  // iteration (bottom-right causal with N - M >= 128, empty packed segments),
+  // and the dkdv kernel can still stage those rows' bf16(-lambda q).
+  if constexpr (P == Projection::kGproj) __syncthreads();
 
   row_stats.reduce_quad();
   const float* rho = row_stats.rho;

@@ -196,6 +196,8 @@ std::vector<Bf16Case> cases() {
   out.push_back(make_case("noncausal_d64", {1, 2, 2, 70, 90, 64}));
   out.push_back(make_case("top_left_multi_tile", {1, 2, 1, 130, 70, 64}, CM::kTopLeft));
   out.push_back(make_case("bottom_right_empty_rows_d128", {1, 1, 1, 90, 40, 128}, CM::kBottomRight));
+  // Whole 128-row dq blocks whose rows see no key (N - M >= 256, bottom-right).
+  out.push_back(make_case("bottom_right_empty_blocks", {1, 1, 1, 300, 40, 64}, CM::kBottomRight));
   // More than one 128-row dq block and one 128-key dkdv block, ragged.
   Bf16Case multi = make_case("bottom_right_multi_tile_d128", {1, 2, 1, 150, 140, 128}, CM::kBottomRight);
   multi.q_gain = 3.0f;
