@@ -495,13 +495,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const A
       // j = j*(i) is in this key tile, straight into the accumulator: key
       // j - j0 = 64 wg' + 16 v' + 8 hh + g' lives in warp v' of warpgroup
       // wg', lanes 4 g'.. 4 g' + 3, elements 4 jn + 2 hh and 4 jn + 2 hh + 1.
-      // Each element is owned by one thread and the flagged rows are visited
-      // in increasing i: deterministic (an explicit FMA, so the CPU emulation
-      // rounds as the GPU does). Only the rows flagged at staging are visited
-      // (usually none or a few, all 64 in the tile holding an attention sink).
-      // Padding rows (past N) are never flagged: their staged j* is a zero
-      // fill. Each warp visits only the rows whose pivot is one of its 16 keys
-      // (a ballot over the tile's 64 rows): with every thread visiting every
+      // Each element is owned by one thread and its rows are visited in
+      // increasing i: deterministic (an explicit FMA, so the CPU emulation
+      // rounds as the GPU does). Only rows whose pivot is in this key tile
+      // are visited (usually none or a few, all 64 in the tile holding an
+      // attention sink); padding rows (past N, staged j* a zero fill) never.
+      // Each warp visits only the rows whose pivot is one of its 16 keys (a
+      // ballot over the tile's 64 rows): with every thread visiting every
       // flagged row, the fix-up cost pivot 13-17% of the whole backward
       // (H200, causal N 4096: 3.80 ms against 3.31 ms without it at d = 128).
       const int i0 = tile_row0(it);
