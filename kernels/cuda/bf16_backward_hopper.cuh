@@ -51,7 +51,6 @@ inline constexpr int kPingpongBarrier = 3;
 // m64n128 accumulators (128 registers) besides S and dP; at D = 64 two blocks
 // would need 128 registers, and ptxas then spills 300-430 bytes and
 // serializes the wgmmas (nvcc 13.0).
-template <int D>
 inline constexpr int kBlocksPerSm = 1;
 
 // Copies rows [row0, row0 + R) of a (rows, D) BF16 matrix into an R-row tile
@@ -142,7 +141,7 @@ struct DqLayout {
 };
 
 template <int D, Projection P>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dq_kernel(const Args a) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a) {
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = DqLayout<D>;
@@ -358,7 +357,7 @@ struct KvLayout {
 };
 
 template <int D, Projection P>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) dkdv_kernel(const Args a) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args a) {
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = KvLayout<D, P>;

@@ -45,7 +45,7 @@ template <int D, Projection P>
 cudaError_t launch_hopper(const Args& a, cudaStream_t stream) {
   constexpr int kDqSmem = static_cast<int>(hopper::DqLayout<D>::kBytes);
   constexpr int kKvSmem = static_cast<int>(hopper::KvLayout<D, P>::kBytes);
-  constexpr int kBlocks = hopper::kBlocksPerSm<D>;
+  constexpr int kBlocks = hopper::kBlocksPerSm;
   static_assert(kBlocks * (kDqSmem + 1024) <= 228 * 1024, "dq kernel: blocks do not fit one SM's shared memory");
   static_assert(kKvSmem + 1024 <= 228 * 1024, "dkdv kernel: a block does not fit one SM's shared memory");
   cudaError_t err =

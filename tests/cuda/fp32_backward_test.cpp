@@ -17,7 +17,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ostream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -25,7 +24,6 @@
 #include "tests/cuda/device_support.h"
 #include "tests/cuda/problem_support.h"
 #include "kernels/reference/attention_problem.h"
-#include "kernels/reference/bf16.h"
 #include "kernels/reference/errors.h"
 #include "kernels/reference/exact_attention.h"
 #include "kernels/reference/fp32_backward.h"
@@ -39,49 +37,13 @@ using testing_cuda::DeviceBuffer;
 using testing_cuda::shape;
 using testing_cuda::to_int32;
 
-struct Case {
-  std::string name;
-  ref::AttentionShape shape;
-  ref::CausalMode causal = ref::CausalMode::kNone;
-  std::vector<int64_t> cu_q, cu_k;  // packed when non-empty
-  double scale = 0.0;               // 0: 1 / sqrt(d)
+// A problem (tests/cuda/problem_support.h) and how the kernel runs it.
+struct Case : testing_cuda::KernelCase {
   bool center_keys = true;
   bool deterministic = false;
-  float key_offset = 0.0f;          // common offset added to every key (RMS per coordinate)
-  float q_gain = 1.0f;              // query scale: sharper attention
-  uint64_t seed = 1;
 };
 
-// gtest prints a parameter with this (the test list shows the case name).
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-// BF16-valued normal inputs, as a BF16 training run hands them over.
-ref::AttentionInputs make_inputs(const Case& c) {
-  ref::AttentionInputs in;
-  in.shape = c.shape;
-  in.causal = c.causal;
-  in.cu_seqlens_q = c.cu_q;
-  in.cu_seqlens_k = c.cu_k;
-  in.scale = c.scale != 0.0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.shape.head_dim));
-  std::mt19937_64 rng(c.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto fill = [&](std::vector<float>& t, int64_t n) {
-    t.resize(static_cast<size_t>(n));
-    for (auto& x : t) x = ref::round_bf16(normal(rng));
-  };
-  fill(in.q, c.shape.q_elements());
-  for (auto& x : in.q) x = ref::round_bf16(c.q_gain * x);
-  fill(in.k, c.shape.kv_elements());
-  fill(in.v, c.shape.kv_elements());
-  fill(in.grad_out, c.shape.q_elements());
-  if (c.key_offset != 0.0f) {
-    std::vector<float> offset(static_cast<size_t>(c.shape.head_dim));
-    for (auto& x : offset) x = c.key_offset * normal(rng);
-    for (size_t i = 0; i < in.k.size(); ++i) in.k[i] = ref::round_bf16(in.k[i] + offset[i % offset.size()]);
-  }
-  in.validate();
-  return in;
-}
+using testing_cuda::make_inputs;
 
 struct GpuResult {
   gpu::Status status;

@@ -29,6 +29,7 @@ struct KernelCase {
   std::vector<int64_t> cu_q, cu_k;  // packed when non-empty
   float key_offset = 0.0f;          // RMS per coordinate of an offset common to every key
   float q_gain = 1.0f;              // query scale: sharper attention
+  double scale = 0.0;               // softmax scale; 0: 1 / sqrt(d)
   uint64_t seed = 1;
 };
 
@@ -51,7 +52,7 @@ inline ref::AttentionInputs make_inputs(const KernelCase& c) {
   in.causal = c.causal;
   in.cu_seqlens_q = c.cu_q;
   in.cu_seqlens_k = c.cu_k;
-  in.scale = 1.0 / std::sqrt(static_cast<double>(c.shape.head_dim));
+  in.scale = c.scale != 0.0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.shape.head_dim));
   std::mt19937_64 rng(c.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto fill = [&](std::vector<float>& t, int64_t n, float gain) {
