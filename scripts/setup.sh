@@ -28,10 +28,14 @@ APT_PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libre2-dev zlib1g-dev libssl-dev
   libcivetweb-dev libyaml-cpp-dev libsqlite3-dev sqlite3
+  # agent: the Prometheus C++ client, flags, logging
+  prometheus-cpp-dev libcli11-dev libspdlog-dev
   # tests, benchmarks, JSON
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   # Prometheus server and promtool (rules unit tests)
   prometheus
+  # headless browser for the status page test
+  chromium
   # clang + libFuzzer / sanitizer runtimes (GAUGEWATCH_ENABLE_FUZZ)
   clang libclang-rt-14-dev
 )
@@ -95,7 +99,7 @@ fi
 # --- Python virtual environment ------------------------------------------------------
 PIP_SPECS=(
   "torch==$TORCH_VERSION" numpy safetensors pytest pytest-timeout
-  grpcio protobuf requests pyyaml
+  grpcio protobuf requests pyyaml matplotlib
 )
 
 # Prints the specs from PIP_SPECS that the venv does not satisfy (empty: all good).
