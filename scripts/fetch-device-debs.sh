@@ -13,7 +13,8 @@ DEST="$ROOT/.device/debs"
 
 # Runtime libraries and -dev packages, Debian 12 (bookworm) amd64.
 PACKAGES=(
-  # gRPC + protobuf + abseil and their runtime dependencies (FINDINGS.md)
+  # gRPC + protobuf + abseil and their runtime dependencies (docs/findings.md,
+  # "The GPU machine")
   libgrpc++-dev libgrpc-dev libgrpc++1.51 libgrpc29
   libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32
   protobuf-compiler protobuf-compiler-grpc
@@ -23,8 +24,8 @@ PACKAGES=(
   # gRPC's CMake config also finds OpenSSL and zlib (device.sh skips these
   # -dev packages when the image already has their headers)
   libssl-dev zlib1g-dev
-  # tests, benchmarks, JSON
-  nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
+  # tests, JSON
+  nlohmann-json3-dev libgtest-dev libgmock-dev
 )
 
 [[ "$(dpkg --print-architecture 2>/dev/null)" == amd64 ]] \

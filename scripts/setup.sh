@@ -30,8 +30,8 @@ APT_PACKAGES=(
   libcivetweb-dev libyaml-cpp-dev libsqlite3-dev sqlite3
   # agent: the Prometheus C++ client, flags, logging
   prometheus-cpp-dev libcli11-dev libspdlog-dev
-  # tests, benchmarks, JSON
-  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+  # tests, JSON
+  libgtest-dev libgmock-dev nlohmann-json3-dev
   # Prometheus server and promtool (rules unit tests)
   prometheus
   # headless browser for the status page test
