@@ -6,6 +6,7 @@ GAUGEWATCH_BUILD_DIR, GAUGEWATCH_HOOKS_LIB or an installed prefix, and
 `python -m gaugewatch_hooks --check` reporting what it loaded and what would
 be monitored. The agent socket is checked against a real gaugewatch-agent."""
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -24,12 +25,29 @@ PACKAGE_SOURCE = ROOT / "hooks" / "python"
 CPU_SDPA_OP = "aten::_scaled_dot_product_flash_attention_for_cpu"
 
 
+def build_isolation_args() -> list[str]:
+    """pip builds in an isolated environment by default, fetching setuptools
+    from the index; where the interpreter already has a setuptools that can
+    build the wheel (>= 70.1, or >= 61 with the wheel package) the build uses
+    it instead, so that a machine without network (the GPU machine) runs the
+    same install."""
+    try:
+        import setuptools
+    except ImportError:
+        return []
+    version = tuple(int(part) for part in re.findall(r"\d+", setuptools.__version__)[:2])
+    if version >= (70, 1) or (version >= (61, 0) and importlib.util.find_spec("wheel") is not None):
+        return ["--no-build-isolation"]
+    return []
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """The package pip-installed into a directory of its own."""
     target = tmp_path_factory.mktemp("site")
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                             str(PACKAGE_SOURCE)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *build_isolation_args(),
+                             "--target", str(target), str(PACKAGE_SOURCE)], capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (target / "gaugewatch_hooks" / "__main__.py").is_file()
     return target
