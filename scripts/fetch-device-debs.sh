@@ -24,6 +24,13 @@ PACKAGES=(
   # gRPC's CMake config also finds OpenSSL and zlib (device.sh skips these
   # -dev packages when the image already has their headers)
   libssl-dev zlib1g-dev
+  # agent: the Prometheus C++ client (its CMake config also finds civetweb,
+  # which names the civetweb binary, and CURL for the push library), logging
+  # (spdlog on fmt), flags (CLI11, header-only). libcurl4 itself is not
+  # carried: the image's runtime serves the -dev package's link.
+  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
+  civetweb libcurl4-openssl-dev
+  libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libcli11-dev
   # tests, JSON
   nlohmann-json3-dev libgtest-dev libgmock-dev
 )
