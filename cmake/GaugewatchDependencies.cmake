@@ -38,6 +38,14 @@ if(NOT nlohmann_json_FOUND)
   gaugewatch_missing_dependency("nlohmann_json (JSON for Modern C++)" "" "nlohmann-json3-dev")
 endif()
 
+# CLI11: the `gaugewatch` launcher's flags.
+if(NOT TARGET CLI11::CLI11)
+  find_package(CLI11 CONFIG QUIET)
+endif()
+if(NOT TARGET CLI11::CLI11)
+  gaugewatch_missing_dependency("CLI11" "" "libcli11-dev")
+endif()
+
 # --- tests -------------------------------------------------------------------------
 if(GAUGEWATCH_ENABLE_TESTS)
   find_package(GTest QUIET)
