@@ -55,11 +55,12 @@ constexpr double kGpuWaitS = 300.0;
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using MetricsFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                              const at::Tensor&, const at::Tensor&, bool, std::optional<double>, c10::string_view,
-                             const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
+                             const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                             const std::optional<at::Tensor>&);
 using BackwardFn = Grads(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                          const at::Tensor&, const at::Tensor&, bool, std::optional<double>, c10::string_view,
                          c10::string_view, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool,
-                         bool);
+                         bool, const std::optional<at::Tensor>&);
 
 // A slice of one call: on the CPU for a CPU call, on the GPU (made on the
 // side stream) for a CUDA call; a whole call's operands for a capture.
@@ -296,9 +297,10 @@ at::Tensor finite_flag(const Operands& o) {
 at::Tensor audit_vector(const Job& job) {
   const Operands& s = job.slice;
   const at::Tensor values = metrics_op().call(s.grad_out, s.q, s.k, s.v, s.out, s.lse, job.is_causal, job.scale,
-                                              job.alignment, std::nullopt, std::nullopt);
+                                              job.alignment, std::nullopt, std::nullopt, std::nullopt);
   const auto [dq, dk, dv] = backward_op().call(s.grad_out, s.q, s.k, s.v, s.out, s.lse, job.is_causal, job.scale,
-                                               "fp32", job.alignment, std::nullopt, std::nullopt, false, true);
+                                               "fp32", job.alignment, std::nullopt, std::nullopt, false, true,
+                                               std::nullopt);
   std::vector<at::Tensor> parts{finite_flag(s).to(at::kDouble).reshape({1}), values.to(at::kDouble).reshape({-1}),
                                 error_terms(job.live_dq, dq)};
   if (job.compare_dkdv) {

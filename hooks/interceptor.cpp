@@ -111,7 +111,8 @@ bool in_backward() { return torch::autograd::get_current_graph_task_id() != -1; 
 using Grads = std::tuple<Tensor, Tensor, Tensor>;
 using BackwardFn = Grads(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                          bool, std::optional<double>, c10::string_view, c10::string_view,
-                         const std::optional<Tensor>&, const std::optional<Tensor>&, bool, bool);
+                         const std::optional<Tensor>&, const std::optional<Tensor>&, bool, bool,
+                         const std::optional<Tensor>&);
 
 std::optional<c10::TypedOperatorHandle<BackwardFn>> gaugewatch_backward_op() {
   static const std::optional<c10::TypedOperatorHandle<BackwardFn>> op =
@@ -157,7 +158,7 @@ std::optional<std::string> cuda_backend_refusal(Backend backend, const Tensor& l
       const Tensor grad = at::ones({1, 1, n, d}, bf16);
       const Tensor lse = at::arange(1, n + 1, like.options().dtype(at::kFloat)).log().view({1, 1, n});
       auto [dq, dk, dv] = op->call(grad, q, k, v, o, lse, true, std::nullopt, b, "top_left", std::nullopt,
-                                   std::nullopt, false, true);
+                                   std::nullopt, false, true, std::nullopt);
       if (!dq.defined() || dq.sizes() != q.sizes() || dk.sizes() != k.sizes() || dv.sizes() != v.sizes() ||
           dq.scalar_type() != at::kBFloat16 || !dq.is_cuda()) {
         why = "the op returned " + std::string(dq.defined() ? c10::toString(dq.scalar_type()) : "nothing") +
@@ -261,7 +262,7 @@ std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, 
   }
   try {
     auto [dq, dk, dv] = op->call(grad_out.contiguous(), q, k, v, out, lse3, info.is_causal, info.scale, b,
-                                 "top_left", std::nullopt, std::nullopt, false, true);
+                                 "top_left", std::nullopt, std::nullopt, false, true, std::nullopt);
     // CPU: a non-finite gradient runs stock instead. CUDA: not checked (the
     // check would synchronize the training stream); stock would pass the same
     // non-finite inputs on, and a sampled call's audit skips them.

@@ -13,10 +13,11 @@ Backend parse_backend(c10::string_view name) {
   if (name == "gproj") return Backend::kGproj;
   if (name == "pivot") return Backend::kPivot;
   if (name == "bf16") return Backend::kBf16;
+  if (name == "center") return Backend::kCenter;
   if (name == "fp32") return Backend::kFp32;
   if (name == "fp64") return Backend::kFp64;
   TORCH_CHECK(false, "gaugewatch: unknown backend '", std::string(name.data(), name.size()),
-              "': use gproj, pivot, bf16, fp32 (or fp64 on CPU, for tests)");
+              "': use gproj, pivot, bf16, center, fp32 (or fp64 on CPU, for tests)");
 }
 
 const char* backend_name(Backend backend) {
@@ -24,6 +25,7 @@ const char* backend_name(Backend backend) {
     case Backend::kGproj: return "gproj";
     case Backend::kPivot: return "pivot";
     case Backend::kBf16: return "bf16";
+    case Backend::kCenter: return "center";
     case Backend::kFp32: return "fp32";
     case Backend::kFp64: return "fp64";
   }

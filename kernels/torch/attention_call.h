@@ -19,6 +19,7 @@ enum class Backend {
   kGproj,  // fused BF16 backward with the GProj projection (BF16 outputs)
   kPivot,  // the same with the pivot projection (BF16 outputs)
   kBf16,   // the same kernel without a projection: the stock kernels' numerics
+  kCenter, // the device's stock backward on centred keys (BF16 outputs)
   kFp32,   // FP32 recompute (FP32 outputs)
   kFp64,   // FP64 ground truth, CPU only (FP64 outputs)
 };
