@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "agent/state/metric_fields.h"
+#include "agent/state/recent_values.h"
 #include "gaugewatch/v1/admin_service.pb.h"
 #include "gaugewatch/v1/hook_service.pb.h"
 
@@ -33,6 +34,7 @@ struct LayerEntry {
   std::uint64_t samples = 0;
   std::int64_t last_unix_ns = 0;
   MetricValues latest;
+  RecentValues recent_live_dq;  // the last samples' live dQ discrepancy
   bool exported = false;  // admitted by the cardinality guard
   std::vector<RuleState> rules;
   // What the hook reports about the layer (SampleBatch.layer_status).
