@@ -110,18 +110,30 @@ def firing(prometheus, start):
     return found
 
 
-def test_every_alert_fires_in_its_scenario_and_no_other(fleet):
+EXPECTED_FIRING = {(name, key, value) for name, (key, value) in EXPECTED.items()}
+
+
+@pytest.fixture(scope="module")
+def settled(fleet):
+    """The fleet once every scenario has played out: every expected alert
+    fired (or 90 s passed; the alert test says which did not)."""
     prometheus, start = fleet["prometheus"], fleet["start"]
-    assert {a["alert"] for a in alerts()} == set(EXPECTED) | NOT_PLAYED
-    expected = {(name, key, value) for name, (key, value) in EXPECTED.items()}
     try:
-        wait_until(lambda: expected <= firing(prometheus, start), 90, "every alert to fire", interval=2)
+        wait_until(lambda: EXPECTED_FIRING <= firing(prometheus, start), 90, "every alert to fire",
+                   interval=2)
     except AssertionError:
-        pass  # the assertion below says which
+        pass
     time.sleep(3)  # a late, unexpected alert gets its chance too
+    return fleet
+
+
+def test_every_alert_fires_in_its_scenario_and_no_other(settled):
+    prometheus, start = settled["prometheus"], settled["start"]
+    assert {a["alert"] for a in alerts()} == set(EXPECTED) | NOT_PLAYED
+    expected = EXPECTED_FIRING
     found = firing(prometheus, start)
     assert found == expected, (f"missing: {sorted(expected - found)}\nunexpected: {sorted(found - expected)}\n"
-                               + fleet["processes"].log("sim-fleet"))
+                               + settled["processes"].log("sim-fleet"))
 
 
 # Variables of each dashboard: the fleet with every run, the run dashboard on
@@ -147,11 +159,8 @@ def queries():
                 yield file, f"variable {variable['name']}", True, definition[len("query_result("):-1]
 
 
-def test_every_panel_query_returns_data(fleet):
-    prometheus, start = fleet["prometheus"], fleet["start"]
-    # Every alert fired or timed out in the test above (or wait here when run alone).
-    wait_until(lambda: prometheus.query('ALERTS{alertname="GaugewatchTrainerSilent"}'), 90,
-               "the silent trainer's alert", interval=2)
+def test_every_panel_query_returns_data(settled):
+    prometheus, start = settled["prometheus"], settled["start"]
     empty = []
     checked = 0
     for file, title, instant, expr in queries():
@@ -165,8 +174,8 @@ def test_every_panel_query_returns_data(fleet):
     assert not empty, "queries without data:\n" + "\n".join(empty)
 
 
-def test_switch_shows_as_annotation_with_module_name(fleet):
-    prometheus, start = fleet["prometheus"], fleet["start"]
+def test_switch_shows_as_annotation_with_module_name(settled):
+    prometheus, start = settled["prometheus"], settled["start"]
     board = dashboards()["gaugewatch-run.json"]
     annotation = next(a for a in board["annotations"]["list"] if a.get("name") == "Backend switches")
     result = prometheus.query_range(substitute(annotation["expr"], VALUES["gaugewatch-run.json"]),
@@ -175,8 +184,8 @@ def test_switch_shows_as_annotation_with_module_name(fleet):
         {("1", "model.layers.1.self_attn", "gproj")}
 
 
-def test_layer_legends_carry_module_names(fleet):
-    prometheus = fleet["prometheus"]
+def test_layer_legends_carry_module_names(settled):
+    prometheus = settled["prometheus"]
     worst = next(p for p in dashboards()["gaugewatch-fleet.json"]["panels"]
                  if p["title"] == "Worst layers by live dQ discrepancy")
     rows = prometheus.query(substitute(worst["targets"][0]["expr"], VALUES["gaugewatch-fleet.json"]))
@@ -201,14 +210,14 @@ def documented_dcgm_queries():
     return queries
 
 
-def test_documented_dcgm_join(fleet):
-    prometheus = fleet["prometheus"]
+def test_documented_dcgm_join(settled):
+    prometheus = settled["prometheus"]
     info = prometheus.query('gaugewatch_rank_info{run="switched"}')
     assert len(info) == 1, info
     identity = info[0]["metric"]
     assert identity["gpu_uuid"].startswith("GPU-") and identity["pci_bus_id"].startswith("00000000:")
     assert identity["hostname"] == "sim-node-a" and identity["local_rank"] == "0"
-    (fleet["dcgm_dir"] / "metrics").write_text(
+    (settled["dcgm_dir"] / "metrics").write_text(
         "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
         f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{identity["gpu_uuid"]}",device="nvidia0",'
         f'modelName="NVIDIA H200",Hostname="gpu-node-07",pci_bus_id="{identity["pci_bus_id"]}"}} 87\n'
