@@ -325,12 +325,24 @@ def agent_panels() -> list[dict]:
                     target(f"increase(gaugewatch_agent_series_refused_total{rate})",
                            "{{instance}} refused")]),
         timeseries("Switch decisions and commands",
-                   "Decisions recorded by source (rule, promql_rule, admin) and command "
-                   "acknowledgements by status.", "short",
+                   "Decisions recorded by source (rule, promql_rule, admin), command "
+                   "acknowledgements by status, and rule firings on layers no correcting backend "
+                   "can take (reported, not switched).", "short",
                    [target(f"sum by (source) (increase(gaugewatch_agent_decisions_total{rate}))",
                            "decisions: {{source}}"),
                     target(f"sum by (status) (increase(gaugewatch_agent_command_acks_total{rate}))",
-                           "acks: {{status}}")]),
+                           "acks: {{status}}"),
+                    target(f"sum (increase(gaugewatch_agent_escalations_uncorrectable_total{rate}))",
+                           "rule firings no correcting backend can take")]),
+        timeseries("Limits: streams refused, ranks held, clock-skewed samples",
+                   "Trainer streams refused or ended by a limit (stream_limit, rank_limit, "
+                   "hello_deadline), ranks the agent holds in memory, and samples whose timestamp "
+                   "lies outside the clock-skew window.", "short",
+                   [target(f"sum by (instance, reason) (increase(gaugewatch_agent_streams_refused_total{rate}))",
+                           "{{instance}} refused: {{reason}}"),
+                    target("gaugewatch_agent_ranks", "{{instance}} ranks held"),
+                    target(f"increase(gaugewatch_agent_samples_clock_skew_total{rate})",
+                           "{{instance}} clock-skewed samples")]),
         timeseries("Sample age at ingest (p99)",
                    "Time from a trainer stamping a sample to the agent applying it.", "s",
                    [target("histogram_quantile(0.99, sum by (instance, le) "
