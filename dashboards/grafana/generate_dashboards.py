@@ -189,6 +189,38 @@ def fleet_panels() -> list[dict]:
                    "none",
                    [target(f'count by (run) (gaugewatch_layer_backend_info{{{all_sel}, '
                            f'backend=~"{CORRECTING}"}})', "{{run}}")]),
+        timeseries("Unmonitored attention calls / s",
+                   "Attention calls the hooks saw but could not audit, by reason (dropout, math path, "
+                   "dtype, ...): their gradients are not checked. Runbook: "
+                   "GaugewatchUnmonitoredAttention.",
+                   "ops",
+                   [target('sum by (run, reason) (rate(gaugewatch_rank_attention_calls_total'
+                           '{run=~"$run", monitored="false"}[$__rate_interval]))',
+                           "{{run}}: {{reason}}")]),
+        timeseries("Monitored share of attention calls",
+                   "Audited attention calls over all attention calls the hooks saw, per run.",
+                   "percentunit",
+                   [target('sum by (run) (rate(gaugewatch_rank_attention_calls_total'
+                           '{run=~"$run", monitored="true"}[$__rate_interval])) / '
+                           'sum by (run) (rate(gaugewatch_rank_attention_calls_total'
+                           '{run=~"$run"}[$__rate_interval]))', "{{run}}")],
+                   field_defaults={"min": 0, "max": 1}),
+        table("Ranks and their GPUs",
+              "Every rank the agents know, with host, local rank and GPU (UUID and PCI bus id as "
+              "dcgm-exporter spells them: join DCGM_FI_* on UUID, docs/operations.md), and whether "
+              "its trainer is connected.",
+              "none",
+              'gaugewatch_rank_info{run=~"$run"} '
+              '* on (instance, run, rank) group_left () gaugewatch_rank_connected',
+              {"run": "Run", "rank": "Rank", "local_rank": "Local rank", "hostname": "Host",
+               "gpu_uuid": "GPU UUID", "pci_bus_id": "PCI bus id"}, value="Connected", h=8),
+        timeseries("Ranks finished and silent",
+                   "Ranks that said goodbye (finished cleanly) and ranks that went silent without "
+                   "one (expired). Silent ranks mid-run fire GaugewatchTrainerSilent.",
+                   "none",
+                   [target('sum by (run) (gaugewatch_rank_finished{run=~"$run"})', "{{run}} finished"),
+                    target('sum by (run) (gaugewatch_rank_expired{run=~"$run"} unless on (instance, '
+                           'run, rank) gaugewatch_rank_finished == 1)', "{{run}} silent")]),
     ]
 
 
@@ -293,12 +325,24 @@ def agent_panels() -> list[dict]:
                     target(f"increase(gaugewatch_agent_series_refused_total{rate})",
                            "{{instance}} refused")]),
         timeseries("Switch decisions and commands",
-                   "Decisions recorded by source (rule, promql_rule, admin) and command "
-                   "acknowledgements by status.", "short",
+                   "Decisions recorded by source (rule, promql_rule, admin), command "
+                   "acknowledgements by status, and rule firings on layers no correcting backend "
+                   "can take (reported, not switched).", "short",
                    [target(f"sum by (source) (increase(gaugewatch_agent_decisions_total{rate}))",
                            "decisions: {{source}}"),
                     target(f"sum by (status) (increase(gaugewatch_agent_command_acks_total{rate}))",
-                           "acks: {{status}}")]),
+                           "acks: {{status}}"),
+                    target(f"sum (increase(gaugewatch_agent_escalations_uncorrectable_total{rate}))",
+                           "rule firings no correcting backend can take")]),
+        timeseries("Limits: streams refused, ranks held, clock-skewed samples",
+                   "Trainer streams refused or ended by a limit (stream_limit, rank_limit, "
+                   "hello_deadline), ranks the agent holds in memory, and samples whose timestamp "
+                   "lies outside the clock-skew window.", "short",
+                   [target(f"sum by (instance, reason) (increase(gaugewatch_agent_streams_refused_total{rate}))",
+                           "{{instance}} refused: {{reason}}"),
+                    target("gaugewatch_agent_ranks", "{{instance}} ranks held"),
+                    target(f"increase(gaugewatch_agent_samples_clock_skew_total{rate})",
+                           "{{instance}} clock-skewed samples")]),
         timeseries("Sample age at ingest (p99)",
                    "Time from a trainer stamping a sample to the agent applying it.", "s",
                    [target("histogram_quantile(0.99, sum by (instance, le) "

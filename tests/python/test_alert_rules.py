@@ -17,7 +17,8 @@ from operations_support import (PROMETHEUS_METRICS, RULES, RUNBOOKS, alerts, cat
 # agent down, samples dropped / shed, cardinality guard hit).
 REQUIRED = {
     "GaugewatchDqDiscrepancyHigh", "GaugewatchSwitchedLayerStillHigh",
-    "GaugewatchKeyOffsetRatioRising", "GaugewatchAgentDown", "GaugewatchSamplesDropped", "GaugewatchTrainerRateLimited",
+    "GaugewatchKeyOffsetRatioRising", "GaugewatchUnmonitoredAttention", "GaugewatchTrainerSilent",
+    "GaugewatchAgentDown", "GaugewatchSamplesDropped", "GaugewatchTrainerRateLimited",
     "GaugewatchCardinalityLimit",
 }
 
