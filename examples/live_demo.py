@@ -280,7 +280,7 @@ def run_demo(args, agent, workdir, build_dir, run_id, ctl):
         agent.stop()
         log("[demo] the agent is stopped (--stop-agent); while an agent runs, look further with:")
     else:
-        log(f"[demo] the agent keeps running for {args.agent_minutes:.0f} min (stop it now: "
+        log(f"[demo] the agent keeps running for {args.agent_minutes:g} min (stop it now: "
             f"kill -TERM -{agent.proc.pid}); look further with:")
     log(f"  curl -s {agent.metrics_url} | grep live_dq")
     log(f"  {ctl} --socket {agent.socket} layers --run {run_id}")

@@ -18,7 +18,7 @@ per layer's qkv weight. Every step: loss and gradient norm. Each
 configuration runs in its own process (the hooks library's configuration is
 per process); the hooks' stats say which backwards ran.
 
-    python bench/experiments/sink_backends.py                # GPU: config gpu, 160 steps (~3 min on an H200)
+    python bench/experiments/sink_backends.py                # GPU: config gpu, 120 steps (~3 min on an H200)
     .venv/bin/python bench/experiments/sink_backends.py --tiny   # CPU, seconds: the test's configuration
     ... [--configs a,b,c,d,e] [--steps N] [--measure-every K] [--out DIR] [--device cpu|cuda]
 
@@ -400,7 +400,7 @@ def main():
     if args.device is None:
         args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     args.model = "tiny" if args.tiny else ("gpu" if args.device == "cuda" else "cpu")
-    defaults = {"tiny": (6, 3), "cpu": (40, 10), "gpu": (160, 20)}[args.model]
+    defaults = {"tiny": (6, 3), "cpu": (40, 10), "gpu": (120, 20)}[args.model]
     args.overrides = {"steps": args.steps or defaults[0]}
     args.measure_every = args.measure_every or defaults[1]
     out_dir = pathlib.Path(args.out or os.environ.get("GAUGEWATCH_BENCH_OUT") or ROOT / "bench" / "results")
