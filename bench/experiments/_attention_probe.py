@@ -15,6 +15,8 @@ Q, K, V, plus the key offset / spread ratio of the call (median over rows,
 docs/numerics.md, "Metric definitions").
 """
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -48,12 +50,16 @@ class AttentionProbe(TorchFunctionMode):
         return calls
 
 
-def math_attention():
-    """SDPA's math backend only: on the CPU, SDPA would otherwise run FP64 and
-    FP32 through the CPU flash op, which a loaded hooks library intercepts
-    (its stock backward, but counted as the model's passes and layers)."""
+@contextlib.contextmanager
+def math_attention(device_type="cpu"):
+    """SDPA's math backend only, in the dtype of its inputs: on the CPU, SDPA
+    would otherwise run FP64 and FP32 through the CPU flash op, which a
+    loaded hooks library intercepts (its stock backward, but counted as the
+    model's passes and layers); and autocast, which lists SDPA among its
+    lower-precision ops, would cast FP32 inputs back to BF16."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.MATH])
+    with sdpa_kernel([SDPBackend.MATH]), torch.autocast(device_type=device_type, enabled=False):
+        yield
 
 
 def relative_error(x, ref):
@@ -78,7 +84,7 @@ def errors_against_fp64(record):
     """Live dQ/dK/dV errors of one recorded call against FP64 on its own operands."""
     kwargs = dict(record["kwargs"])
     q64, k64, v64 = (record[n].double().requires_grad_() for n in ("q", "k", "v"))
-    with math_attention():
+    with math_attention(q64.device.type):
         out = F.scaled_dot_product_attention(q64, k64, v64, *record["args"], **kwargs)
     out.backward(record["do"].double())
     scale = kwargs.get("scale") or q64.shape[-1] ** -0.5
@@ -109,7 +115,7 @@ class ReplaceAttention(TorchFunctionMode):
 def fp32_math_attention(q, k, v, *args, **kwargs):
     """Attention in FP32 by SDPA's math backend (not a fused op: no hooks
     library intercepts it), the output cast back to the input dtype."""
-    with math_attention():
+    with math_attention(q.device.type):
         out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), *args, **kwargs)
     return out.to(q.dtype)
 
@@ -119,14 +125,14 @@ class _Fp64Backward(torch.autograd.Function):
     def forward(ctx, q, k, v, is_causal, scale):
         ctx.save_for_backward(q, k, v)
         ctx.is_causal, ctx.scale = is_causal, scale
-        with math_attention():
+        with math_attention(q.device.type):
             out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=is_causal, scale=scale)
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v = ctx.saved_tensors
-        with torch.enable_grad(), math_attention():
+        with torch.enable_grad(), math_attention(q.device.type):
             q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
             out = F.scaled_dot_product_attention(q64, k64, v64, is_causal=ctx.is_causal, scale=ctx.scale)
             dq, dk, dv = torch.autograd.grad(out, (q64, k64, v64), grad_out.double())

@@ -39,7 +39,7 @@ def test_sink_backends_tiny(binaries, tmp_path, record_line):
     # Same seed, weights and data: the first loss is the same everywhere.
     first = {key: r["steps"][0]["loss"] for key, r in report["results"].items()}
     assert max(first.values()) - min(first.values()) < 0.02, first
-    assert rows["a"]["dq_error_sink_layers_median"] < 0.01
+    assert rows["a"]["dq_error_sink_layers_median"] < 1e-3  # FP32 attention: far below any BF16 backward
     assert rows["b"]["dq_error_sink_layers_median"] > 0.05  # the sink layer leaks on the stock backward
     assert rows["b"]["dq_error_other_layers_median"] < 0.01
     assert rows["c"]["switches"] and rows["c"]["dq_error_all_layers_last_max"] < 0.01  # switched, then exact
