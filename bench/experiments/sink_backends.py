@@ -24,9 +24,9 @@ per process); the hooks' stats say which backwards ran.
 
 Writes into --out (default $GAUGEWATCH_BENCH_OUT, else bench/results):
 sink_backends-<device>-<date>.json, .md (summary) and -errors.png,
--training.png; and configuration b's last step's operands of each sink
-layer as gaugewatch capture files (capture-stock_monitored-layer<i>-step<s>
-.safetensors) for `tools/replay_capture.py --input FILE` and
+-training.png; and configuration b's last step's operands of the middle
+sink layer (batch element 0) as a gaugewatch capture file
+(capture-stock_monitored-layer<i>-step<s>.safetensors) for `tools/replay_capture.py --input FILE` and
 `gaugewatch audit --input FILE`. Needs the build (GAUGEWATCH_BUILD_DIR, default build/):
 lib/libgaugewatch_hooks.so, and bin/gaugewatch-agent for (c) (skipped, and
 said so, without it).
@@ -138,11 +138,13 @@ def worker(spec):
             if measure:
                 calls = probe.take()
                 errors = [errors_against_fp64(c) for c in calls]
-                if spec.get("capture_dir") and step == config["steps"] - 1:
-                    # The stock backward's operands of each sink layer, for tools/replay_capture.py.
-                    for i in config["sink_layers"]:
-                        save_capture(pathlib.Path(spec["capture_dir"]) / f"capture-{spec['name']}-layer{i}-step{step}"
-                                     ".safetensors", calls[i])
+                if spec.get("capture_dir") and step == config["steps"] - 1 and config["sink_layers"]:
+                    # The stock backward's operands of the middle sink layer, batch element 0
+                    # (a few MB on the GPU configuration), for tools/replay_capture.py.
+                    i = config["sink_layers"][len(config["sink_layers"]) // 2]
+                    first = {k: (v[:1] if isinstance(v, torch.Tensor) else v) for k, v in calls[i].items()}
+                    save_capture(pathlib.Path(spec["capture_dir"]) / f"capture-{spec['name']}-layer{i}-step{step}"
+                                 ".safetensors", first)
                 live = gradients(model)
                 to_fp32 = (compare(live, reference_gradients(model, x, y, dtype, fp32_math_attention),
                                    config["layers"]) if not spec["fp32_math"] else None)
