@@ -141,14 +141,27 @@ class StatsFollower:
 
 
 def progress_line(step, steps, loss, samples):
-    cells = []
-    for s in sorted(samples, key=lambda s: s["layer"]):
+    """One sampled step: every layer's live dQ discrepancy (! over the
+    default rule's threshold) and backend; with more than 6 layers, the
+    layers over the threshold and a count of the others."""
+    threshold = gaugewatch_report.DEFAULT_RULE_THRESHOLD
+    samples = sorted(samples, key=lambda s: s["layer"])
+
+    def cell(s):
         value = s["metrics"].get(gaugewatch_report.LIVE_DQ)
         text = "-" if value is None else f"{100 * value:.2f}%"
-        flag = "!" if value is not None and value > gaugewatch_report.DEFAULT_RULE_THRESHOLD else " "
-        cells.append(f"{s['name']} {text:>8}{flag}({s['backend']})")
+        flag = "!" if value is not None and value > threshold else " "
+        return f"{s['name']} {text:>8}{flag}({s['backend']})"
+
+    if len(samples) <= 6:
+        cells = "  ".join(cell(s) for s in samples)
+    else:
+        over = [s for s in samples if (s["metrics"].get(gaugewatch_report.LIVE_DQ) or 0) > threshold]
+        under = [s["metrics"].get(gaugewatch_report.LIVE_DQ) or 0 for s in samples if s not in over]
+        cells = (f"{len(under)} layer(s) under 5% (max {100 * max(under, default=0):.2f}%)"
+                 + ("; over: " + "  ".join(cell(s) for s in over) if over else ""))
     loss_text = "      " if loss is None else f"{loss:6.3f}"
-    return f"  step {step:>4}/{steps}  loss {loss_text}  live dQ err: " + "  ".join(cells)
+    return f"  step {step:>4}/{steps}  loss {loss_text}  live dQ err: " + cells
 
 
 def main():
@@ -280,7 +293,7 @@ def run_demo(args, agent, workdir, build_dir, run_id, ctl):
         agent.stop()
         log("[demo] the agent is stopped (--stop-agent); while an agent runs, look further with:")
     else:
-        log(f"[demo] the agent keeps running for {args.agent_minutes:.0f} min (stop it now: "
+        log(f"[demo] the agent keeps running for {args.agent_minutes:g} min (stop it now: "
             f"kill -TERM -{agent.proc.pid}); look further with:")
     log(f"  curl -s {agent.metrics_url} | grep live_dq")
     log(f"  {ctl} --socket {agent.socket} layers --run {run_id}")

@@ -12,8 +12,10 @@ one the hooks library chose for that layer.
 `errors_against_fp64` recomputes each recorded call in float64 on the same
 (BF16) operands and dO and returns ||dX_live - dX_64|| / ||dX_64|| for X in
 Q, K, V, plus the key offset / spread ratio of the call (median over rows,
-docs/numerics.md, "Metrics the monitor reports").
+docs/numerics.md, "Metric definitions").
 """
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +34,8 @@ class AttentionProbe(TorchFunctionMode):
             return func(*args, **kwargs)
         q, k, v = args[:3]
         out = func(*args, **kwargs)
-        record = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "args": args[3:], "kwargs": dict(kwargs)}
+        record = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "out": out.detach(), "args": args[3:],
+                  "kwargs": dict(kwargs)}
         self.calls.append(record)
         for name, tensor in (("dq", q), ("dk", k), ("dv", v), ("do", out)):
             if tensor.requires_grad:
@@ -45,6 +48,18 @@ class AttentionProbe(TorchFunctionMode):
         self.armed = False
         calls, self.calls = self.calls, []
         return calls
+
+
+@contextlib.contextmanager
+def math_attention(device_type="cpu"):
+    """SDPA's math backend only, in the dtype of its inputs: on the CPU, SDPA
+    would otherwise run FP64 and FP32 through the CPU flash op, which a
+    loaded hooks library intercepts (its stock backward, but counted as the
+    model's passes and layers); and autocast, which lists SDPA among its
+    lower-precision ops, would cast FP32 inputs back to BF16."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.MATH]), torch.autocast(device_type=device_type, enabled=False):
+        yield
 
 
 def relative_error(x, ref):
@@ -69,7 +84,8 @@ def errors_against_fp64(record):
     """Live dQ/dK/dV errors of one recorded call against FP64 on its own operands."""
     kwargs = dict(record["kwargs"])
     q64, k64, v64 = (record[n].double().requires_grad_() for n in ("q", "k", "v"))
-    out = F.scaled_dot_product_attention(q64, k64, v64, *record["args"], **kwargs)
+    with math_attention(q64.device.type):
+        out = F.scaled_dot_product_attention(q64, k64, v64, *record["args"], **kwargs)
     out.backward(record["do"].double())
     scale = kwargs.get("scale") or q64.shape[-1] ** -0.5
     result = {"dq_error": relative_error(record["dq"], q64.grad), "dk_error": relative_error(record["dk"], k64.grad),
@@ -99,23 +115,24 @@ class ReplaceAttention(TorchFunctionMode):
 def fp32_math_attention(q, k, v, *args, **kwargs):
     """Attention in FP32 by SDPA's math backend (not a fused op: no hooks
     library intercepts it), the output cast back to the input dtype."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel([SDPBackend.MATH]):
+    with math_attention(q.device.type):
         out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), *args, **kwargs)
     return out.to(q.dtype)
 
 
-class _StockForwardFp64Backward(torch.autograd.Function):
+class _Fp64Backward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal, scale):
         ctx.save_for_backward(q, k, v)
         ctx.is_causal, ctx.scale = is_causal, scale
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+        with math_attention(q.device.type):
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=is_causal, scale=scale)
+        return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v = ctx.saved_tensors
-        with torch.enable_grad():
+        with torch.enable_grad(), math_attention(q.device.type):
             q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
             out = F.scaled_dot_product_attention(q64, k64, v64, is_causal=ctx.is_causal, scale=ctx.scale)
             dq, dk, dv = torch.autograd.grad(out, (q64, k64, v64), grad_out.double())
@@ -123,9 +140,29 @@ class _StockForwardFp64Backward(torch.autograd.Function):
 
 
 def exact_backward_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
-    """The stock BF16 forward with the gradient computed in FP64 on the same
-    operands (and rounded to the input dtype): the backward without its
-    rounding, the forward unchanged."""
+    """The BF16 forward (computed in FP32 and rounded to the input dtype, as
+    the fused kernels do, by the math backend so that no hooks library sees
+    it) with the gradient computed in FP64 on the same operands and rounded
+    to the input dtype: the backward without its rounding."""
     if attn_mask is not None or dropout_p or kwargs:
         raise ValueError("exact_backward_attention takes causal or full attention only")
-    return _StockForwardFp64Backward.apply(q, k, v, is_causal, scale)
+    return _Fp64Backward.apply(q, k, v, is_causal, scale)
+
+
+def save_capture(path, record):
+    """Writes a recorded causal or full call as a gaugewatch capture file
+    (tools/capture_file.py): the log-sum-exp recomputed in FP32 from q and k."""
+    import sys
+    import pathlib
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tools"))
+    import capture_file
+    kwargs = record["kwargs"]
+    q, k = record["q"], record["k"]
+    scale = kwargs.get("scale") or q.shape[-1] ** -0.5
+    s = scale * q.float() @ k.float().transpose(-1, -2)
+    causal = bool(kwargs.get("is_causal"))
+    if causal:
+        n, m = s.shape[-2:]
+        s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    capture_file.write_capture(path, q, k, record["v"], record["out"], s.logsumexp(-1), record["do"],
+                               "top_left" if causal else "none", scale)
