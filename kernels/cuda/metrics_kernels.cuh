@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cuda/element_bits.cuh"
 #include "kernels/cuda/masking.cuh"
 #include "kernels/cuda/metrics_args.cuh"
 
@@ -38,21 +39,6 @@
 #endif
 
 namespace gaugewatch::gpu::detail {
-
-// --- bit helpers: one memcpy (register moves on the device, the same on the
-// host emulation) instead of an intrinsic per type behind #ifdef ------------
-
-template <class To, class From>
-__device__ __forceinline__ To bit_cast_to(From x) {
-  static_assert(sizeof(To) == sizeof(From), "bit casts keep the size");
-  To y;
-  std::memcpy(&y, &x, sizeof y);
-  return y;
-}
-__device__ __forceinline__ uint64_t double_bits(double x) { return bit_cast_to<uint64_t>(x); }
-__device__ __forceinline__ double bits_double(uint64_t u) { return bit_cast_to<double>(u); }
-__device__ __forceinline__ uint32_t float_bits(float x) { return bit_cast_to<uint32_t>(x); }
-__device__ __forceinline__ float bits_float(uint32_t u) { return bit_cast_to<float>(u); }
 
 // Correctly rounded reciprocals without the division slow-path call (whose
 // calling convention spills the geometry kernel's registers); the host
@@ -70,17 +56,6 @@ __device__ __forceinline__ double recip(double x) {
 #else
   return 1.0 / x;
 #endif
-}
-
-__device__ __forceinline__ bool finite_float(float x) { return (float_bits(x) & 0x7f800000u) != 0x7f800000u; }
-
-// float -> BF16 bits, round to nearest even, NaN kept quiet (reference/bf16.h).
-__device__ __forceinline__ uint16_t bf16_bits_rne(float x) {
-  const uint32_t bits = float_bits(x);
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  }
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 __device__ __forceinline__ double load_element(const void* base, int type, int64_t i) {

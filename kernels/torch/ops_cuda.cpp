@@ -49,7 +49,7 @@ Grads run_fp32(const AttentionCall& call, const at::Tensor& grad_out, const at::
   if (slices.has_value()) {
     subset = Fp32Subset{slices->to(q.device(), at::kInt).contiguous(), rows->to(q.device(), at::kInt).contiguous()};
   }
-  return fused_fp32_backward(call, gf, qf, kf, vf, device_offsets(call, cu_seqlens_q, cu_seqlens_k, q), subset,
+  return fused_fp32_backward(call, gf, qf, kf, vf, device_offsets(call, cu_seqlens_q, cu_seqlens_k, q), {}, subset,
                              deterministic, center_keys, at::cuda::getCurrentCUDAStream().stream());
 }
 

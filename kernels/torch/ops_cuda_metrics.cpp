@@ -80,10 +80,10 @@ at::Tensor attention_metrics_cuda(const at::Tensor& grad_out_arg, const at::Tens
   // 3: the FP32 recompute, key-centred as reference::backward_fp32's default;
   // deterministic (no dQ atomics): the metrics are bit-repeatable.
   const auto [ref_dq, ref_dk, ref_dv] =
-      fused_fp32_backward(call, gf, qf, kf, vf, offsets, std::nullopt, true, true, stream);
+      fused_fp32_backward(call, gf, qf, kf, vf, offsets, {}, std::nullopt, true, true, stream);
 
-  gpu::MetricsShape ms;  // not packed here: the translation ignores masking; the reductions get the offsets
-  gpu::fill_problem(ms, sh, call.scale, call.causal);
+  // Not packed here: the translation ignores masking; the reductions get the offsets.
+  const gpu::ProblemShape ms = gpu::problem_shape(sh, call.scale, call.causal);
 
   // 4: translated keys and lse (masking plays no part in the translation).
   const at::Tensor k_shift = at::empty(k.sizes(), k.options());
@@ -113,12 +113,7 @@ at::Tensor attention_metrics_cuda(const at::Tensor& grad_out_arg, const at::Tens
   auto bf16_view = [](const at::Tensor& t) { return gpu::TensorView{t.data_ptr(), ElementType::kBf16}; };
   auto fp32_view = [](const at::Tensor& t) { return gpu::TensorView{t.data_ptr(), ElementType::kFp32}; };
   gpu::MetricsParams mp;
-  mp.shape = ms;
-  if (call.packed) {
-    mp.shape.cu_seqlens_q = offsets.q.data_ptr<int32_t>();
-    mp.shape.cu_seqlens_k = offsets.k.data_ptr<int32_t>();
-    mp.shape.num_segments = offsets.segments();
-  }
+  mp.shape = problem_shape(call, offsets);
   mp.q = qf.data_ptr<float>();
   mp.k = kf.data_ptr<float>();
   mp.row_mass = row_mass.data_ptr<float>();

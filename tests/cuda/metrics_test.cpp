@@ -143,10 +143,8 @@ Translated reference_translation(const ref::AttentionInputs& in, const ref::Save
   return t;
 }
 
-gpu::MetricsShape metrics_shape(const ref::AttentionInputs& in, const int32_t* cu_q, const int32_t* cu_k) {
-  gpu::MetricsShape s;
-  testing_cuda::fill_problem(s, in, cu_q, cu_k);
-  return s;
+gpu::ProblemShape metrics_shape(const ref::AttentionInputs& in, const int32_t* cu_q, const int32_t* cu_k) {
+  return testing_cuda::problem_shape(in, cu_q, cu_k);
 }
 
 
