@@ -30,6 +30,7 @@
 #include "kernels/cuda/metrics.h"
 #include "kernels/reference/metric_catalogue.h"
 #include "kernels/torch/attention_call.h"
+#include "kernels/torch/attention_mask.h"
 #include "kernels/torch/cuda_launch.h"
 #include "kernels/torch/registration.h"
 
@@ -47,9 +48,15 @@ at::Tensor attention_metrics_cuda(const at::Tensor& grad_out_arg, const at::Tens
                                   const at::Tensor& v_arg, const at::Tensor& out_arg, const at::Tensor& lse_arg,
                                   bool is_causal, std::optional<double> scale, c10::string_view causal_alignment,
                                   const std::optional<at::Tensor>& cu_seqlens_q,
-                                  const std::optional<at::Tensor>& cu_seqlens_k) {
+                                  const std::optional<at::Tensor>& cu_seqlens_k,
+                                  const std::optional<at::Tensor>& attn_mask) {
   const AttentionCall call = check_attention_call(grad_out_arg, q_arg, k_arg, v_arg, out_arg, lse_arg, is_causal,
                                                   scale, causal_alignment, cu_seqlens_q, cu_seqlens_k);
+  check_attn_mask(attn_mask, call, q_arg);
+  TORCH_CHECK(!attn_mask.has_value(),
+              "gaugewatch: attention_metrics on CUDA takes no attn_mask: its live and gproj runs are the fused BF16 "
+              "kernels, which take none; pass CPU tensors for the masked metrics, and measure a masked call's live "
+              "gradients against attention_backward_rows / attention_backward(backend='fp32', attn_mask=...)");
   const auto& sh = call.shape;
   TORCH_CHECK(sh.head_dim == 64 || sh.head_dim == 128,
               "gaugewatch: attention_metrics on CUDA runs the fused BF16 backward, which supports head dims 64 "
