@@ -48,6 +48,7 @@ Status validate_shape(const ProblemShape& s) {
   }
   if (Status st = checks::check_heads_and_lengths(s.q_heads, s.kv_heads, s.q_len, s.kv_len); !st.ok()) return st;
   if (s.batch * s.q_heads > kMaxGridY) return invalid("batch * q_heads exceeds 65535");
+  if (Status st = checks::check_mask(s.mask); !st.ok()) return st;
   return checks::check_packing(s.cu_seqlens_q, s.cu_seqlens_k, s.num_segments);
 }
 
@@ -126,6 +127,7 @@ Status attention_metrics(const MetricsParams& p, void* workspace, size_t workspa
   g.cu_k = s.cu_seqlens_k;
   g.num_segments = static_cast<int>(s.num_segments);
   g.causal = static_cast<int>(s.causal);
+  g.mask = s.mask;
   g.q = p.q;
   g.k = p.k;
   g.centre = centre;

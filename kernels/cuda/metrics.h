@@ -23,6 +23,8 @@
 //             an even count), by a radix select on the FP64 bit patterns
 //   discrepancy ||x - r|| / ||r|| (FP64 sums; ||x|| when ||r|| = 0), gauge
 //   violation ||dQ(K + b) - dQ(K)|| / ||dQ(K)||, key RMS over all of K.
+// attn_mask (ProblemShape::mask) joins the logits as a bias (a False entry or
+// -inf masks the pair out; the logit maximum is over the pairs that take part).
 // Rows with no visible key are left out of every row statistic; a row whose
 // spread is 0 (it sees one key) is left out of the ratio statistics.
 //

@@ -31,6 +31,7 @@ struct KernelCase {
   float q_gain = 1.0f;              // query scale: sharper attention
   double scale = 0.0;               // softmax scale; 0: 1 / sqrt(d)
   uint64_t seed = 1;
+  ref::AttentionBias bias;          // attn_mask as a bias; empty: none
 };
 
 inline void PrintTo(const KernelCase& c, std::ostream* os) { *os << c.name; }
@@ -68,6 +69,7 @@ inline ref::AttentionInputs make_inputs(const KernelCase& c) {
     for (auto& x : offset) x = c.key_offset * normal(rng);
     for (size_t i = 0; i < in.k.size(); ++i) in.k[i] = ref::round_bf16(in.k[i] + offset[i % offset.size()]);
   }
+  in.bias = c.bias;
   in.validate();
   return in;
 }
