@@ -22,7 +22,6 @@ using gaugewatch::Backend;
 // The backend named by an op's `backend` argument; a TORCH_CHECK error for
 // a name the ops do not take.
 Backend parse_backend(c10::string_view name);
-const char* backend_name(Backend backend);
 // Output dtype of a backend (the table's `output`): BF16 for the fused ones, FP32 / FP64 otherwise.
 c10::ScalarType backend_dtype(Backend backend);
 
