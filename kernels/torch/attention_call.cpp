@@ -17,7 +17,6 @@ Backend parse_backend(c10::string_view name) {
   return *backend;
 }
 
-
 c10::ScalarType backend_dtype(Backend backend) {
   switch (backend_spec(backend).output) {
     case OutputDtype::kFloat32: return at::kFloat;
