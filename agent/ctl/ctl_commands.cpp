@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "agent/common/backend_names.h"
+#include "agent/common/token_file.h"
 #include "gaugewatch/v1/admin_service.grpc.pb.h"
 #include "kernels/reference/metric_catalogue.h"
 
@@ -75,7 +76,13 @@ Options parse(const std::vector<std::string>& args,
   Options o;
   if (const char* s = env("GAUGEWATCH_SOCKET")) o.socket = s;
   if (const char* a = env("GAUGEWATCH_ADDRESS")) o.address = a;
-  if (const char* t = env("GAUGEWATCH_TOKEN")) o.token = t;
+  if (const char* t = env("GAUGEWATCH_TOKEN")) {
+    try {
+      o.token = token_from_file_contents(t, "GAUGEWATCH_TOKEN");
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
   if (const char* c = env("GAUGEWATCH_TLS_CA")) o.tls_ca = c;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -96,8 +103,11 @@ Options parse(const std::vector<std::string>& args,
     } else if (arg == "--tls-ca") {
       o.tls_ca = value();
     } else if (arg == "--token-file") {
-      o.token = read_file(value(), "--token-file");
-      while (!o.token.empty() && (o.token.back() == '\n' || o.token.back() == ' ')) o.token.pop_back();
+      try {
+        o.token = token_from_file_contents(read_file(value(), "--token-file"), "--token-file");
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+      }
     } else if (arg == "--timeout") {
       o.timeout_seconds = parse_u32(value(), "--timeout");
     } else if (arg == "--run") {

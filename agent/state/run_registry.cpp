@@ -38,6 +38,7 @@ std::shared_ptr<RankEntry> RunRegistry::connect(const gaugewatch::v1::Hello& hel
   entry->last_seen_unix_ns = unix_now_ns();
   entry->layers.clear();
   entry->layers.resize(static_cast<std::size_t>(hello.layers_size()));
+  entry->layer_count = static_cast<std::uint32_t>(hello.layers_size());
   for (int i = 0; i < hello.layers_size(); ++i) {
     auto& layer = entry->layers[static_cast<std::size_t>(i)];
     layer.name = hello.layers(i).name();
@@ -195,7 +196,7 @@ void RunRegistry::list(const gaugewatch::v1::ListRunsRequest& request,
     rank->set_samples(entry->samples);
     rank->set_hook_dropped_total(entry->hook_dropped);
     rank->set_samples_shed_total(entry->samples_shed);
-    rank->set_layer_count(static_cast<std::uint32_t>(entry->layers.size()));
+    rank->set_layer_count(entry->layer_count);
     if (!request.include_layers()) continue;
     const std::size_t limit = std::min<std::size_t>(
         request.layer_limit() == 0 ? kDefaultLayerPage : request.layer_limit(), kMaxLayerPage);

@@ -63,7 +63,8 @@ struct RankEntry {
   std::uint64_t samples = 0;
   std::uint64_t hook_dropped = 0;
   std::uint64_t samples_shed = 0;  // valid samples discarded by the stream's rate limit
-  std::vector<LayerEntry> layers;
+  std::vector<LayerEntry> layers;  // emptied when an expired, disconnected rank is let go
+  std::uint32_t layer_count = 0;   // the Hello's layer count (kept when `layers` is emptied)
   std::vector<AttentionCalls> attention_calls;  // at most kMaxAttentionCallRows
 };
 
