@@ -55,6 +55,7 @@ struct RankSnap {
   Labels labels;  // run, rank
   bool connected;
   bool expired;
+  bool finished;
   double last_seen_seconds;
   std::uint64_t hook_dropped;
   std::uint64_t samples_shed;
@@ -76,6 +77,7 @@ std::vector<MetricFamily> StateCollector::Collect() const {
     rank.labels = {{"run", entry->run_id}, {"rank", std::to_string(entry->rank)}};
     rank.connected = entry->connected;
     rank.expired = entry->expired;
+    rank.finished = entry->finished;
     rank.last_seen_seconds = static_cast<double>(entry->last_seen_unix_ns) / 1e9;
     rank.hook_dropped = entry->hook_dropped;
     rank.samples_shed = entry->samples_shed;
@@ -124,6 +126,7 @@ std::vector<MetricFamily> StateCollector::Collect() const {
   };
   per_rank(AgentMetric::kRankConnected, [](const RankSnap& r) { return r.connected ? 1.0 : 0.0; });
   per_rank(AgentMetric::kRankExpired, [](const RankSnap& r) { return r.expired ? 1.0 : 0.0; });
+  per_rank(AgentMetric::kRankFinished, [](const RankSnap& r) { return r.finished ? 1.0 : 0.0; });
   per_rank(AgentMetric::kRankLastSeen, [](const RankSnap& r) { return r.last_seen_seconds; });
   per_rank(AgentMetric::kRankHookDropped,
            [](const RankSnap& r) { return static_cast<double>(r.hook_dropped); });

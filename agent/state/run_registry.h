@@ -56,6 +56,7 @@ struct RankEntry {
   bool connected = false;
   bool expired = false;
   bool finished = false;   // the trainer said Goodbye: it ended cleanly
+  bool retired = false;    // silent past the expiry time: layer series released
   bool exported = false;   // its per-rank series admitted by the cardinality guard
   std::uint64_t session_id = 0;
   std::int64_t last_seen_steady_ns = 0;
@@ -75,9 +76,9 @@ class RunRegistry {
   // Distinct (monitored, reason) rows of attention-call counts kept per rank;
   // further reasons are counted under reason "other".
   static constexpr std::size_t kMaxAttentionCallRows = 8;
-  // Series each exported rank may occupy: five gaugewatch_rank_* gauges and
+  // Series each exported rank may occupy: six gaugewatch_rank_* gauges and
   // counters plus its attention-call rows.
-  static constexpr std::uint64_t kSeriesPerRank = 5 + kMaxAttentionCallRows;
+  static constexpr std::uint64_t kSeriesPerRank = 6 + kMaxAttentionCallRows;
 
   // max_ranks: most (run, rank) entries held at once (0: no limit).
   RunRegistry(std::uint64_t max_series, std::size_t rule_count, std::size_t max_ranks = 0);
