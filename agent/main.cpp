@@ -18,10 +18,14 @@ namespace {
 std::string describe(const gaugewatch::agent::AgentConfig& config) {
   std::string out = "gaugewatch-agent " + std::string(gaugewatch::agent::kAgentVersion) + "\n";
   out += "  config file: " + (config.config_file.empty() ? "(none, embedded defaults)" : config.config_file) + "\n";
-  out += "  grpc socket: " + config.grpc_socket + "\n";
+  const auto defaults = gaugewatch::default_paths();
+  const auto origin = [&](const std::string& path, const std::string& default_path) {
+    return path == default_path ? std::string(" (default for ") + defaults.basis + ")" : std::string();
+  };
+  out += "  grpc socket: " + config.grpc_socket + origin(config.grpc_socket, defaults.socket) + "\n";
   out += "  tcp:         " + (config.tcp_listen.empty() ? "(off)" : config.tcp_listen) + "\n";
   out += "  http:        " + config.http_listen + "\n";
-  out += "  database:    " + config.database + "\n";
+  out += "  database:    " + config.database + origin(config.database, defaults.database) + "\n";
   out += "  rules:       " + std::to_string(gaugewatch::agent::effective_rules(config).size()) +
          " threshold, " + std::to_string(config.promql_rules.size()) + " PromQL\n";
   const auto num = [](double v) {

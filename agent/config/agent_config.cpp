@@ -1,5 +1,7 @@
 #include "agent/config/agent_config.h"
 
+#include "agent/common/token_file.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -577,11 +579,12 @@ AgentConfig load_config(const std::vector<std::string>& args,
     option->set(config, value, "--" + flag_name(option->key));
   }
   if (!config.admin_token_file.empty()) {
-    std::string token = read_file(config.admin_token_file, "admin_token_file");
-    while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
-      token.pop_back();
+    try {
+      config.admin_token = token_from_file_contents(
+          read_file(config.admin_token_file, "admin_token_file"), "admin_token_file");
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(e.what());
     }
-    config.admin_token = token;
   }
   return config;
 }

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/common/default_paths.h"
 #include "gaugewatch/v1/types.pb.h"
 #include "kernels/reference/metric_catalogue.h"
 
@@ -71,7 +72,9 @@ struct PromqlRule {
 };
 
 struct AgentConfig {
-  std::string grpc_socket = "/run/gaugewatch/agent.sock";
+  // Defaults: agent/common/default_paths.h (root: /run, /var/lib; other users:
+  // $XDG_RUNTIME_DIR, $XDG_STATE_HOME).
+  std::string grpc_socket = default_paths().socket;
   std::uint32_t socket_mode = 0660;
   std::string tcp_listen;        // host:port; empty = no TCP
   std::string tls_cert;          // PEM files, required with tcp_listen
@@ -79,7 +82,7 @@ struct AgentConfig {
   std::string admin_token_file;  // required with tcp_listen
   std::string admin_token;       // read from admin_token_file
   std::string http_listen = "127.0.0.1:9477";
-  std::string database = "/var/lib/gaugewatch/agent.db";
+  std::string database = default_paths().database;
   double rank_expiry_seconds = 120.0;
   std::uint64_t max_series = 200000;
   bool default_rules = true;

@@ -12,6 +12,8 @@
 
 #include "agent/common/clock.h"
 #include "agent/common/backend_names.h"
+#include "agent/common/default_paths.h"
+#include "agent/common/event_log.h"
 #include "agent/export/exposition.h"
 #include "agent/export/status_page.h"
 #include "agent/export/status_page_snapshot.h"
@@ -28,10 +30,28 @@ std::string read_pem(const std::string& path, const char* what) {
   return out.str();
 }
 
+// The default socket and database directories belong to the agent: create
+// them when missing (owner and group only). A path given explicitly must
+// exist already (a typo should not create directories).
+void create_default_directory(const std::string& path, const std::string& default_path) {
+  if (path != default_path) return;
+  const auto parent = std::filesystem::path(path).parent_path();
+  std::error_code error;
+  if (std::filesystem::create_directories(parent, error)) {
+    std::filesystem::permissions(parent, std::filesystem::perms::owner_all | std::filesystem::perms::group_read |
+                                             std::filesystem::perms::group_exec,
+                                 error);
+    events().info("created {}", parent.string());
+  }
+}
+
 }  // namespace
 
 Agent::Agent(const AgentConfig& config) : config_(config) {
   check_config(config_);
+  const DefaultPaths defaults = default_paths();
+  create_default_directory(config_.grpc_socket, defaults.socket);
+  create_default_directory(config_.database, defaults.database);
   counters_.start_time_seconds.Set(static_cast<double>(unix_now_ns()) / 1e9);
   store_ = std::make_unique<DecisionStore>(config_.database);
   controller_ = std::make_unique<Controller>(config_, *store_, counters_);

@@ -165,6 +165,7 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
     rank.last_seen_steady_ns = steady_now_ns();
     rank.last_seen_unix_ns = unix_now_ns();
     rank.expired = false;
+    rank.retired = false;
     // Rate limit per stream: the first `admitted` samples are applied, the
     // rest are dropped and counted. Never waits, so no other stream is held up.
     admitted = static_cast<std::size_t>(

@@ -32,12 +32,14 @@ std::shared_ptr<RankEntry> RunRegistry::connect(const gaugewatch::v1::Hello& hel
   entry->hello.clear_layers();
   entry->connected = true;
   entry->expired = false;
+  entry->retired = false;
   entry->finished = false;
   entry->session_id = session_id;
   entry->last_seen_steady_ns = steady_now_ns();
   entry->last_seen_unix_ns = unix_now_ns();
   entry->layers.clear();
   entry->layers.resize(static_cast<std::size_t>(hello.layers_size()));
+  entry->layer_count = static_cast<std::uint32_t>(hello.layers_size());
   for (int i = 0; i < hello.layers_size(); ++i) {
     auto& layer = entry->layers[static_cast<std::size_t>(i)];
     layer.name = hello.layers(i).name();
@@ -119,10 +121,14 @@ std::size_t RunRegistry::expire(std::int64_t steady_now, std::int64_t expiry_ns)
   for (const auto& rank : ranks()) {
     std::lock_guard lock(rank->mu);
     const std::int64_t silent = steady_now - rank->last_seen_steady_ns;
-    if (!rank->expired && silent > expiry_ns) {
-      rank->expired = true;
-      release_layers(*rank);  // its rank series stay: they say it expired
-      ++changed;
+    if (!rank->retired && silent > expiry_ns) {
+      rank->retired = true;
+      // A rank that said Goodbye finished; only a silent one expired.
+      if (!(rank->finished && !rank->connected)) {
+        rank->expired = true;
+        ++changed;
+      }
+      release_layers(*rank);  // its rank series stay: they say it expired or finished
       if (!rank->connected) {
         // Nobody reads a gone trainer's layers again: give their memory back now.
         std::vector<LayerEntry>().swap(rank->layers);
@@ -131,7 +137,7 @@ std::size_t RunRegistry::expire(std::int64_t steady_now, std::int64_t expiry_ns)
     }
     // Disconnected and silent for 10x the expiry time: forget the rank, so
     // finished runs do not accumulate.
-    if (rank->expired && !rank->connected && silent / 10 > expiry_ns) {
+    if (rank->retired && !rank->connected && silent / 10 > expiry_ns) {
       forget.emplace_back(rank->run_id, rank->rank);
     }
   }
@@ -142,7 +148,7 @@ std::size_t RunRegistry::expire(std::int64_t steady_now, std::int64_t expiry_ns)
       if (it == ranks_.end()) continue;
       const std::shared_ptr<RankEntry> keep = it->second;  // outlives the erase
       std::lock_guard rank_lock(keep->mu);
-      if (keep->expired && !keep->connected) {
+      if (keep->retired && !keep->connected) {
         release(*keep);
         ranks_.erase(it);
       }
@@ -195,7 +201,7 @@ void RunRegistry::list(const gaugewatch::v1::ListRunsRequest& request,
     rank->set_samples(entry->samples);
     rank->set_hook_dropped_total(entry->hook_dropped);
     rank->set_samples_shed_total(entry->samples_shed);
-    rank->set_layer_count(static_cast<std::uint32_t>(entry->layers.size()));
+    rank->set_layer_count(entry->layer_count);
     if (!request.include_layers()) continue;
     const std::size_t limit = std::min<std::size_t>(
         request.layer_limit() == 0 ? kDefaultLayerPage : request.layer_limit(), kMaxLayerPage);

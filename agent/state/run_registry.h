@@ -58,6 +58,7 @@ struct RankEntry {
   bool connected = false;
   bool expired = false;
   bool finished = false;   // the trainer said Goodbye: it ended cleanly
+  bool retired = false;    // silent past the expiry time: layer series released
   bool exported = false;   // its per-rank series admitted by the cardinality guard
   std::uint64_t session_id = 0;
   std::int64_t last_seen_steady_ns = 0;
@@ -65,7 +66,8 @@ struct RankEntry {
   std::uint64_t samples = 0;
   std::uint64_t hook_dropped = 0;
   std::uint64_t samples_shed = 0;  // valid samples discarded by the stream's rate limit
-  std::vector<LayerEntry> layers;
+  std::vector<LayerEntry> layers;  // emptied when an expired, disconnected rank is let go
+  std::uint32_t layer_count = 0;   // the Hello's layer count (kept when `layers` is emptied)
   std::vector<AttentionCalls> attention_calls;  // at most kMaxAttentionCallRows
 };
 

@@ -182,6 +182,11 @@ TEST(AgentIntegration, RestartRestoresDecisionsAndResendsThem) {
   std::uint64_t decision_id = 0;
   {
     Agent agent(config);
+    // The run must be known to the agent: its rank 1 connected once and left.
+    SimTrainer earlier(unix_channel(config), SimTrainer::make_hello("run-r", 1, 2, 4));
+    ASSERT_TRUE(earlier.start());
+    EXPECT_TRUE(earlier.finish().ok());
+    ASSERT_TRUE(eventually([&] { return agent.controller().counters().trainers_connected.Value() == 0; }));
     auto admin = v1::AdminService::NewStub(unix_channel(config));
     grpc::ClientContext context;
     v1::SetBackendRequest request;
@@ -193,7 +198,7 @@ TEST(AgentIntegration, RestartRestoresDecisionsAndResendsThem) {
     v1::SetBackendResponse response;
     ASSERT_TRUE(admin->SetBackend(&context, request, &response).ok());
     decision_id = response.decision_id();
-    EXPECT_EQ(response.commands_sent(), 0u);  // nobody connected yet
+    EXPECT_EQ(response.commands_sent(), 0u);  // nobody connected now
     agent.shutdown();
   }
   Agent agent(config);  // same database
