@@ -38,6 +38,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "hooks/gaugewatch_hooks.h"
 #include "hooks/interception.h"
 #include "hooks/log.h"
 #include "hooks/torch_errors.h"
@@ -245,7 +246,7 @@ void set_mask(CallInfo& info, const std::optional<Tensor>& mask) {
 std::tuple<Tensor, Tensor> monitored_attention(c10::string_view op, const Tensor& q, const Tensor& k,
                                                const Tensor& v, const std::optional<Tensor>& mask, double dropout_p,
                                                bool is_causal, std::optional<double> scale, bool backward,
-                                               bool bias_grad) {
+                                               bool bias_grad, c10::string_view layer) {
   const OpKind kind = parse_kind(op);
   c10::intrusive_ptr<CallInfo> info;
   if (capturing(q)) {
@@ -255,6 +256,11 @@ std::tuple<Tensor, Tensor> monitored_attention(c10::string_view op, const Tensor
     info->dropout_p = dropout_p;
     info->is_causal = is_causal;
     info->scale = scale;
+  } else if (!layer.empty()) {
+    // Named at compile time (the helper's graph pass, compile.py): the name
+    // the module hooks give the call in eager mode.
+    const LayerScope scope{std::string(layer)};
+    info = new_call(kind, dropout_p, is_causal, scale, q.is_cuda());
   } else {
     info = new_call(kind, dropout_p, is_causal, scale, q.is_cuda());
   }
@@ -318,7 +324,7 @@ std::tuple<Tensor, Tensor> monitored_attention_meta(c10::string_view op, const T
                                                     const Tensor& v, const std::optional<Tensor>& /*mask*/,
                                                     double /*dropout_p*/, bool /*is_causal*/,
                                                     std::optional<double> /*scale*/, bool /*backward*/,
-                                                    bool /*bias_grad*/) {
+                                                    bool /*bias_grad*/, c10::string_view /*layer*/) {
   const OpKind kind = parse_kind(op);
   return {empty_in(out_layout(kind, q, v), q.options()),
           empty_in(lse_layout(kind, q), q.options().dtype(at::kFloat))};
@@ -349,7 +355,7 @@ struct TracedCall : torch::CustomClassHolder {
 
 using ForwardFn = std::tuple<Tensor, Tensor>(c10::string_view, const Tensor&, const Tensor&, const Tensor&,
                                              const std::optional<Tensor>&, double, bool, std::optional<double>, bool,
-                                             bool);
+                                             bool, c10::string_view);
 using BackwardFn = std::tuple<Tensor, Tensor, Tensor, Tensor>(c10::string_view, const Tensor&, const Tensor&,
                                                               const Tensor&, const Tensor&,
                                                               const std::optional<Tensor>&, const Tensor&,
@@ -377,7 +383,7 @@ struct TracedImpl {
                                const Tensor& bias, const c10::intrusive_ptr<TracedCall>& call) {
     const std::optional<Tensor> mask = bias.defined() ? std::optional<Tensor>(bias) : call->mask;
     auto [out, lse] = forward_op().call(kind_name(call->kind), q, k, v, mask, call->dropout_p, call->is_causal,
-                                        call->scale, /*backward=*/true, call->bias_grad);
+                                        call->scale, /*backward=*/true, call->bias_grad, "");
     ctx->mark_non_differentiable({lse});
     if (bias.defined()) {
       ctx->save_for_backward({q, k, v, out, lse, bias});
@@ -438,7 +444,7 @@ std::tuple<Tensor, Tensor> traced_attention(OpKind kind, const Tensor& q, const 
   if (!grad) {
     at::AutoDispatchBelowADInplaceOrView below;
     return forward_op().call(kind_name(kind), q, k, v, mask, dropout_p, is_causal, scale, /*backward=*/false,
-                             false);
+                             false, "");
   }
   auto call = c10::make_intrusive<TracedCall>();
   call->kind = kind;
@@ -462,10 +468,14 @@ void register_compile_ops(torch::Library& defs) {
   // op: the intercepted stock op (cpu_flash, flash, cudnn, efficient);
   // attn_mask: its mask (CPU flash) or bias (cuDNN, efficient); backward:
   // the call's backward will run (the runtime keeps its record until then);
-  // bias_grad: efficient attention's bias needs a gradient.
+  // bias_grad: efficient attention's bias needs a gradient; layer: the
+  // layer's name when the compiled graph knows it (the Python helper's graph
+  // pass sets it from the module that makes the call), else "" (the runtime
+  // names the call as in eager mode).
   defs.def(
       "monitored_attention(str op, Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, "
-      "bool is_causal, float? scale, bool backward, bool bias_grad) -> (Tensor out, Tensor logsumexp)",
+      "bool is_causal, float? scale, bool backward, bool bias_grad, str layer=\"\") -> (Tensor out, "
+      "Tensor logsumexp)",
       tags);
   // Returns the gradients of query, key, value and of the bias (an empty
   // tensor unless bias_grad), in the stock backward's layouts.
