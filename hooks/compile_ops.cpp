@@ -8,7 +8,7 @@
 // saves that tensor for the backward and hands it to the backward op
 // unchanged. An entry is removed when its backward runs; a forward whose
 // backward never runs leaves an entry that the next allocation at the same
-// address replaces (the table is also bounded).
+// address replaces, or that is dropped once it is two steps old.
 //
 // Output layouts: the Meta kernels and the runtime kernels take every
 // output's strides from the same rules (below), which follow the stock ops
@@ -204,12 +204,8 @@ class CallTable {
  public:
   void put(const Tensor& lse, c10::intrusive_ptr<CallInfo> info) {
     std::lock_guard lock(mu_);
-    if (table_.size() >= kLimit) {
-      log_once("compile-table", "more than " + std::to_string(kLimit) +
-                                    " compiled attention forwards without a backward: their records are dropped "
-                                    "(their backwards, if any, run as recomputed calls; logged once)");
-      table_.clear();
-    }
+    newest_step_ = std::max(newest_step_, info->plan.step);
+    if (table_.size() >= kSoftLimit) drop_stale_locked();
     table_.insert_or_assign(lse.data_ptr(), std::move(info));
   }
 
@@ -223,8 +219,27 @@ class CallTable {
   }
 
  private:
-  static constexpr std::size_t kLimit = 1 << 16;
+  // Records of forwards from steps before the last two never get their
+  // backward (a step's backwards run within it): dropped, with the masks they hold.
+  void drop_stale_locked() {
+    const auto before = table_.size();
+    for (auto it = table_.begin(); it != table_.end();) {
+      it = it->second->plan.step + 2 < newest_step_ ? table_.erase(it) : std::next(it);
+    }
+    if (table_.size() >= kSoftLimit) {
+      log_once("compile-table", std::to_string(table_.size()) +
+                                    " compiled attention forwards of the last two steps wait for their backward "
+                                    "(logged once)");
+    } else if (before != table_.size()) {
+      log_once("compile-table-stale", std::to_string(before - table_.size()) +
+                                          " compiled attention forwards never ran their backward: their records "
+                                          "are dropped (logged once)");
+    }
+  }
+
+  static constexpr std::size_t kSoftLimit = 1 << 14;
   std::mutex mu_;
+  std::uint64_t newest_step_ = 0;
   std::unordered_map<const void*, c10::intrusive_ptr<CallInfo>> table_;
 };
 
@@ -243,6 +258,20 @@ void set_mask(CallInfo& info, const std::optional<Tensor>& mask) {
 }
 
 // --- the runtime kernels ------------------------------------------------------------
+// A call's info without the runtime (a call being captured into a CUDA
+// graph, or a backward whose forward left no record).
+c10::intrusive_ptr<CallInfo> bare_call(OpKind kind, const Tensor& q, const Tensor& k, double dropout_p,
+                                       bool is_causal, std::optional<double> scale) {
+  auto info = c10::make_intrusive<CallInfo>();
+  info->kind = kind;
+  info->dropout_p = dropout_p;
+  info->is_causal = is_causal;
+  info->scale = scale;
+  info->max_q = q.sym_size(2);
+  info->max_k = k.sym_size(2);
+  return info;
+}
+
 std::tuple<Tensor, Tensor> monitored_attention(c10::string_view op, const Tensor& q, const Tensor& k,
                                                const Tensor& v, const std::optional<Tensor>& mask, double dropout_p,
                                                bool is_causal, std::optional<double> scale, bool backward,
@@ -251,11 +280,7 @@ std::tuple<Tensor, Tensor> monitored_attention(c10::string_view op, const Tensor
   c10::intrusive_ptr<CallInfo> info;
   if (capturing(q)) {
     count_captured("forward");
-    info = c10::make_intrusive<CallInfo>();
-    info->kind = kind;
-    info->dropout_p = dropout_p;
-    info->is_causal = is_causal;
-    info->scale = scale;
+    info = bare_call(kind, q, k, dropout_p, is_causal, scale);
   } else if (!layer.empty()) {
     // Named at compile time (the helper's graph pass, compile.py): the name
     // the module hooks give the call in eager mode.
@@ -269,7 +294,7 @@ std::tuple<Tensor, Tensor> monitored_attention(c10::string_view op, const Tensor
   auto [out, lse] = stock_forward(*info, q, k, v, Tensor());
   out = conform(out, out_layout(kind, q, v));
   lse = conform(lse, lse_layout(kind, q));
-  if (backward && !capturing(q)) call_table().put(lse, info);
+  if (backward) call_table().put(lse, info);
   return {out, lse};
 }
 
@@ -278,40 +303,25 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> monitored_attention_backward(
     const std::optional<Tensor>& mask, const Tensor& out, const Tensor& lse, double dropout_p, bool is_causal,
     std::optional<double> scale, bool bias_grad) {
   const OpKind kind = parse_kind(op);
+  auto info = call_table().take(lse);
+  const bool captured = capturing(q);
+  if (!info) {
+    // No record of the forward (dropped as stale): the runtime treats the call
+    // as a recomputed one (the highest layer still waiting for its backward).
+    TORCH_CHECK(dropout_p == 0.0, "gaugewatch::monitored_attention_backward: the forward's record (its dropout ",
+                "RNG state) is missing: the backward cannot rerun its dropout");
+    log_once("compile-no-record",
+             "a compiled attention backward found no record of its forward: run as a recomputed call (logged once)");
+    info = bare_call(kind, q, k, dropout_p, is_causal, scale);
+    info->plan.recompute = true;
+    set_mask(*info, mask);
+    info->grad_mask = {true, true, true, bias_grad};
+  }
   std::array<Tensor, 4> g;
-  if (capturing(q)) {
+  if (captured) {
     count_captured("backward");
-    auto info = call_table().take(lse);
-    if (!info) {
-      info = c10::make_intrusive<CallInfo>();
-      info->kind = kind;
-      info->dropout_p = dropout_p;
-      info->is_causal = is_causal;
-      info->scale = scale;
-      set_mask(*info, mask);
-      info->grad_mask = {true, true, true, bias_grad};
-    }
     g = stock_backward(*info, grad_out, q, k, v, out, lse);
   } else {
-    auto info = call_table().take(lse);
-    if (!info) {
-      // No record of the forward (the table dropped it): the runtime treats it
-      // as a recomputed call (the highest layer still waiting for its backward).
-      TORCH_CHECK(dropout_p == 0.0, "gaugewatch::monitored_attention_backward: the forward's record (its dropout ",
-                  "RNG state) is missing; cannot rerun dropout");
-      log_once("compile-no-record",
-               "a compiled attention backward found no record of its forward: run as a recomputed call (logged once)");
-      info = c10::make_intrusive<CallInfo>();
-      info->kind = kind;
-      info->dropout_p = dropout_p;
-      info->is_causal = is_causal;
-      info->scale = scale;
-      info->plan.recompute = true;
-      info->max_q = q.sym_size(2);
-      info->max_k = k.sym_size(2);
-      set_mask(*info, mask);
-      info->grad_mask = {true, true, true, bias_grad};
-    }
     g = intercepted_backward(*info, grad_out, q, k, v, out, lse);
   }
   Tensor dbias = bias_grad && g[3].defined() ? g[3].contiguous() : at::empty({0}, q.options());
