@@ -204,3 +204,49 @@ def test_compiled_trainer_gpu(compile_mode, binaries, workdir, agent_factory):  
     assert "captured into a CUDA graph" not in log and "audit failed" not in log, log[-3000:]
     layers = agent.layers(run_id)
     assert all(int(layer.get("samples", 0)) > 0 for layer in layers), layers
+
+
+CAPTURE = r"""
+import json, os
+import torch, torch.nn.functional as F
+torch.ops.load_library(os.environ["GAUGEWATCH_HOOKS_LIB"])
+torch.manual_seed(0)
+
+def attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+compiled = torch.compile(attention)
+q, k, v = (torch.randn(2, 2, 64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+grad = torch.randn(2, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):  # warm-up (compiles) outside the capture
+    for _ in range(3):
+        compiled(q, k, v).backward(grad)
+torch.cuda.current_stream().wait_stream(side)
+before = json.loads(torch.ops.gaugewatch_hooks.stats())
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    compiled(q, k, v).backward(grad)
+for _ in range(3):
+    graph.replay()
+torch.cuda.synchronize()
+after = json.loads(torch.ops.gaugewatch_hooks.stats())
+print(json.dumps({"before": before, "after": after, "grad_finite": bool(torch.isfinite(q.grad).all())}))
+"""
+
+
+@CUDA
+def test_call_captured_into_cuda_graph_is_reported(binaries, workdir):  # noqa: F811
+    """A compiled attention call captured by hand (torch.cuda.graph) cannot be
+    monitored at its replays: it runs the stock kernels, the log says so and
+    the runtime did not count it as a monitored backward."""
+    env = compile_env(binaries[2], workdir, "capture", "none", "load_library")
+    result = subprocess.run([sys.executable, "-c", CAPTURE], env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-8000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["grad_finite"], out
+    assert "captured into a CUDA graph" in result.stderr, result.stderr[-4000:]
+    # The three warm-up backwards ran through the runtime; the captured one did not.
+    assert out["before"]["layers"][0]["backward_calls"] == 3, out["before"]["layers"]
+    assert out["after"]["layers"][0]["backward_calls"] == 3, out["after"]["layers"]
