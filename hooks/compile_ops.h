@@ -47,9 +47,8 @@ std::tuple<at::Tensor, at::Tensor> traced_attention(OpKind kind, const at::Tenso
 // captured (unmonitored, reason "cudagraphs").
 std::uint64_t captured_attention_calls();
 
-// Defines the two ops in `defs` (a FRAGMENT of namespace gaugewatch) and
-// registers their CPU, CUDA and Meta kernels in `impls` (a FRAGMENT too:
-// kernels for several dispatch keys).
+// Defines the two ops in `defs` (a FRAGMENT of namespace gaugewatch, whose
+// other ops libgaugewatch_ops defines) with their CPU, CUDA and Meta kernels.
 void register_compile_ops(torch::Library& defs);
 
 }  // namespace gaugewatch::hooks
