@@ -118,20 +118,28 @@ class _Watch:
             self.handles[full] = [module.register_forward_pre_hook(self._enter(full)),
                                   module.register_forward_hook(self._exit(full))]
         self.root_handle = model.register_forward_pre_hook(self._begin)
+        # torch.compile traces these hooks instead of running them: the
+        # compiled graph carries the names instead (compile.py).
+        from . import compile as _compile
+        _compile.install(self.handles)
 
     @staticmethod
     def _enter(name):
         def hook(_module, _args):
-            torch.ops.gaugewatch_hooks.enter_layer(name)
+            if not torch.compiler.is_compiling():
+                torch.ops.gaugewatch_hooks.enter_layer(name)
         return hook
 
     @staticmethod
     def _exit(name):
         def hook(_module, _args, _output):
-            torch.ops.gaugewatch_hooks.exit_layer(name)
+            if not torch.compiler.is_compiling():
+                torch.ops.gaugewatch_hooks.exit_layer(name)
         return hook
 
     def _begin(self, _module, _args):
+        if torch.compiler.is_compiling():
+            return
         self._ops.begin_pass()
         if not self.pruned and json.loads(self._ops.stats()).get("frozen"):
             self._prune()
