@@ -62,7 +62,7 @@ Grads run_bf16(const AttentionCall& call, Backend backend, const at::Tensor& gra
                const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k) {
   TORCH_CHECK(call.shape.head_dim == 64 || call.shape.head_dim == 128, "gaugewatch: the fused BF16 backward (backend '",
-              torch_ops::backend_name(backend), "') supports head dims 64 and 128, got ", call.shape.head_dim,
+              gaugewatch::backend_name(backend), "') supports head dims 64 and 128, got ", call.shape.head_dim,
               "; use backend='fp32' for this head dim");
   const c10::cuda::CUDAGuard guard(q.device());
   return fused_bf16_backward(call, projection_of(backend), grad_out, q, k, v, out, lse,
@@ -89,7 +89,7 @@ Grads attention_backward_cuda(const at::Tensor& grad_out, const at::Tensor& q, c
     return run_fp32(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, std::nullopt, std::nullopt, deterministic,
                     center_keys, attn_mask);
   }
-  TORCH_CHECK(!attn_mask.has_value(), "gaugewatch: backend '", torch_ops::backend_name(backend),
+  TORCH_CHECK(!attn_mask.has_value(), "gaugewatch: backend '", gaugewatch::backend_name(backend),
               "' (the fused BF16 backward) takes no attn_mask; use backend 'center' (the stock backward on "
               "centred keys) or 'fp32' for masked calls");
   // deterministic: the fused BF16 kernels use no atomics, every run is.
