@@ -56,6 +56,7 @@ struct RankSnap {
   bool connected;
   bool expired;
   bool finished;
+  Labels info;  // run, rank and the process's identity
   double last_seen_seconds;
   std::uint64_t hook_dropped;
   std::uint64_t samples_shed;
@@ -78,6 +79,12 @@ std::vector<MetricFamily> StateCollector::Collect() const {
     rank.connected = entry->connected;
     rank.expired = entry->expired;
     rank.finished = entry->finished;
+    const auto& hello = entry->hello;
+    rank.info = rank.labels;
+    rank.info.push_back({"local_rank", std::to_string(hello.local_rank())});
+    rank.info.push_back({"hostname", hello.host()});
+    rank.info.push_back({"gpu_uuid", hello.gpu_uuid()});
+    rank.info.push_back({"pci_bus_id", hello.pci_bus_id()});
     rank.last_seen_seconds = static_cast<double>(entry->last_seen_unix_ns) / 1e9;
     rank.hook_dropped = entry->hook_dropped;
     rank.samples_shed = entry->samples_shed;
@@ -127,6 +134,10 @@ std::vector<MetricFamily> StateCollector::Collect() const {
   per_rank(AgentMetric::kRankConnected, [](const RankSnap& r) { return r.connected ? 1.0 : 0.0; });
   per_rank(AgentMetric::kRankExpired, [](const RankSnap& r) { return r.expired ? 1.0 : 0.0; });
   per_rank(AgentMetric::kRankFinished, [](const RankSnap& r) { return r.finished ? 1.0 : 0.0; });
+  {
+    auto& metric = out.emplace_back(family(agent_metric(AgentMetric::kRankInfo)));
+    for (const auto& rank : ranks) add(metric, rank.info, 1);
+  }
   per_rank(AgentMetric::kRankLastSeen, [](const RankSnap& r) { return r.last_seen_seconds; });
   per_rank(AgentMetric::kRankHookDropped,
            [](const RankSnap& r) { return static_cast<double>(r.hook_dropped); });

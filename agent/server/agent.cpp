@@ -11,9 +11,12 @@
 #include <sstream>
 
 #include "agent/common/clock.h"
+#include "agent/common/backend_names.h"
 #include "agent/common/default_paths.h"
 #include "agent/common/event_log.h"
 #include "agent/export/exposition.h"
+#include "agent/export/status_page.h"
+#include "agent/export/status_page_snapshot.h"
 
 namespace gaugewatch::agent {
 
@@ -105,6 +108,9 @@ Agent::Agent(const AgentConfig& config) : config_(config) {
         "ok\n" + std::to_string(static_cast<long long>(counters_.trainers_connected.Value())) +
             " trainers connected\n"};
   });
+  // The built-in status page (agent/export/status_page.h).
+  http_->register_handler("/", [this](const HttpServer::Request& r) { return status_page(r); });
+  http_->register_handler("/ui", [this](const HttpServer::Request& r) { return status_page(r); });
   housekeeper_ = std::thread([this] { housekeeping(); });
 }
 
@@ -117,6 +123,15 @@ HttpServer::Response Agent::metrics() {
                                 render_metrics({&counters_.registry(), state_collector_.get()})};
   counters_.last_scrape_duration_seconds.Set(static_cast<double>(steady_now_ns() - begin) / 1e9);
   return response;
+}
+
+HttpServer::Response Agent::status_page(const HttpServer::Request& request) {
+  constexpr std::uint32_t kRecentDecisions = 20;
+  const StatusSources sources{
+      controller_->registry(), store_->decisions("", kRecentDecisions),
+      kAgentVersion, static_cast<std::uint64_t>(counters_.trainers_connected.Value()), unix_now_ns()};
+  return {200, "text/html; charset=utf-8",
+          render_status_page(build_status_view(sources, runs_from_query(request.query)))};
 }
 
 void Agent::housekeeping() {

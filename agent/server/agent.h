@@ -47,6 +47,7 @@ class Agent {
  private:
   void housekeeping();
   HttpServer::Response metrics();
+  HttpServer::Response status_page(const HttpServer::Request& request);
 
   AgentConfig config_;
   AgentCounters counters_;

@@ -202,6 +202,9 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
       if (in_window) ages.add(now_unix - stamp);
       LayerEntry& layer = rank.layers[sample.layer()];
       layer.latest = to_values(sample.metrics());
+      if (sample.metrics().has_live_dq_discrepancy()) {
+        layer.recent_live_dq.add(sample.metrics().live_dq_discrepancy());
+      }
       layer.backend = sample.backend();
       layer.last_step = sample.step();
       layer.last_unix_ns = in_window ? stamp : now_unix;

@@ -70,7 +70,9 @@ Verdict validate_hello(const gaugewatch::v1::Hello& hello, const Limits& limits)
                              {hello.torch_version(), "torch_version"},
                              {hello.cuda_version(), "cuda_version"},
                              {hello.driver_version(), "driver_version"},
-                             {hello.hook_version(), "hook_version"}}) {
+                             {hello.hook_version(), "hook_version"},
+                             {hello.gpu_uuid(), "gpu_uuid"},
+                             {hello.pci_bus_id(), "pci_bus_id"}}) {
     if (Verdict v = check_string(text, field, limits); !v.ok()) return v;
   }
   if (hello.layers_size() == 0) return reject(RejectReason::kLayers, "hello lists no layers");

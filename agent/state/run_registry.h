@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "agent/state/metric_fields.h"
+#include "agent/state/recent_values.h"
 #include "gaugewatch/v1/admin_service.pb.h"
 #include "gaugewatch/v1/hook_service.pb.h"
 
@@ -33,6 +34,7 @@ struct LayerEntry {
   std::uint64_t samples = 0;
   std::int64_t last_unix_ns = 0;
   MetricValues latest;
+  RecentValues recent_live_dq;  // the last samples' live dQ discrepancy
   bool exported = false;  // admitted by the cardinality guard
   std::vector<RuleState> rules;
   // What the hook reports about the layer (SampleBatch.layer_status).
@@ -76,9 +78,9 @@ class RunRegistry {
   // Distinct (monitored, reason) rows of attention-call counts kept per rank;
   // further reasons are counted under reason "other".
   static constexpr std::size_t kMaxAttentionCallRows = 8;
-  // Series each exported rank may occupy: six gaugewatch_rank_* gauges and
-  // counters plus its attention-call rows.
-  static constexpr std::uint64_t kSeriesPerRank = 6 + kMaxAttentionCallRows;
+  // Series each exported rank may occupy: seven gaugewatch_rank_* gauges,
+  // counters and its info series, plus its attention-call rows.
+  static constexpr std::uint64_t kSeriesPerRank = 7 + kMaxAttentionCallRows;
 
   // max_ranks: most (run, rank) entries held at once (0: no limit).
   RunRegistry(std::uint64_t max_series, std::size_t rule_count, std::size_t max_ranks = 0);

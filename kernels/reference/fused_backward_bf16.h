@@ -6,6 +6,7 @@
 // Per query row i and visible key j, in FP32:
 //   S_ij    = q_i.k_j                                   (unscaled)
 //   P_ij    = exp2(S_ij alpha log2e - lse_i log2e)      from the saved lse
+//             (with an attn_mask: exp2(S_ij alpha log2e + (bias_ij log2e - lse_i log2e)))
 //   delta_i = sum_c dO_ic O_ic                          from the saved BF16 out
 //   dP_ij   = dO_i.v_j
 //   t_ij    = bf16(P_ij (dP_ij - delta_i))              the operand "dS"
@@ -19,8 +20,8 @@
 //   pivot:  j*(i) = argmax_j P_ij (ties to the lower j)
 //           dQ'_i = alpha (sum_j t_ij k_j - rho_i k_j*)
 //           dK'_j = alpha (sum_i t_ij q_i - sum_{i: j*(i)=j} rho_i q_i)
-// dV is the same for all three. Rows with no visible key contribute nothing
-// (lambda = 0, j* = -1).
+// dV is the same for all three. Rows with no visible key, or whose visible keys
+// are all masked out, contribute nothing (lambda = 0, j* = -1).
 
 #include <cstdint>
 #include <vector>
