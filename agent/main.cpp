@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "agent/common/backend_names.h"
+#include "agent/common/event_log.h"
 #include "agent/config/agent_config.h"
 #include "agent/export/metric_catalogue.h"
 #include "agent/server/agent.h"
@@ -102,11 +103,14 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
+  configure_event_log(config.log_level, config.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
   try {
     Agent agent(config);
     std::cerr << describe(config) << "  http port:   " << agent.http_port() << "\n";
     if (agent.tcp_port() != 0) std::cerr << "  tcp port:    " << agent.tcp_port() << "\n";
     std::cerr << "gaugewatch-agent: ready\n";
+    events().info("ready: socket {} http port {} database {}", config.grpc_socket, agent.http_port(),
+                  config.database);
     int received = 0;
     sigwait(&signals, &received);
     std::cerr << "gaugewatch-agent: " << (received == SIGTERM ? "SIGTERM" : "SIGINT")

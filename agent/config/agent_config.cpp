@@ -1,5 +1,8 @@
 #include "agent/config/agent_config.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "agent/common/token_file.h"
 
 #include <yaml-cpp/yaml.h>
@@ -134,6 +137,24 @@ const std::vector<Option>& options() {
        [](const AgentConfig& c) { return std::string(c.default_rules ? "true" : "false"); },
        [](AgentConfig& c, std::string_view v, std::string_view w) {
          c.default_rules = parse_bool(v, w);
+       }},
+      {"log_level", "event log level: trace, debug, info, warn, error, critical, off",
+       [](const AgentConfig& c) { return c.log_level; },
+       [](AgentConfig& c, std::string_view v, std::string_view w) {
+         static constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+         if (std::find(std::begin(kLevels), std::end(kLevels), v) == std::end(kLevels)) {
+           throw ConfigError(std::string(w) + ": expected trace, debug, info, warn, error, critical or off, got '" +
+                             std::string(v) + "'");
+         }
+         c.log_level = v;
+       }},
+      {"log_format", "event log lines: text, or json (one object per line, for log shippers)",
+       [](const AgentConfig& c) { return c.log_format; },
+       [](AgentConfig& c, std::string_view v, std::string_view w) {
+         if (v != "text" && v != "json") {
+           throw ConfigError(std::string(w) + ": expected text or json, got '" + std::string(v) + "'");
+         }
+         c.log_format = v;
        }},
       {"prometheus_url", "Prometheus HTTP API base URL for PromQL rules (http://host:port)",
        [](const AgentConfig& c) { return c.prometheus_url; },

@@ -107,6 +107,8 @@ struct AgentConfig {
   double audit_max_age_seconds = 30.0 * 86400.0;
   std::uint64_t decision_history = 10'000;
   double retention_interval_seconds = 300.0;
+  std::string log_level = "info";   // event log (agent/common/event_log.h)
+  std::string log_format = "text";  // text or json
   std::string config_file;  // where the YAML came from (empty: none)
 };
 

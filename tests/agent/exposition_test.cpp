@@ -172,6 +172,18 @@ TEST(Exposition, RankSeriesAreInsideTheCardinalityGuard) {
   EXPECT_GT(registry.series_refused(), 0u);
 }
 
+// Attack: 60 Hellos of 4,096 layers held 246 MiB for 20 minutes. A gone
+// rank's layer table is freed as soon as it expires.
+TEST(Exposition, ExpiredDisconnectedRanksReleaseTheirLayers) {
+  RunRegistry registry(100000, 0);
+  auto rank = registry.connect(hello("run-m", 0, 4096), 1);
+  registry.disconnect(*rank, 1);
+  EXPECT_GE(rank->layers.capacity(), 4096u);
+  EXPECT_EQ(registry.expire(rank->last_seen_steady_ns + 10, 1), 1u);
+  EXPECT_EQ(rank->layers.capacity(), 0u);
+  EXPECT_EQ(rank->layer_count, 4096u);  // still known for admin checks
+}
+
 TEST(Exposition, RankLimitRefusesNewRanks) {
   RunRegistry registry(100000, 0, 3);
   for (std::uint32_t r = 0; r < 3; ++r) EXPECT_TRUE(registry.connect(hello("run-d", r, 1), r + 1));
