@@ -26,6 +26,10 @@ struct ScenarioSpec {
   double query_offset_rms = 0.0;     // common query offset, per-coordinate RMS
   double key_offset_rms = 0.0;       // common key offset, per-coordinate RMS
   double massive_key_norm = 5000.0;  // "massive_key" only
+  // Key padding as an attn_mask (B, 1, 1, M): keys that take part per batch
+  // element (empty: no mask), at the end when left padded, else at the start.
+  std::vector<int64_t> valid_keys;
+  bool left_padded = false;
 };
 
 struct Scenario {
