@@ -275,3 +275,51 @@ def test_center_accuracy(kind, record_line):
         assert stock_dq > 0.5
         assert center_dq < 0.02
         assert rel(center[1], truth[1]) < 0.02
+
+
+@pytest.mark.parametrize("layout", ["bottom_right", "packed_top_left", "packed_bottom_right_masked"])
+def test_center_backend_on_layouts_the_cpu_flash_op_lacks(layout):
+    """bottom-right causal alignment and packed sequences reach the CPU flash
+    backward as an explicit mask (with attn_mask folded in): same gradients
+    as the fp64 reference within BF16 accuracy, key offset removed."""
+    q, k, v, grad_out = operands(B=1, Hq=2, Hkv=1, N=40, M=48, key_offset=100.0, q_gain=8.0, seed=12)
+    kw = dict(is_causal=True, causal_alignment="top_left")
+    if layout == "bottom_right":
+        kw["causal_alignment"] = "bottom_right"
+    else:
+        kw.update(cu_seqlens_q=torch.tensor([0, 15, 40]), cu_seqlens_k=torch.tensor([0, 20, 48]))
+    if layout == "packed_bottom_right_masked":
+        kw["causal_alignment"] = "bottom_right"
+        kw["attn_mask"] = key_padding(1, 48, [44], left=False)
+    out, lse = exact_forward(q, k, v, **kw)
+    exact = ops.attention_backward(grad_out, q, k, v, out, lse, backend="fp64", **kw)
+    center = ops.attention_backward(grad_out, q, k, v, out, lse, backend="center", **kw)
+    plain = ops.attention_backward(grad_out, q, k, v, out, lse, backend="bf16", **kw)
+    assert rel(plain[0], exact[0]) > 0.1, "the key offset leaks in the plain BF16 backward"
+    for got, want in zip(center, exact):
+        assert rel(got, want) < 0.02
+
+
+def exact_forward(q, k, v, is_causal, causal_alignment, cu_seqlens_q=None, cu_seqlens_k=None, attn_mask=None):
+    """out (BF16) and lse (float32, +inf for rows without keys) in float64 under
+    the ops' masking (the reference's visible_keys, folded into one mask)."""
+    N, M = q.shape[2], k.shape[2]
+    segments = [(0, N, 0, M)] if cu_seqlens_q is None else list(
+        zip(cu_seqlens_q[:-1].tolist(), cu_seqlens_q[1:].tolist(), cu_seqlens_k[:-1].tolist(),
+            cu_seqlens_k[1:].tolist()))
+    visible = torch.zeros(N, M, dtype=torch.bool)
+    for q0, q1, k0, k1 in segments:
+        rows, keys = q1 - q0, k1 - k0
+        for i in range(rows):
+            last = min(keys, i + 1) if causal_alignment == "top_left" else max(0, min(keys, i + 1 + keys - rows))
+            visible[q0 + i, k0:k0 + (last if is_causal else keys)] = True
+    if attn_mask is not None:
+        visible = visible & attn_mask
+    group = q.shape[1] // k.shape[1]
+    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    out = (torch.exp(s - lse[..., None]).nan_to_num(0.0) @ v.double().repeat_interleave(group, 1)).bfloat16()
+    lse = lse.float()
+    lse[torch.isneginf(lse)] = math.inf
+    return out, lse
