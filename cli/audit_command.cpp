@@ -23,7 +23,8 @@ constexpr const char* kUsage = R"(usage:
 
 Prints, per backend (fp64, fp32, bf16 = plain fused BF16 emulation, gproj,
 pivot, center), the dQ/dK/dV errors against FP64, dQ in the coordinate a common key
-offset leaks into, and the NUMERICS.md metrics.
+offset leaks into, and the per-call metrics (docs/numerics.md, "Metric
+definitions").
 
 options:
   --json                 print JSON instead of tables

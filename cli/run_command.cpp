@@ -10,63 +10,53 @@
 #include <string>
 #include <vector>
 
+#include "hooks/config.h"
+
 namespace gaugewatch::cli {
 namespace {
 
-constexpr const char* kUsage = R"(usage:
-  gaugewatch run [options] -- <command> [args...]
-
+constexpr const char* kFooter = R"(
 Runs <command> with the gaugewatch hooks loaded (LD_PRELOAD), so that an
 unchanged PyTorch trainer is monitored; works in front of torchrun and srun
 (their workers inherit the environment). The command replaces this process:
-its exit status is gaugewatch's. Examples:
+its exit status is gaugewatch's. Each option falls back to the GAUGEWATCH_*
+variable it sets (docs/hooks.md). Examples:
   gaugewatch run -- python train.py
   gaugewatch run --run-id exp42 -- torchrun --nproc-per-node 8 train.py
-  srun gaugewatch run -- python train.py
-
-options (each sets the GAUGEWATCH_* variable named; docs/hooks.md):
-  --lib PATH             libgaugewatch_hooks.so (default: $GAUGEWATCH_HOOKS_LIB,
-                         else <gaugewatch's dir>/../lib/libgaugewatch_hooks.so)
-  --socket PATH          agent unix socket            GAUGEWATCH_SOCKET
-  --no-agent             no agent: local log only     GAUGEWATCH_SOCKET=none
-  --run-id ID            run id                       GAUGEWATCH_RUN_ID
-  --sample-every N       audit one step in N          GAUGEWATCH_SAMPLE_EVERY
-  --layer-fraction F     layers per sampled step      GAUGEWATCH_LAYER_FRACTION
-  --layers LIST          audit only these layers      GAUGEWATCH_LAYERS
-  --max-heads N          slices per audit             GAUGEWATCH_MAX_HEADS
-  --max-rows N           rows per slice               GAUGEWATCH_MAX_ROWS
-  --overhead-budget F    audit time / step time       GAUGEWATCH_OVERHEAD_BUDGET
-  --backend B            initial backend              GAUGEWATCH_BACKEND
-  --layer-backends L     e.g. 1=gproj,3=fp32          GAUGEWATCH_LAYER_BACKENDS
-  --capture-dir DIR      where captures go            GAUGEWATCH_CAPTURE_DIR
-  --log-file FILE        copy of the hooks' log       GAUGEWATCH_LOG_FILE
-  --stats-file FILE      stats JSON, every step       GAUGEWATCH_STATS_FILE
-  --disable              load nothing, just run       GAUGEWATCH_DISABLE=1
-)";
+  srun gaugewatch run -- python train.py)";
 
 struct Flag {
   const char* flag;
   const char* variable;
+  const char* type;
+  const char* help;
 };
 
 constexpr Flag kFlags[] = {
-    {"--socket", "GAUGEWATCH_SOCKET"},
-    {"--run-id", "GAUGEWATCH_RUN_ID"},
-    {"--sample-every", "GAUGEWATCH_SAMPLE_EVERY"},
-    {"--layer-fraction", "GAUGEWATCH_LAYER_FRACTION"},
-    {"--layers", "GAUGEWATCH_LAYERS"},
-    {"--max-heads", "GAUGEWATCH_MAX_HEADS"},
-    {"--max-rows", "GAUGEWATCH_MAX_ROWS"},
-    {"--overhead-budget", "GAUGEWATCH_OVERHEAD_BUDGET"},
-    {"--backend", "GAUGEWATCH_BACKEND"},
-    {"--layer-backends", "GAUGEWATCH_LAYER_BACKENDS"},
-    {"--capture-dir", "GAUGEWATCH_CAPTURE_DIR"},
-    {"--log-file", "GAUGEWATCH_LOG_FILE"},
-    {"--stats-file", "GAUGEWATCH_STATS_FILE"},
+    {"--socket", "GAUGEWATCH_SOCKET", "PATH", "agent unix socket"},
+    {"--run-id", "GAUGEWATCH_RUN_ID", "ID", "run id ([A-Za-z0-9_.:-], at most 128; default: unique per launch)"},
+    {"--sample-every", "GAUGEWATCH_SAMPLE_EVERY", "N", "audit one step in N (0: never)"},
+    {"--layer-fraction", "GAUGEWATCH_LAYER_FRACTION", "F", "fraction of layers per sampled step, (0, 1]"},
+    {"--layers", "GAUGEWATCH_LAYERS", "LIST", "audit only these layers, e.g. 0,3,7"},
+    {"--max-heads", "GAUGEWATCH_MAX_HEADS", "N", "(batch, head) slices per audit"},
+    {"--max-rows", "GAUGEWATCH_MAX_ROWS", "N", "query rows per slice"},
+    {"--overhead-budget", "GAUGEWATCH_OVERHEAD_BUDGET", "F", "audit time / step time, (0, 1]"},
+    {"--backend", "GAUGEWATCH_BACKEND", "B", "initial backend of every layer"},
+    {"--layer-backends", "GAUGEWATCH_LAYER_BACKENDS", "L", "per-layer backends, e.g. 1=gproj,3=fp32"},
+    {"--capture-dir", "GAUGEWATCH_CAPTURE_DIR", "DIR", "where operand captures go"},
+    {"--log-file", "GAUGEWATCH_LOG_FILE", "FILE", "copy of the hooks' log"},
+    {"--stats-file", "GAUGEWATCH_STATS_FILE", "FILE", "stats JSON, rewritten every step"},
 };
 
+const char* flag_of(const std::string& variable) {
+  for (const Flag& f : kFlags) {
+    if (variable == f.variable) return f.flag;
+  }
+  return "";
+}
+
 int usage_error(const std::string& message) {
-  std::fprintf(stderr, "gaugewatch run: %s\n\n%s", message.c_str(), kUsage);
+  std::fprintf(stderr, "gaugewatch run: %s (gaugewatch run --help)\n", message.c_str());
   return 2;
 }
 
@@ -78,54 +68,69 @@ std::string default_library() {
   return (exe.parent_path().parent_path() / "lib" / "libgaugewatch_hooks.so").string();
 }
 
+// The first problem with the values, as the hooks would read them; "" if none.
+std::string check_values(const std::map<std::string, std::string>& values) {
+  std::vector<std::string> warnings;
+  const hooks::HookConfig config = hooks::load_config(
+      [&](const char* name) -> const char* {
+        const auto it = values.find(name);
+        return it == values.end() ? nullptr : it->second.c_str();
+      },
+      &warnings);
+  if (!warnings.empty()) {
+    // The hooks keep a default and carry on; the launcher refuses instead.
+    std::string w = warnings.front();
+    if (const auto cut = w.rfind("; "); cut != std::string::npos) w.resize(cut);
+    for (const auto& [variable, value] : values) {
+      if (w.find(variable) != std::string::npos) return std::string(flag_of(variable)) + ": " + w;
+    }
+    if (values.count("GAUGEWATCH_RUN_ID") != 0 && w.find("run id") != std::string::npos) return "--run-id: " + w;
+    return w;
+  }
+  if (auto why = hooks::check_log_file(config.log_file); !why.empty()) return "--log-file: " + why;
+  if (auto why = hooks::check_stats_file(config.stats_file); !why.empty()) return "--stats-file: " + why;
+  if (!config.capture_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(config.capture_dir, ec);
+    if (ec || ::access(config.capture_dir.c_str(), W_OK) != 0) {
+      return "--capture-dir: " + config.capture_dir + " is not a writable directory" +
+             (ec ? " (" + ec.message() + ")" : "");
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
-int run_run_command(const std::vector<std::string>& args) {
-  std::string library;
-  bool disable = false;
-  std::vector<std::pair<std::string, std::string>> env;
-  std::size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (a == "--no-agent") {
-      env.emplace_back("GAUGEWATCH_SOCKET", "none");
-      continue;
-    }
-    if (a == "--disable") {
-      disable = true;
-      continue;
-    }
-    if (a == "--lib") {
-      if (i + 1 >= args.size()) return usage_error("--lib needs a value");
-      library = args[++i];
-      continue;
-    }
-    bool known = false;
-    for (const Flag& f : kFlags) {
-      if (a == f.flag) {
-        if (i + 1 >= args.size()) return usage_error(a + " needs a value");
-        env.emplace_back(f.variable, args[++i]);
-        known = true;
-        break;
-      }
-    }
-    if (!known) return usage_error("unknown option '" + a + "' (the command goes after --)");
+CLI::App* add_run_command(CLI::App& app, RunOptions& options) {
+  CLI::App* run = app.add_subcommand("run", "run a trainer with the hooks loaded: gaugewatch run [options] -- <command>");
+  run->footer(kFooter);
+  run->add_option("--lib", options.library,
+                  "libgaugewatch_hooks.so (default: $GAUGEWATCH_HOOKS_LIB, else <gaugewatch's dir>/../lib/)")
+      ->type_name("PATH");
+  run->add_flag("--no-agent", options.no_agent, "no agent: local log only (GAUGEWATCH_SOCKET=none)");
+  run->add_flag("--disable", options.disable, "load nothing, just run the command (GAUGEWATCH_DISABLE=1)");
+  for (const Flag& f : kFlags) {
+    run->add_option(f.flag, options.values[f.variable], f.help)->envname(f.variable)->type_name(f.type);
   }
-  if (i >= args.size()) return usage_error("no command given after --");
+  run->add_option("command", options.command, "the trainer command, after --")->type_name("");
+  return run;
+}
 
-  for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
-  if (disable) {
+int run_run_command(const RunOptions& options) {
+  if (options.command.empty()) return usage_error("no command given after --");
+  std::map<std::string, std::string> values;
+  for (const auto& [variable, value] : options.values) {
+    if (!value.empty()) values[variable] = value;
+  }
+  if (options.no_agent) values["GAUGEWATCH_SOCKET"] = "none";
+  if (const std::string problem = check_values(values); !problem.empty()) return usage_error(problem);
+
+  for (const auto& [name, value] : values) ::setenv(name.c_str(), value.c_str(), 1);
+  if (options.disable) {
     ::setenv("GAUGEWATCH_DISABLE", "1", 1);
   } else {
-    if (library.empty()) library = default_library();
+    const std::string library = options.library.empty() ? default_library() : options.library;
     std::error_code ec;
     const std::filesystem::path absolute = std::filesystem::absolute(library, ec);
     if (ec || !std::filesystem::is_regular_file(absolute, ec)) {
@@ -140,7 +145,7 @@ int run_run_command(const std::vector<std::string>& args) {
   }
 
   std::vector<char*> argv;
-  for (std::size_t j = i; j < args.size(); ++j) argv.push_back(const_cast<char*>(args[j].c_str()));
+  for (const std::string& a : options.command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   ::execvp(argv[0], argv.data());
   std::fprintf(stderr, "gaugewatch run: cannot run '%s': %s\n", argv[0], std::strerror(errno));

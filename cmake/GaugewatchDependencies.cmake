@@ -4,7 +4,6 @@
 #
 #   always          Threads::Threads, nlohmann_json::nlohmann_json
 #   TESTS           GTest::gtest GTest::gtest_main GTest::gmock GTest::gmock_main
-#   BENCH           benchmark::benchmark benchmark::benchmark_main
 #   AGENT           protobuf::libprotobuf protobuf::protoc gRPC::grpc++ absl::*
 #                   yaml-cpp SQLite::SQLite3 gaugewatch::civetweb(_cpp) OpenSSL::SSL
 #                   GAUGEWATCH_GRPC_CPP_PLUGIN (path), ZLIB::ZLIB
@@ -39,6 +38,14 @@ if(NOT nlohmann_json_FOUND)
   gaugewatch_missing_dependency("nlohmann_json (JSON for Modern C++)" "" "nlohmann-json3-dev")
 endif()
 
+# CLI11: the `gaugewatch` launcher's flags.
+if(NOT TARGET CLI11::CLI11)
+  find_package(CLI11 CONFIG QUIET)
+endif()
+if(NOT TARGET CLI11::CLI11)
+  gaugewatch_missing_dependency("CLI11" "" "libcli11-dev")
+endif()
+
 # --- tests -------------------------------------------------------------------------
 if(GAUGEWATCH_ENABLE_TESTS)
   find_package(GTest QUIET)
@@ -47,14 +54,6 @@ if(GAUGEWATCH_ENABLE_TESTS)
   endif()
   if(NOT TARGET GTest::gmock)
     gaugewatch_missing_dependency("GoogleMock (GTest::gmock)" GAUGEWATCH_ENABLE_TESTS "libgmock-dev")
-  endif()
-endif()
-
-# --- benchmarks ----------------------------------------------------------------------
-if(GAUGEWATCH_ENABLE_BENCH)
-  find_package(benchmark CONFIG QUIET)
-  if(NOT benchmark_FOUND)
-    gaugewatch_missing_dependency("Google Benchmark" GAUGEWATCH_ENABLE_BENCH "libbenchmark-dev")
   endif()
 endif()
 

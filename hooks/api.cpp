@@ -2,7 +2,7 @@
 
 #include "hooks/gaugewatch_hooks.h"
 #include "hooks/log.h"
-#include "hooks/runtime_state.h"
+#include "hooks/runtime.h"
 
 namespace gaugewatch::hooks {
 

@@ -26,6 +26,10 @@
 // Capture: the whole call's operands are copied the same way and written by
 // the auditor thread with audit::save_operands into GAUGEWATCH_CAPTURE_DIR,
 // while the files written stay under GAUGEWATCH_CAPTURE_MAX_BYTES.
+//
+// Files: auditor.cpp (queue, thread, hand-over), audit_slicing.cpp (which
+// slices), audit_measure.cpp (metrics and discrepancies), audit_capture.cpp,
+// backward_timing.cpp (CUDA events / CUPTI).
 
 #include <ATen/core/Tensor.h>
 
@@ -33,18 +37,11 @@
 #include <memory>
 #include <optional>
 
-#include "hooks/runtime.h"  // facade only: no proto types in torch code
+#include "hooks/backward_timing.h"
+#include "hooks/runtime.h"
+#include "hooks/sdpa_ops.h"
 
 namespace gaugewatch::hooks {
-
-// CUDA: an event recorded on the training stream before a sampled backward
-// (its kernel time, without synchronizing); nullptr for CPU tensors.
-// With CUPTI usable (cupti_timing.h) it also opens a CUPTI window on this
-// thread, closed by end_backward_timing() right after the backward's launches;
-// the auditor then reports the window's kernel time (stats "timing").
-struct CudaTiming;
-std::shared_ptr<CudaTiming> start_backward_timing(const at::Tensor& q);
-void end_backward_timing(const std::shared_ptr<CudaTiming>& timing);
 
 // One intercepted call's operands, SDPA layout (B, H, N, d), as the backward saw them.
 struct AuditCall {
@@ -55,13 +52,6 @@ struct AuditCall {
   const char* op = "";                     // intercepted op, for the logs
   std::shared_ptr<CudaTiming> timing;      // from start_backward_timing, or nullptr
 };
-
-// The log-sum-exp of an intercepted call as (B, H, N), a view: the ops return
-// it in different layouts (torch 2.11, torch/_meta_registrations.py): the CPU
-// and CUDA flash ops (B, H, N); cuDNN (B, H, N, 1); efficient attention
-// (B, H, ceil(N / 32) * 32), padded. Anything else is returned unchanged
-// (the caller's shape checks then refuse it).
-at::Tensor canonical_lse(const at::Tensor& lse, std::int64_t q_len);
 
 // Queues the audit and / or capture of `call` (plan.sample / plan.capture);
 // never throws.

@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -77,6 +80,17 @@ void read_fraction(const EnvLookup& env, const char* name, double& out, std::vec
   }
 }
 
+// A backend a layer can run (the backend table's `layer` rows).
+std::optional<Backend> parse_layer_backend(std::string_view name) {
+  const auto b = parse_backend(name);
+  if (!b || !backend_spec(*b).layer) return std::nullopt;
+  return b;
+}
+
+std::string layer_backend_names() {
+  return backend_names([](const BackendSpec& s) { return s.layer; });
+}
+
 }  // namespace
 
 std::string sanitize_run_id(const std::string& text) {
@@ -88,6 +102,32 @@ std::string sanitize_run_id(const std::string& text) {
     if (out.size() == 128) break;
   }
   return out;
+}
+
+std::string check_log_file(const std::string& path) {
+  if (path.empty()) return "";
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return "GAUGEWATCH_LOG_FILE=" + path + " is a directory";
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) return "GAUGEWATCH_LOG_FILE=" + path + " cannot be written (" + std::strerror(errno) + ")";
+  std::fclose(f);
+  return "";
+}
+
+// "" when the stats file can be written (its temporary next to it, renamed
+// over it: the directory must take new files); else what is wrong.
+std::string check_stats_file(const std::string& path) {
+  if (path.empty()) return "";
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return "GAUGEWATCH_STATS_FILE=" + path + " is a directory";
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "a");
+  if (f == nullptr) {
+    return "GAUGEWATCH_STATS_FILE=" + path + " cannot be written (" + std::strerror(errno) + ")";
+  }
+  std::fclose(f);
+  std::remove(tmp.c_str());
+  return "";
 }
 
 HookConfig load_config(const EnvLookup& env, std::vector<std::string>* warnings) {
@@ -169,11 +209,11 @@ HookConfig load_config(const EnvLookup& env, std::vector<std::string>* warnings)
     }
   }
   if (const char* v = env("GAUGEWATCH_BACKEND"); v != nullptr && *v != '\0') {
-    if (auto b = parse_backend(v)) {
+    if (auto b = parse_layer_backend(v)) {
       c.backend = *b;
     } else if (warnings != nullptr) {
-      warnings->push_back(std::string("GAUGEWATCH_BACKEND='") + v +
-                          "' is not stock|gproj|pivot|fp32|bf16; using stock");
+      warnings->push_back(std::string("GAUGEWATCH_BACKEND='") + v + "' is not " + layer_backend_names() +
+                          "; using stock");
     }
   }
   if (const char* v = env("GAUGEWATCH_LAYER_BACKENDS"); v != nullptr && *v != '\0') {
@@ -184,7 +224,7 @@ HookConfig load_config(const EnvLookup& env, std::vector<std::string>* warnings)
       std::optional<Backend> backend;
       if (eq != std::string::npos) {
         layer = parse_uint(part.substr(0, eq), 1u << 20);
-        backend = parse_backend(part.substr(eq + 1));
+        backend = parse_layer_backend(part.substr(eq + 1));
       }
       if (layer && backend) {
         c.layer_backends.emplace_back(static_cast<std::uint32_t>(*layer), *backend);

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "hooks/backend.h"
+#include "kernels/common/backend.h"
 
 namespace gaugewatch::hooks {
 
@@ -55,6 +55,12 @@ using EnvLookup = std::function<const char*(const char*)>;
 // (std::getenv in the library, a map in tests). Problems are appended to
 // `warnings` (the library logs them once).
 HookConfig load_config(const EnvLookup& env, std::vector<std::string>* warnings);
+
+// "" when GAUGEWATCH_LOG_FILE / GAUGEWATCH_STATS_FILE at `path` can be
+// written (the log appended to; the stats file's temporary created next to
+// it and renamed over it), else what is wrong. An empty path is fine.
+std::string check_log_file(const std::string& path);
+std::string check_stats_file(const std::string& path);
 
 // Keeps [A-Za-z0-9_.:-], replaces anything else by '-', at most 128 chars.
 std::string sanitize_run_id(const std::string& text);

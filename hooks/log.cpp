@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
@@ -24,12 +26,14 @@ LogState& state() {
 
 }  // namespace
 
-void set_log_file(const std::string& path) {
+std::string set_log_file(const std::string& path) {
   LogState& s = state();
   std::lock_guard lock(s.mu);
-  if (s.file != nullptr || path.empty()) return;
+  if (s.file != nullptr || path.empty()) return "";
   s.file = std::fopen(path.c_str(), "a");
-  if (s.file != nullptr) std::setvbuf(s.file, nullptr, _IOLBF, 0);
+  if (s.file == nullptr) return "GAUGEWATCH_LOG_FILE=" + path + " cannot be written (" + std::strerror(errno) + ")";
+  std::setvbuf(s.file, nullptr, _IOLBF, 0);
+  return "";
 }
 
 void log_line(std::string_view message) {

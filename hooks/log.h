@@ -9,7 +9,9 @@
 
 namespace gaugewatch::hooks {
 
-void set_log_file(const std::string& path);
+// Opens GAUGEWATCH_LOG_FILE for appending; "" when it could (or `path` is
+// empty), else what is wrong (the caller decides what that means).
+std::string set_log_file(const std::string& path);
 void log_line(std::string_view message);
 // Logs `message` the first time `key` is seen; returns whether it logged.
 bool log_once(std::string_view key, std::string_view message);

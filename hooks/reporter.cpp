@@ -7,8 +7,10 @@
 #include <random>
 #include <utility>
 
+#include "agent/state/metric_fields.h"
 #include "gaugewatch/v1/hook_service.grpc.pb.h"
 #include "hooks/log.h"
+#include "hooks/reporter_wire.h"
 
 namespace gaugewatch::hooks {
 
@@ -30,6 +32,13 @@ struct Reporter::Impl {
 };
 
 Reporter::Reporter(const HookConfig& config, Source* source) : config_(config), source_(source) {
+  // The metric catalogue's proto fields, resolved once here (it throws if
+  // the catalogue and LayerMetrics disagree: a build error, said loudly).
+  try {
+    (void)agent::metric_fields();
+  } catch (const std::exception& e) {
+    log_line(std::string("metric catalogue and wire disagree, samples will lack metrics: ") + e.what());
+  }
   thread_ = std::thread([this] {
     ::pthread_setname_np(::pthread_self(), "gw-reporter");  // named in stack dumps
     run();
@@ -38,7 +47,7 @@ Reporter::Reporter(const HookConfig& config, Source* source) : config_(config), 
 
 Reporter::~Reporter() { stop(1.0); }
 
-void Reporter::enqueue_sample(v1::Sample sample) {
+void Reporter::enqueue_sample(SampleData sample) {
   std::lock_guard lock(mu_);
   if (stopping_) return;
   if (samples_.size() >= config_.queue_size) {
@@ -51,7 +60,7 @@ void Reporter::enqueue_sample(v1::Sample sample) {
   cv_.notify_all();
 }
 
-void Reporter::enqueue_ack(v1::CommandAck ack) {
+void Reporter::enqueue_ack(CommandAck ack) {
   std::lock_guard lock(mu_);
   if (stopping_) return;
   if (acks_.size() >= kMaxAcks) acks_.pop_front();
@@ -115,7 +124,7 @@ void Reporter::run() {
       auto stub = v1::HookService::NewStub(channel);
       impl->stream = stub->Connect(&impl->context);
       v1::TrainerMessage hello;
-      *hello.mutable_hello() = source_->hello();
+      *hello.mutable_hello() = to_wire(source_->hello());
       ok = impl->stream->Write(hello);
       if (ok) {
         {
@@ -129,10 +138,10 @@ void Reporter::run() {
           while (impl->stream->Read(&message)) {
             if (message.has_hello_ack()) {
               impl->got_hello_ack = true;
-              source_->on_sampling(message.hello_ack().sampling());
+              source_->on_sampling(from_wire(message.hello_ack().sampling()));
             } else if (message.has_command()) {
               commands_.fetch_add(1);
-              source_->on_command(message.command());
+              source_->on_command(from_wire(message.command()));
             }
           }
           impl->ended = true;
@@ -150,7 +159,8 @@ void Reporter::run() {
       backoff = 100ms;
       // --- stream -------------------------------------------------------------
       for (;;) {
-        std::vector<v1::CommandAck> acks;
+        std::vector<CommandAck> acks;
+        std::vector<SampleData> batch;
         v1::TrainerMessage batch_message;
         {
           std::unique_lock lock(mu_);
@@ -158,33 +168,39 @@ void Reporter::run() {
           if (impl->ended || (stopping_ && samples_.empty() && acks_.empty())) break;
           acks.assign(acks_.begin(), acks_.end());
           acks_.clear();
-          auto* batch = batch_message.mutable_samples();
-          while (!samples_.empty() && static_cast<std::size_t>(batch->samples_size()) < kMaxBatch) {
-            *batch->add_samples() = std::move(samples_.front());
+          while (!samples_.empty() && batch.size() < kMaxBatch) {
+            batch.push_back(std::move(samples_.front()));
             samples_.pop_front();
           }
-          batch->set_dropped_total(dropped_.load());
-          in_flight_ = acks.size() + static_cast<std::size_t>(batch->samples_size());
+          batch_message.mutable_samples()->set_dropped_total(dropped_.load());
+          in_flight_ = acks.size() + batch.size();
         }
-        if (source_->layers_version() != version) break;  // new layers: a new Hello
+        if (source_->layers_version() != version) {
+          // New layers: a new Hello; what was taken goes back first.
+          std::lock_guard lock(mu_);
+          for (auto it = acks.rbegin(); it != acks.rend(); ++it) acks_.push_front(std::move(*it));
+          for (auto it = batch.rbegin(); it != batch.rend(); ++it) samples_.push_front(std::move(*it));
+          in_flight_ = 0;
+          break;
+        }
+        for (const SampleData& sample : batch) *batch_message.mutable_samples()->add_samples() = to_wire(sample);
         bool wrote = true;
-        for (auto& ack : acks) {
+        for (const auto& ack : acks) {
           v1::TrainerMessage m;
-          *m.mutable_ack() = ack;
+          *m.mutable_ack() = to_wire(ack);
           if (!impl->stream->Write(m)) {
             wrote = false;
             break;
           }
         }
-        const auto n = static_cast<std::uint64_t>(batch_message.samples().samples_size());
+        const auto n = static_cast<std::uint64_t>(batch.size());
         if (wrote && n > 0) wrote = impl->stream->Write(batch_message);
         std::lock_guard lock(mu_);
         in_flight_ = 0;
         if (!wrote) {
           // Put back what was not written; samples beyond the cap are dropped.
-          for (auto it = acks.rbegin(); it != acks.rend(); ++it) acks_.push_front(*it);
-          auto* samples = batch_message.mutable_samples()->mutable_samples();
-          for (auto it = samples->rbegin(); it != samples->rend(); ++it) {
+          for (auto it = acks.rbegin(); it != acks.rend(); ++it) acks_.push_front(std::move(*it));
+          for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
             if (samples_.size() >= config_.queue_size) {
               dropped_.fetch_add(1);
             } else {

@@ -8,6 +8,9 @@
 // layer table also reconnects (the agent takes one Hello per stream).
 // Samples wait in a bounded queue: when it is full the oldest is dropped and
 // counted; the count travels in every SampleBatch (dropped_total).
+// The queue holds plain C++ samples and acks (agent_messages.h): the
+// reporter alone converts them to gaugewatch.v1 messages, and the agent's
+// messages to plain commands (reporter_wire.h), on its own thread.
 
 #include <atomic>
 #include <condition_variable>
@@ -18,7 +21,7 @@
 #include <string>
 #include <thread>
 
-#include "gaugewatch/v1/hook_service.pb.h"
+#include "hooks/agent_messages.h"
 #include "hooks/config.h"
 
 namespace gaugewatch::hooks {
@@ -28,10 +31,10 @@ class Reporter {
   class Source {
    public:
     virtual ~Source() = default;
-    virtual gaugewatch::v1::Hello hello() = 0;
+    virtual HelloInfo hello() = 0;
     virtual std::uint64_t layers_version() = 0;
-    virtual void on_command(gaugewatch::v1::Command command) = 0;
-    virtual void on_sampling(const gaugewatch::v1::SamplingPolicy& policy) = 0;
+    virtual void on_command(Command command) = 0;
+    virtual void on_sampling(const SamplingPolicy& policy) = 0;
   };
 
   Reporter(const HookConfig& config, Source* source);
@@ -39,8 +42,8 @@ class Reporter {
   Reporter(const Reporter&) = delete;
   Reporter& operator=(const Reporter&) = delete;
 
-  void enqueue_sample(gaugewatch::v1::Sample sample);
-  void enqueue_ack(gaugewatch::v1::CommandAck ack);
+  void enqueue_sample(SampleData sample);
+  void enqueue_ack(CommandAck ack);
   // Waits until every queued sample and ack was written (or timeout).
   bool flush(double timeout_s);
   // Stops the thread: cancels the stream, waits at most `timeout_s`.
@@ -60,8 +63,8 @@ class Reporter {
   Source* source_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<gaugewatch::v1::Sample> samples_;
-  std::deque<gaugewatch::v1::CommandAck> acks_;
+  std::deque<SampleData> samples_;
+  std::deque<CommandAck> acks_;
   std::size_t in_flight_ = 0;
   bool stopping_ = false;
   bool exited_ = false;

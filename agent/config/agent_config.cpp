@@ -357,6 +357,14 @@ void parse_limits(const YAML::Node& node, const std::string& path, Limits& limit
       limits.max_message_bytes = value;
     } else if (key == "max_string_bytes") {
       limits.max_string_bytes = value;
+    } else if (key == "max_streams") {
+      limits.max_streams = value;
+    } else if (key == "max_ranks") {
+      limits.max_ranks = value;
+    } else if (key == "hello_timeout_seconds") {
+      limits.hello_timeout_seconds = value;
+    } else if (key == "max_clock_skew_seconds") {
+      limits.max_clock_skew_seconds = value;
     } else {
       throw ConfigError(where + ": unknown key");
     }

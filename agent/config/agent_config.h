@@ -30,6 +30,12 @@ struct Limits {
   std::uint32_t max_run_id_bytes = 128;
   std::uint32_t max_world_size = 1u << 20;
   std::uint32_t max_shape_dim = 1u << 24;
+  std::uint32_t max_streams = 1024;          // trainer streams open at once
+  std::uint32_t max_ranks = 4096;            // (run, rank) entries held at once
+  std::uint32_t hello_timeout_seconds = 10;  // a stream must send its Hello within this
+  // A sample stamped further than this from the agent's clock (either way)
+  // is applied, but its age is not observed and it is counted.
+  std::uint32_t max_clock_skew_seconds = 300;
 };
 
 enum class RuleOp { kGreater, kLess };

@@ -46,7 +46,7 @@ grpc::Status AdminServiceImpl::SetBackend(grpc::ServerContext* context,
     response->set_decision_id(result.decision_id);
     response->set_commands_sent(result.commands_sent);
   } catch (const StoreError& e) {
-    controller_.counters().store_errors_total.fetch_add(1);
+    controller_.counters().store_errors_total.Increment();
     return {grpc::StatusCode::UNAVAILABLE, std::string("decision not stored: ") + e.what()};
   }
   return grpc::Status::OK;
@@ -99,7 +99,7 @@ grpc::Status AdminServiceImpl::send_admin_command(const grpc::ServerContext& con
   try {
     response->set_commands_sent(controller_.send_command(target, command, context.peer()));
   } catch (const StoreError& e) {
-    controller_.counters().store_errors_total.fetch_add(1);
+    controller_.counters().store_errors_total.Increment();
     return {grpc::StatusCode::UNAVAILABLE, std::string("not audited, not sent: ") + e.what()};
   }
   return grpc::Status::OK;

@@ -10,34 +10,22 @@
 namespace gaugewatch::torch_ops {
 
 Backend parse_backend(c10::string_view name) {
-  if (name == "gproj") return Backend::kGproj;
-  if (name == "pivot") return Backend::kPivot;
-  if (name == "bf16") return Backend::kBf16;
-  if (name == "center") return Backend::kCenter;
-  if (name == "fp32") return Backend::kFp32;
-  if (name == "fp64") return Backend::kFp64;
-  TORCH_CHECK(false, "gaugewatch: unknown backend '", std::string(name.data(), name.size()),
-              "': use gproj, pivot, bf16, center, fp32 (or fp64 on CPU, for tests)");
+  const std::string_view text(name.data(), name.size());
+  const auto backend = gaugewatch::parse_backend(text);
+  TORCH_CHECK(backend.has_value() && backend_spec(*backend).op, "gaugewatch: unknown backend '", std::string(text),
+              "': use ", backend_names([](const BackendSpec& s) { return s.op; }), " (fp64 on CPU only, for tests)");
+  return *backend;
 }
 
-const char* backend_name(Backend backend) {
-  switch (backend) {
-    case Backend::kGproj: return "gproj";
-    case Backend::kPivot: return "pivot";
-    case Backend::kBf16: return "bf16";
-    case Backend::kCenter: return "center";
-    case Backend::kFp32: return "fp32";
-    case Backend::kFp64: return "fp64";
-  }
-  return "unknown";
-}
+const char* backend_name(Backend backend) { return gaugewatch::backend_name(backend).data(); }
 
 c10::ScalarType backend_dtype(Backend backend) {
-  switch (backend) {
-    case Backend::kFp32: return at::kFloat;
-    case Backend::kFp64: return at::kDouble;
-    default: return at::kBFloat16;
+  switch (backend_spec(backend).output) {
+    case OutputDtype::kFloat32: return at::kFloat;
+    case OutputDtype::kFloat64: return at::kDouble;
+    case OutputDtype::kBfloat16: break;
   }
+  return at::kBFloat16;
 }
 
 namespace {

@@ -10,23 +10,20 @@
 #include <optional>
 #include <string>
 
+#include "kernels/common/backend.h"
 #include "kernels/reference/attention_problem.h"
 
 namespace gaugewatch::torch_ops {
 
-// Backends of gaugewatch::attention_backward.
-enum class Backend {
-  kGproj,  // fused BF16 backward with the GProj projection (BF16 outputs)
-  kPivot,  // the same with the pivot projection (BF16 outputs)
-  kBf16,   // the same kernel without a projection: the stock kernels' numerics
-  kCenter, // the device's stock backward on centred keys (BF16 outputs)
-  kFp32,   // FP32 recompute (FP32 outputs)
-  kFp64,   // FP64 ground truth, CPU only (FP64 outputs)
-};
+// Backends of gaugewatch::attention_backward: the rows of the backend table
+// (kernels/common/backend.h) marked `op`.
+using gaugewatch::Backend;
 
+// The backend named by an op's `backend` argument; a TORCH_CHECK error for
+// a name the ops do not take.
 Backend parse_backend(c10::string_view name);
 const char* backend_name(Backend backend);
-// Output dtype of a backend: BF16 for the fused ones, FP32 / FP64 otherwise.
+// Output dtype of a backend (the table's `output`): BF16 for the fused ones, FP32 / FP64 otherwise.
 c10::ScalarType backend_dtype(Backend backend);
 
 // One checked call: shapes in SDPA layout and the masking it asks for.

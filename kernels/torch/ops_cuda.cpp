@@ -22,12 +22,14 @@
 namespace gaugewatch::torch_ops {
 namespace {
 
+// The kernel's projection of a backend: the backend table's `projection` column.
 gpu::Projection projection_of(Backend backend) {
-  switch (backend) {
-    case Backend::kGproj: return gpu::Projection::kGproj;
-    case Backend::kPivot: return gpu::Projection::kPivot;
-    default: return gpu::Projection::kNone;
+  switch (backend_spec(backend).projection) {
+    case Projection::kGproj: return gpu::Projection::kGproj;
+    case Projection::kPivot: return gpu::Projection::kPivot;
+    case Projection::kNone: break;
   }
+  return gpu::Projection::kNone;
 }
 
 Grads run_fp32(const AttentionCall& call, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,

@@ -210,7 +210,7 @@ TEST(AgentPrometheus, RealPrometheusScrapesAndDrivesFleetRule) {
                         dir.path() + "/prometheus.log");
   ASSERT_TRUE(prometheus.started());
 
-  // Prometheus scraped the agent (OpenMetrics negotiated) and stored the value.
+  // Prometheus scraped the agent (text format 0.0.4) and stored the value.
   ASSERT_TRUE(eventually(
       [&] {
         auto result = query(prom_port, "gaugewatch_layer_live_dq_discrepancy_ratio{run=\"run-fleet\",layer=\"1\"}");
@@ -248,7 +248,7 @@ TEST(AgentPrometheus, RealPrometheusScrapesAndDrivesFleetRule) {
   ASSERT_EQ(history.decisions_size(), 1);
   EXPECT_EQ(history.decisions(0).source(), v1::DECISION_SOURCE_PROMQL_RULE);
   EXPECT_TRUE(history.decisions(0).target().all_runs());
-  EXPECT_GE(agent_b.controller().counters().promql_queries_total.load(), 2u);
+  EXPECT_GE(agent_b.controller().counters().promql_queries_total.Value(), 2u);
 
   EXPECT_TRUE(trainer_a.finish().ok());
   EXPECT_TRUE(trainer_b.finish().ok());

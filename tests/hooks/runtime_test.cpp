@@ -14,7 +14,9 @@
 #include <cstdlib>
 #include <thread>
 
-#include "hooks/runtime_state.h"
+#include "gaugewatch/v1/hook_service.pb.h"
+#include "hooks/reporter_wire.h"
+#include "hooks/runtime.h"
 
 namespace gaugewatch::hooks {
 namespace {
@@ -145,7 +147,7 @@ TEST(Runtime, SwitchAppliesAtTheNextPassBoundary) {
   command.set_command_id(7);
   command.mutable_switch_backend()->add_layers(1);
   command.mutable_switch_backend()->set_backend(v1::BACKEND_GPROJ);
-  rt.on_command(command);
+  rt.on_command(from_wire(command));
   // Still step 0's backward in flight: nothing changes before the boundary.
   const ForwardPlan next = rt.on_forward(false, false);  // boundary: step 1 starts, command applied
   EXPECT_EQ(next.step, 1u);
@@ -169,7 +171,7 @@ TEST(Runtime, MalformedCommandsAreRejectedNotApplied) {
   v1::Command capture;  // no GAUGEWATCH_CAPTURE_DIR
   capture.set_command_id(4);
   capture.mutable_capture()->set_layer(0);
-  for (auto* c : {&out_of_range, &bad_backend, &empty, &capture}) rt.on_command(*c);
+  for (auto* c : {&out_of_range, &bad_backend, &empty, &capture}) rt.on_command(from_wire(*c));
   train_pass(rt, 2);
   const std::string stats = rt.stats_json();
   EXPECT_NE(stats.find("\"commands_rejected\":4"), std::string::npos) << stats;
@@ -184,7 +186,7 @@ TEST(Runtime, HelloListsLayersWithTheirBackends) {
   c.layer_backends = {{1, Backend::kFp32}};
   Runtime rt(c);
   train_pass(rt, 2);
-  const v1::Hello hello = rt.hello();
+  const v1::Hello hello = to_wire(rt.hello());
   EXPECT_EQ(hello.run_id(), "r1");
   ASSERT_EQ(hello.layers_size(), 2);
   EXPECT_EQ(hello.layers(0).backend(), v1::BACKEND_STOCK);
@@ -196,7 +198,7 @@ TEST(Runtime, HelloCarriesTheVersionsAsSet) {
   Runtime rt(no_agent());
   rt.set_versions("2.11.0+cu130", format_cuda_version(13000), format_cuda_version(12080));
   train_pass(rt, 1);
-  const v1::Hello hello = rt.hello();
+  const v1::Hello hello = to_wire(rt.hello());
   EXPECT_EQ(hello.torch_version(), "2.11.0+cu130");
   EXPECT_EQ(hello.cuda_version(), "13.0");
   EXPECT_EQ(hello.driver_version(), "12.8");
@@ -234,7 +236,8 @@ TEST(Runtime, StatsKeepTheLatestSampleOfEachLayer) {
   data.metrics.fill(std::nan(""));
   data.metrics[static_cast<std::size_t>(reference::MetricId::kLiveGaugeViolation)] = 0.25;
   data.metrics[static_cast<std::size_t>(reference::MetricId::kKeyRms)] = -1.0;  // not reportable: left out
-  rt.submit_sample(to_proto(data), 10.0);
+  data.audit_us = 10.0;
+  rt.submit_sample(data);
   const std::string stats = rt.stats_json();
   EXPECT_NE(stats.find("\"latest\":{\"live_gauge_violation\":0.25,\"step\":0}"), std::string::npos) << stats;
   EXPECT_NE(stats.find("\"latest\":{}"), std::string::npos) << stats;  // layer 0: no sample yet
@@ -269,7 +272,7 @@ TEST(RuntimeSteps, SwitchOfACudaLayerToAProjectionBackendIsApplied) {
     command.set_command_id(backend == v1::BACKEND_GPROJ ? 1 : 2);
     command.mutable_switch_backend()->add_layers(backend == v1::BACKEND_GPROJ ? 0 : 1);
     command.mutable_switch_backend()->set_backend(backend);
-    rt.on_command(command);
+    rt.on_command(from_wire(command));
   }
   const ForwardPlan l0 = rt.on_forward(false, true);
   EXPECT_EQ(l0.backend, Backend::kGproj);
@@ -347,9 +350,9 @@ TEST(RuntimeSteps, StepHooksDuringAccumulationFromOtherThreadsNeverBlock) {
   std::atomic<int> samples{0};
   std::thread auditor([&] {
     while (!done.load()) {
-      v1::Sample sample;
-      sample.set_layer(static_cast<std::uint32_t>(samples.load() % 3));
-      rt.submit_sample(sample, 0.0);  // (no audit time: the budget would skip sampled steps)
+      SampleData sample;
+      sample.layer = samples.load() % 3;
+      rt.submit_sample(sample);  // (no audit time: the budget would skip sampled steps)
       ++samples;
       std::this_thread::yield();
     }
@@ -359,8 +362,8 @@ TEST(RuntimeSteps, StepHooksDuringAccumulationFromOtherThreadsNeverBlock) {
       v1::Command command;
       command.set_command_id(id);
       command.mutable_set_sampling()->set_max_rows(16);
-      rt.on_command(command);
-      (void)rt.hello();
+      rt.on_command(from_wire(command));
+      (void)to_wire(rt.hello());
       (void)rt.stats_json();
       std::this_thread::yield();
     }
@@ -403,7 +406,7 @@ TEST(RuntimeSteps, FirstOptimizerSignalSwitchesModeAndCommandsWaitForTheStep) {
   command.set_command_id(5);
   command.mutable_switch_backend()->add_layers(0);
   command.mutable_switch_backend()->set_backend(v1::BACKEND_FP32);
-  rt.on_command(command);
+  rt.on_command(from_wire(command));
   const auto second = train_pass(rt, 2);  // a micro-batch boundary in step 2: not applied
   ASSERT_EQ(second.back().layer, 0);
   EXPECT_EQ(second.back().step, 2u);

@@ -1,0 +1,110 @@
+// The process-wide runtime (runtime.h): configuration read and checked once,
+// fork handlers, flush and the bounded shutdown at exit.
+#include <pthread.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hooks/log.h"
+#include "hooks/runtime.h"
+
+namespace gaugewatch::hooks {
+
+using Clock = std::chrono::steady_clock;
+
+void Runtime::prepare_fork() { mu_.lock(); }
+
+void Runtime::after_fork_parent() { mu_.unlock(); }
+
+void Runtime::after_fork_child() {
+  // This thread took mu_ in prepare_fork() and is the child's only thread.
+  forked_child_ = true;
+  (void)reporter_.release();  // its threads are the parent's: leak it, never touch it
+  shutdown_hooks_.clear();    // the auditor's thread is the parent's too
+  shut_down_ = true;          // exit: nothing to flush or join here
+  sample_layers_.clear();
+  capture_arms_.clear();
+  mu_.unlock();
+}
+
+bool Runtime::forked_child() {
+  std::lock_guard lock(mu_);
+  return forked_child_;
+}
+
+bool Runtime::flush(double timeout_s) {
+  Reporter* reporter = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    reporter = reporter_.get();
+  }
+  return reporter == nullptr || reporter->flush(timeout_s);
+}
+
+void Runtime::add_shutdown_hook(std::function<void()> hook) {
+  std::lock_guard lock(mu_);
+  shutdown_hooks_.push_back(std::move(hook));
+}
+
+void Runtime::shutdown() {
+  std::vector<std::function<void()>> hooks;
+  Reporter* reporter = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    hooks.swap(shutdown_hooks_);
+    reporter = reporter_.get();
+  }
+  const auto t0 = Clock::now();
+  for (auto& hook : hooks) hook();  // the auditor drains its queue (bounded)
+  if (reporter != nullptr) {
+    reporter->flush(1.5);
+    reporter->stop(1.0);
+  }
+  write_stats_file();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (s > 0.5) log_line("exit: threads stopped in " + std::to_string(s).substr(0, 5) + " s");
+}
+
+namespace {
+// Set once the runtime exists (the fork handlers run only after that).
+Runtime* g_runtime_for_fork = nullptr;
+
+
+}  // namespace
+
+Runtime& runtime() {
+  static Runtime* instance = [] {
+    std::vector<std::string> warnings;
+    HookConfig config = load_config([](const char* name) { return std::getenv(name); }, &warnings);
+    std::string unwritable = set_log_file(config.log_file);
+    for (const auto& w : warnings) log_line("config: " + w);
+    if (unwritable.empty()) unwritable = check_stats_file(config.stats_file);
+    if (!unwritable.empty() && !config.disabled) {
+      log_line("ERROR: " + unwritable + ". The hooks stay inert: SDPA is not intercepted and this trainer runs "
+               "unmonitored. Fix the path (or unset the variable) and restart.");
+      config.disabled = true;
+    }
+    auto* r = new Runtime(std::move(config));
+    std::atexit([] { runtime().shutdown(); });
+    // A fork (DataLoader workers, os.fork) copies the state but not the
+    // threads: the child turns monitoring off (runtime.h).
+    ::pthread_atfork([] { g_runtime_for_fork->prepare_fork(); log_prepare_fork(); },
+                     [] { log_after_fork(); g_runtime_for_fork->after_fork_parent(); },
+                     [] {
+                       log_after_fork();
+                       g_runtime_for_fork->after_fork_child();
+                       log_line("forked child: monitoring is off in this process (no samples, captures, agent "
+                                "stream or stats file; the layers keep their backends)");
+                     });
+    g_runtime_for_fork = r;
+    return r;
+  }();
+  return *instance;
+}
+
+}  // namespace gaugewatch::hooks
