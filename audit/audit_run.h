@@ -1,6 +1,6 @@
 #pragma once
 // One audit: every backend of the reference on the same captured operands,
-// their errors against FP64, and the NUMERICS.md metrics.
+// their errors against FP64, and the docs/numerics.md metrics.
 
 #include <optional>
 #include <string>

@@ -69,7 +69,7 @@ const std::vector<Scenario>& scenario_catalogue() {
     witness.shape = {1, 1, 1, 1, 4, 64};
     witness.causal = CausalMode::kNone;
     s.push_back({"witness", witness,
-                 "NUMERICS.md four-key witness: uniform attention, keys at 65536; truth dq[0] = 0"});
+                 "the four-key witness (docs/numerics.md): uniform attention, keys at 65536; truth dq[0] = 0"});
     s.push_back(make("random", "random", {1, 4, 4, 1024, 1024, 64}, tl,
                      "normal q, k, v, dO; causal (SDPA top-left), N = 1024, d = 64"));
     s.push_back(make("sink", "sink", {1, 4, 4, 1024, 1024, 64}, tl,

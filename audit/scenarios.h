@@ -46,7 +46,7 @@ std::vector<std::string> scenario_kinds();
 // Builds the operands of a spec (throws std::invalid_argument for bad specs).
 reference::AttentionInputs make_inputs(const ScenarioSpec& spec);
 
-// The four-key witness of NUMERICS.md, exactly: d = 64, alpha = 1/8, q = 0,
+// The four-key witness of docs/numerics.md, exactly: d = 64, alpha = 1/8, q = 0,
 // keys sharing first coordinate 65536. Plain BF16 gives dq[0] = -24; truth 0.
 reference::AttentionInputs four_key_witness();
 

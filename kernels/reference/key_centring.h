@@ -1,5 +1,5 @@
 #pragma once
-// Key centring (docs/numerics.md, Key centring): the softmax is invariant to a
+// Key centring (docs/numerics.md, "Key centring"): the softmax is invariant to a
 // common key translation, so a stock backward run on (Q, K - kbar, V, O,
 // lse - alpha q.kbar) returns the same gradients mathematically, while the
 // rounded row mass rho_i of the fused BF16 backward multiplies the centred keys

@@ -5,7 +5,7 @@
 // emulation's, every output rounded to BF16 as a BF16 kernel delivers it
 // (measured 1.3-1.5x: pivot's error is sum_j e_ij (k_j - k_j*), ~sqrt(2)
 // GProj's on diffuse rows). The report also lists pivot's FP32-accumulated
-// error against the plain BF16 output, NUMERICS.md's way of comparing.
+// error against the plain BF16 output, docs/numerics.md's way of comparing.
 // At the end it prints pivot's error relative to GProj's over the suite, and
 // writes that table as markdown to $GAUGEWATCH_SUITE_REPORT when set.
 // center (the plain emulation on centred keys, policy auto) is <= 2% dQ on
