@@ -1,7 +1,7 @@
 #pragma once
 // Emulation of a fused BF16 attention backward, faithful to the operand
 // order of FlashAttention 2/3, cuDNN and PyTorch's efficient kernel, and the
-// two projections that repair it (NUMERICS.md), all on the same operands.
+// two projections that repair it (docs/numerics.md), all on the same operands.
 //
 // Per query row i and visible key j, in FP32:
 //   S_ij    = q_i.k_j                                   (unscaled)
@@ -57,7 +57,7 @@ struct FusedBackward {
 enum class DeltaSource {
   // rowsum(dO * O) over the saved BF16 output: FlashAttention, cuDNN and the
   // efficient kernel. The output's rounding then adds row mass of its own
-  // (the "second channel" of NUMERICS.md).
+  // (the "second channel" of docs/numerics.md).
   kSavedOutput,
   // sum_j P_ij dP_ij in FP32: isolates the BF16 rounding of dS.
   kProbabilities,

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/reference/bf16.h"
 #include "kernels/reference/vector_math.h"
@@ -75,6 +76,14 @@ CentredKeys centre_keys(const AttentionInputs& in, const SavedForward& saved, Ce
     }
   }
   return c;
+}
+
+Gradients backward_center_bf16(const AttentionInputs& in, const SavedForward& saved, CentringPolicy policy) {
+  CentredKeys centred = centre_keys(in, saved, policy);
+  AttentionInputs shifted = in;
+  shifted.k = std::move(centred.k);
+  const SavedForward shifted_saved{saved.out, std::move(centred.lse)};
+  return backward_fused_bf16(shifted, shifted_saved).plain;
 }
 
 }  // namespace gaugewatch::reference

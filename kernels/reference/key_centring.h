@@ -1,5 +1,5 @@
 #pragma once
-// Key centring (docs/numerics.md, Key centring): the softmax is invariant to a
+// Key centring (docs/numerics.md, "Key centring"): the softmax is invariant to a
 // common key translation, so a stock backward run on (Q, K - kbar, V, O,
 // lse - alpha q.kbar) returns the same gradients mathematically, while the
 // rounded row mass rho_i of the fused BF16 backward multiplies the centred keys
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/reference/attention_problem.h"
+#include "kernels/reference/fused_backward_bf16.h"
 
 namespace gaugewatch::reference {
 
@@ -50,5 +51,10 @@ struct CentredKeys {
 };
 
 CentredKeys centre_keys(const AttentionInputs& in, const SavedForward& saved, CentringPolicy policy);
+
+// Backend "center": the stock fused BF16 backward (the plain emulation of
+// fused_backward_bf16.h, BF16 outputs) on (Q, K - kbar, V, O, lse - alpha q.kbar).
+Gradients backward_center_bf16(const AttentionInputs& in, const SavedForward& saved,
+                               CentringPolicy policy = CentringPolicy::kAuto);
 
 }  // namespace gaugewatch::reference

@@ -1,5 +1,5 @@
 #pragma once
-// The NUMERICS.md metrics of one attention call, computed by the reference.
+// The docs/numerics.md metrics of one attention call, computed by the reference.
 //
 // Row mass comes from the emulated fused backward (rho_i, sum_j |t_ij|). Key
 // geometry and sharpness use the FP64 probabilities p_ij (with the attn_mask
