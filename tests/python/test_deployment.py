@@ -265,6 +265,9 @@ def test_dockerfile_structure():
 def test_dockerfile_packages_exist_and_cover_the_agents_libraries():
     need("apt-cache")
     need("dpkg")
+    os_release = pathlib.Path("/etc/os-release")
+    if not os_release.exists() or 'VERSION_CODENAME=bookworm' not in os_release.read_text():
+        pytest.skip("the Dockerfile's packages are Debian 12's: checked on a Debian 12 machine")
     build, runtime = dockerfile_stages()
     runtime_packages = set(apt_packages(runtime))
     named = apt_packages(build) + sorted(runtime_packages)
