@@ -26,11 +26,11 @@
 #include <torch/library.h>
 
 #if defined(GAUGEWATCH_HOOKS_CUDA)
-#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <numeric>
@@ -173,24 +173,27 @@ Tensor conform(const Tensor& t, const Layout& layout) {
 
 // --- CUDA graph capture ----------------------------------------------------------
 // A call made while a CUDA graph is being captured runs, at every replay,
-// only the kernels captured now: none of the runtime. Inductor never
-// captures these ops (cudagraph_unsafe); a graph captured by hand
-// (torch.cuda.graph) around a model does. Such a call runs the stock op and
-// is counted as unmonitored ("cudagraphs").
+// only the kernels captured now: none of the runtime. Inductor keeps these
+// ops out of its CUDA graphs (cudagraph_unsafe, graph partitioning); a graph
+// captured by hand (torch.cuda.graph) around a model takes them in. Such a
+// call runs the stock op without the runtime, logged once (reason
+// "cudagraphs"). A failing query counts as "not capturing" (never thrown).
 bool capturing(const Tensor& t) {
 #if defined(GAUGEWATCH_HOOKS_CUDA)
   if (!t.is_cuda()) return false;
-  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(t.device().index()).stream(), &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
 #else
   (void)t;
   return false;
 #endif
 }
 
-std::atomic<std::uint64_t> g_captured_calls{0};
-
-void count_captured(const char* what) {
-  g_captured_calls.fetch_add(1, std::memory_order_relaxed);
+void log_captured(const char* what) {
   log_once("compile-cudagraphs",
            std::string("an attention ") + what +
                " is being captured into a CUDA graph: its replays run the stock kernels without the runtime, "
@@ -279,7 +282,7 @@ std::tuple<Tensor, Tensor> monitored_attention(c10::string_view op, const Tensor
   const OpKind kind = parse_kind(op);
   c10::intrusive_ptr<CallInfo> info;
   if (capturing(q)) {
-    count_captured("forward");
+    log_captured("forward");
     info = bare_call(kind, q, k, dropout_p, is_causal, scale);
   } else if (!layer.empty()) {
     // Named at compile time (the helper's graph pass, compile.py): the name
@@ -319,7 +322,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> monitored_attention_backward(
   }
   std::array<Tensor, 4> g;
   if (captured) {
-    count_captured("backward");
+    log_captured("backward");
     g = stock_backward(*info, grad_out, q, k, v, out, lse);
   } else {
     g = intercepted_backward(*info, grad_out, q, k, v, out, lse);
@@ -502,7 +505,5 @@ void register_compile_ops(torch::Library& defs) {
   defs.impl("monitored_attention_backward",
             torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(monitored_attention_backward_meta)));
 }
-
-std::uint64_t captured_attention_calls() { return g_captured_calls.load(std::memory_order_relaxed); }
 
 }  // namespace gaugewatch::hooks

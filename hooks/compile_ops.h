@@ -18,7 +18,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <cstdint>
 #include <optional>
 #include <tuple>
 
@@ -42,10 +41,6 @@ std::tuple<at::Tensor, at::Tensor> traced_attention(OpKind kind, const at::Tenso
                                                     const at::Tensor& v, const std::optional<at::Tensor>& mask,
                                                     double dropout_p, bool is_causal, std::optional<double> scale,
                                                     bool grad, bool bias_grad);
-
-// Attention forwards and backwards that ran while a CUDA graph was being
-// captured (unmonitored, reason "cudagraphs").
-std::uint64_t captured_attention_calls();
 
 // Defines the two ops in `defs` (a FRAGMENT of namespace gaugewatch, whose
 // other ops libgaugewatch_ops defines) with their CPU, CUDA and Meta kernels.
