@@ -58,3 +58,19 @@ std::uint64_t reissue_effective_step(const std::vector<RankProgress>& ranks, std
 }
 
 }  // namespace gaugewatch::agent
+
+namespace gaugewatch::agent {
+
+std::int64_t aligned_instant(double unix_now_s, double interval_s, double settle_s) {
+  const double at = unix_now_s - settle_s;
+  return static_cast<std::int64_t>(std::floor(at / interval_s) * interval_s);
+}
+
+std::uint64_t fleet_effective_step(double max_step_at_fire, double max_rate_at_fire, double horizon_s,
+                                   std::uint64_t lead_steps) {
+  const double step = std::max(0.0, max_step_at_fire);
+  const double ahead = std::max(0.0, max_rate_at_fire) * std::max(0.0, horizon_s);
+  return static_cast<std::uint64_t>(std::ceil(step + ahead)) + lead_steps + 1;
+}
+
+}  // namespace gaugewatch::agent

@@ -74,3 +74,23 @@ std::uint64_t reissue_effective_step(const std::vector<RankProgress>& ranks, std
                                      std::uint64_t rank_step);
 
 }  // namespace gaugewatch::agent
+
+namespace gaugewatch::agent {
+
+// Fleet decisions (docs/scaling.md, "Across nodes"): every agent evaluates
+// PromQL fleet rules at the same instants and computes the same step from
+// the same stored numbers.
+
+// The evaluation instant (unix seconds) for a poll at unix_now_s: the latest
+// multiple of interval_s at or before unix_now_s - settle_s, so that every
+// agent polling within the same interval asks about the same instant.
+std::int64_t aligned_instant(double unix_now_s, double interval_s, double settle_s);
+
+// The effective step of a fleet decision that fired at instant T, from the
+// run's largest rank step at T and its largest step rate at T (steps/s):
+// every rank is projected over horizon_s (settle + interval + delivery, the
+// longest time from T until any agent's ranks have the command).
+std::uint64_t fleet_effective_step(double max_step_at_fire, double max_rate_at_fire, double horizon_s,
+                                   std::uint64_t lead_steps);
+
+}  // namespace gaugewatch::agent

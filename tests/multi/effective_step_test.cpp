@@ -93,3 +93,24 @@ TEST(EffectiveStep, ReissueComesAfterTheLateRankAndThePreviousStep) {
 
 }  // namespace
 }  // namespace gaugewatch::agent
+
+namespace gaugewatch::agent {
+namespace {
+
+TEST(FleetStep, AgentsPollingWithinOneIntervalAskAboutTheSameInstant) {
+  // Interval 10 s, settle 15 s: polls at 995.0 .. 1004.9 ask about 980.
+  EXPECT_EQ(aligned_instant(995.0, 10.0, 15.0), 980);
+  EXPECT_EQ(aligned_instant(1000.0, 10.0, 15.0), 980);
+  EXPECT_EQ(aligned_instant(1004.9, 10.0, 15.0), 980);
+  EXPECT_EQ(aligned_instant(1005.0, 10.0, 15.0), 990);
+}
+
+TEST(FleetStep, SameNumbersGiveTheSameStep) {
+  // Step 1000 at T, 2.5 steps/s, horizon 15 + 10 + 2 s -> 1000 + 67.5 -> 1068, + lead 2 + 1.
+  EXPECT_EQ(fleet_effective_step(1000.0, 2.5, 27.0, 2), 1071u);
+  EXPECT_EQ(fleet_effective_step(1000.0, 0.0, 27.0, 2), 1003u);   // no rate yet
+  EXPECT_EQ(fleet_effective_step(-1.0, -3.0, 27.0, 0), 1u);        // nonsense from a query: still after step 0
+}
+
+}  // namespace
+}  // namespace gaugewatch::agent
