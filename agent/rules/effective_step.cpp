@@ -66,6 +66,17 @@ std::int64_t aligned_instant(double unix_now_s, double interval_s, double settle
   return static_cast<std::int64_t>(std::floor(at / interval_s) * interval_s);
 }
 
+std::vector<std::int64_t> instants_to_evaluate(std::int64_t last_done, std::int64_t latest, double interval_s,
+                                               std::size_t max_catch_up) {
+  if (latest <= last_done) return {};
+  if (last_done == 0 || max_catch_up == 0) return {latest};
+  const auto step = static_cast<std::int64_t>(interval_s);
+  std::vector<std::int64_t> out;
+  for (std::int64_t t = latest; t > last_done && out.size() < max_catch_up; t -= step) out.push_back(t);
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
 std::uint64_t fleet_effective_step(double max_step_at_fire, double max_rate_at_fire, double horizon_s,
                                    std::uint64_t lead_steps) {
   const double step = std::max(0.0, max_step_at_fire);

@@ -10,6 +10,7 @@
 // rejects it (docs/hooks.md, "Commands"), and the agent re-issues the decision
 // to every rank with reissue_effective_step.
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -85,6 +86,13 @@ namespace gaugewatch::agent {
 // multiple of interval_s at or before unix_now_s - settle_s, so that every
 // agent polling within the same interval asks about the same instant.
 std::int64_t aligned_instant(double unix_now_s, double interval_s, double settle_s);
+
+// The instants to evaluate now, oldest first: those after `last_done` up to
+// `latest` (both aligned), at most `max_catch_up` of the newest when an agent
+// missed many (it was down or could not reach Prometheus); just `latest`
+// when nothing was evaluated yet (last_done 0).
+std::vector<std::int64_t> instants_to_evaluate(std::int64_t last_done, std::int64_t latest, double interval_s,
+                                               std::size_t max_catch_up);
 
 // The effective step of a fleet decision that fired at instant T, from the
 // run's largest rank step at T and its largest step rate at T (steps/s):

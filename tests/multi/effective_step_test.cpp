@@ -105,6 +105,14 @@ TEST(FleetStep, AgentsPollingWithinOneIntervalAskAboutTheSameInstant) {
   EXPECT_EQ(aligned_instant(1005.0, 10.0, 15.0), 990);
 }
 
+TEST(FleetStep, AnAgentThatMissedInstantsEvaluatesThemInOrder) {
+  EXPECT_EQ(instants_to_evaluate(0, 980, 10.0, 5), (std::vector<std::int64_t>{980}));
+  EXPECT_TRUE(instants_to_evaluate(980, 980, 10.0, 5).empty());
+  EXPECT_EQ(instants_to_evaluate(980, 990, 10.0, 5), (std::vector<std::int64_t>{990}));
+  EXPECT_EQ(instants_to_evaluate(950, 990, 10.0, 5), (std::vector<std::int64_t>{960, 970, 980, 990}));
+  EXPECT_EQ(instants_to_evaluate(900, 990, 10.0, 3), (std::vector<std::int64_t>{970, 980, 990}));
+}
+
 TEST(FleetStep, SameNumbersGiveTheSameStep) {
   // Step 1000 at T, 2.5 steps/s, horizon 15 + 10 + 2 s -> 1000 + 67.5 -> 1068, + lead 2 + 1.
   EXPECT_EQ(fleet_effective_step(1000.0, 2.5, 27.0, 2), 1071u);
