@@ -191,7 +191,7 @@ void Reporter::run() {
         const std::uint64_t step = source_->current_step();
         batch_message.mutable_samples()->set_current_step(step);
         const auto now = std::chrono::steady_clock::now();
-        const bool heartbeat = step != reported_step && now - last_batch >= kHeartbeat;
+        const bool heartbeat = step != 0 && step != reported_step && now - last_batch >= kHeartbeat;
         bool wrote = true;
         for (const auto& ack : acks) {
           v1::TrainerMessage m;

@@ -29,6 +29,12 @@ std::uint64_t RunSteps::begin_decision(std::uint64_t decision_id, const std::str
   return step;
 }
 
+std::uint64_t RunSteps::record_decision(std::uint64_t decision_id, std::uint64_t effective_step) {
+  std::lock_guard lock(mu_);
+  if (effective_step != 0) decision_steps_[decision_id] = effective_step;
+  return effective_step;
+}
+
 std::uint64_t RunSteps::effective_step(std::uint64_t decision_id) const {
   std::lock_guard lock(mu_);
   auto it = decision_steps_.find(decision_id);

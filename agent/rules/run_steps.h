@@ -31,6 +31,9 @@ class RunSteps {
   // no rank of the run has reported a step (each process switches at its next
   // step boundary).
   std::uint64_t begin_decision(std::uint64_t decision_id, const std::string& run_id, std::int64_t now_ns);
+  // Records a decision's effective step chosen elsewhere (a fleet decision);
+  // returns it.
+  std::uint64_t record_decision(std::uint64_t decision_id, std::uint64_t effective_step);
   // The recorded effective step of a decision (0: none, or not run-wide).
   std::uint64_t effective_step(std::uint64_t decision_id) const;
 
