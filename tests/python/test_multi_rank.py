@@ -139,6 +139,7 @@ def test_one_agent_switches_both_ranks_at_the_same_step(workdir):
         wait_for(lambda: len(agent.ranks(run_id)) == 2, 45, "both ranks connected")
         wait_for(lambda: all((stats_of(workdir, run_id, r) or {}).get("step", 0) >= 5 for r in (0, 1)), 30,
                  "both ranks stepping")
+        time.sleep(2.5)  # two heartbeats: the agent knows both ranks' steps and step rates
         before = max(stats_of(workdir, run_id, r)["step"] for r in (0, 1))
         agent.ctl_json("switch", "--run", run_id, "--layers", "1", "--backend", "pivot", "--reason", "test")
         steps = wait_for(lambda: (lambda s: s if None not in s.values() else None)(
@@ -148,9 +149,81 @@ def test_one_agent_switches_both_ranks_at_the_same_step(workdir):
     finally:
         out = finish(proc, workdir, run_id)
         agent.stop()
+    print(f"decision at ranks' step {before}: switched at {steps}, acks {acks}")
     assert steps[0] == steps[1], (steps, out[-2000:])
     assert steps[0] > before, f"switched at step {steps[0]}, before the ranks' step {before} at the decision"
     assert acks == {0: [steps[0]], 1: [steps[0]]}, acks
     # Layer 0 was not part of the decision.
     for rank in (0, 1):
         assert [name for _, name in stats_of(workdir, run_id, rank)["layers"][0]["history"]] == ["stock"]
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prometheus_query(port, promql):
+    import urllib.parse
+    import urllib.request
+    url = f"http://127.0.0.1:{port}/api/v1/query?query={urllib.parse.quote(promql)}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return json.loads(answer.read())["data"]["result"]
+    except OSError:
+        return []
+
+
+def test_two_agents_switch_a_run_across_nodes_at_the_same_step(workdir):
+    """Two agents on loopback stand for two nodes, each with one rank of a
+    2-process gloo DDP run; a real Prometheus scrapes both; both agents poll
+    the same fleet rule, fire at the same instant and pick the same step."""
+    if not shutil.which("prometheus"):
+        pytest.skip("prometheus is not installed (apt-get install prometheus)")
+    run_id = "ddp-two-nodes"
+    prom_port, http_ports = free_port(), (free_port(), free_port())
+    # The rule: the run passed step 40 (label_replace gives it the layer to switch).
+    rule = (f'label_replace(max by (run) (gaugewatch_rank_step{{run="{run_id}"}}) > 40, '
+            f'"layer", "1", "", "")')
+    fleet_yaml = (f"prometheus_url: http://127.0.0.1:{prom_port}\npromql_interval_seconds: 1\n"
+                  f"promql_rules:\n  - name: fleet_switch\n    query: '{rule}'\n"
+                  f"    switch_backend: pivot\n    for_polls: 2\n")
+    config = workdir / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+                      "  - job_name: gaugewatch\n    static_configs:\n"
+                      f"      - targets: ['127.0.0.1:{http_ports[0]}', '127.0.0.1:{http_ports[1]}']\n")
+    prometheus = subprocess.Popen(
+        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={workdir}/tsdb",
+         f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+        stdout=open(workdir / "prometheus.log", "w"), stderr=subprocess.STDOUT)
+    agents = [Agent(workdir, f"node{i}", fleet_yaml, ("--http-listen", f"127.0.0.1:{http_ports[i]}"))
+              for i in (0, 1)]
+    master_port = free_port()
+    procs = [launch(workdir, agents[i].socket, run_id, nproc=1, node_rank=i, nnodes=2, master_port=master_port)
+             for i in (0, 1)]
+    try:
+        wait_for(lambda: all(len(a.ranks(run_id)) == 1 for a in agents), 60, "each node's rank connected")
+        wait_for(lambda: len(prometheus_query(prom_port, f'gaugewatch_rank_step{{run="{run_id}"}}')) == 2, 30,
+                 "Prometheus scraping both agents' rank steps")
+        steps = wait_for(lambda: (lambda s: s if None not in s.values() else None)(
+            switch_steps(workdir, run_id, (0, 1), 1, "pivot")), 45, "both ranks switched")
+        acks = [wait_for(lambda a=a: acked_steps(a, run_id) or None, 15, "ack audited") for a in agents]
+        decisions = [a.ctl_json("history", "--run", run_id).get("decisions", []) for a in agents]
+    finally:
+        (workdir / f"stop-{run_id}").touch()
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        for a in agents:
+            a.stop()
+        prometheus.terminate()
+        prometheus.wait(15)
+    print(f"fleet decisions {[d[0]['reason'] for d in decisions]}: switched at {steps}, acks {acks}")
+    assert all(p.returncode == 0 for p in procs), [o[-2000:] for o in outs]
+    assert steps[0] == steps[1], steps
+    assert steps[0] > 40
+    assert acks[0] == {0: [steps[0]]} and acks[1] == {1: [steps[0]]}, acks
+    # Each agent recorded one decision of the fleet rule, at the same instant.
+    assert [len(d) for d in decisions] == [1, 1], decisions
+    assert all(d[0]["source"] == "DECISION_SOURCE_PROMQL_RULE" for d in (decisions[0], decisions[1]))
+    assert decisions[0][0]["reason"].split(" at ")[-1] == decisions[1][0]["reason"].split(" at ")[-1], decisions
