@@ -30,6 +30,7 @@ enum class AgentMetric : std::size_t {
   kRankSamplesShed,
   kRankStep,
   kRankAttentionCalls,
+  kRankFinished,
   kRankInfo,
   kBuildInfo,
   kStartTime,
@@ -102,6 +103,9 @@ inline constexpr std::array<AgentMetricRow, kAgentMetricCount> kAgentMetricRows 
    "Attention calls the rank's hook saw, by whether it monitored them and why not "
    "(reasons as the hook reports them, bounded).",
    "run,rank,monitored,reason"},
+  {AgentMetric::kRankFinished, "gaugewatch_rank_finished", MetricType::kGauge, "",
+   "1 once the rank's trainer said goodbye (a clean end): its silence is not a failure.",
+   "run,rank"},
   {AgentMetric::kRankInfo, "gaugewatch_rank_info", MetricType::kInfo, "",
    "The rank's process and GPU as its hooks reported them (GPU UUID and PCI bus id as "
    "nvidia-smi and DCGM spell them, empty on CPU): join with DCGM_FI_* on UUID.",
