@@ -1,7 +1,7 @@
 #pragma once
 // Switch commands that wait for their effective step (SwitchBackend.effective_step:
 // the step from which every rank of the run runs the new backward;
-// docs/hooks.md, "Commands").
+// docs/scaling.md, "Run-consistent switching").
 //
 // The runtime classifies a command when it arrives and again at each step
 // boundary, where `step` is the step that begins there:

@@ -7,7 +7,7 @@
 // rank, and choose_effective_step picks a step that every rank, projected
 // forward by its rate over the command's delivery time, has not begun yet.
 // The pick errs late: a rank that began the step before the command arrived
-// rejects it (docs/hooks.md, "Commands"), and the agent re-issues the decision
+// rejects it (docs/scaling.md), and the agent re-issues the decision
 // to every rank with reissue_effective_step.
 
 #include <cstddef>
