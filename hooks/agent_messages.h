@@ -60,6 +60,9 @@ struct SamplingPolicy {
 struct SwitchBackend {
   std::vector<std::uint32_t> layers;  // empty: every layer
   Backend backend = Backend::kStock;
+  // The step from which every rank of the run runs `backend` (0: the next
+  // step boundary); hooks/pending_switches.h.
+  std::uint64_t effective_step = 0;
 };
 
 struct CaptureOperands {
@@ -71,6 +74,7 @@ struct Command {
   std::uint64_t id = 0;  // 0: not acknowledged (a HelloAck's sampling policy)
   std::variant<std::monostate, SwitchBackend, SamplingPolicy, CaptureOperands> action;
   std::string reason;
+  std::uint64_t decision_id = 0;  // the agent's decision (a re-issue of it replaces a waiting switch)
   // Set by the transport for a command it could not read (e.g. an unknown
   // backend number): the runtime rejects it with this detail.
   std::string malformed;
@@ -81,6 +85,7 @@ struct CommandAck {
   bool applied = false;
   std::uint64_t applied_step = 0;
   std::string detail;
+  std::uint64_t rank_step = 0;  // the step the process was running when it acknowledged
 };
 
 }  // namespace gaugewatch::hooks

@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <chrono>
+#include <limits>
 #include <random>
 #include <utility>
 
@@ -20,6 +21,7 @@ using namespace std::chrono_literals;
 namespace {
 constexpr std::size_t kMaxBatch = 256;
 constexpr std::size_t kMaxAcks = 4096;
+constexpr auto kHeartbeat = std::chrono::seconds(1);
 }  // namespace
 
 // One connection: the stream, its context, and the reader thread.
@@ -158,6 +160,8 @@ void Reporter::run() {
       failures = 0;
       backoff = 100ms;
       // --- stream -------------------------------------------------------------
+      std::uint64_t reported_step = std::numeric_limits<std::uint64_t>::max();  // none yet on this stream
+      auto last_batch = std::chrono::steady_clock::now() - kHeartbeat;
       for (;;) {
         std::vector<CommandAck> acks;
         std::vector<SampleData> batch;
@@ -184,6 +188,10 @@ void Reporter::run() {
           break;
         }
         for (const SampleData& sample : batch) *batch_message.mutable_samples()->add_samples() = to_wire(sample);
+        const std::uint64_t step = source_->current_step();
+        batch_message.mutable_samples()->set_current_step(step);
+        const auto now = std::chrono::steady_clock::now();
+        const bool heartbeat = step != 0 && step != reported_step && now - last_batch >= kHeartbeat;
         bool wrote = true;
         for (const auto& ack : acks) {
           v1::TrainerMessage m;
@@ -194,7 +202,13 @@ void Reporter::run() {
           }
         }
         const auto n = static_cast<std::uint64_t>(batch.size());
-        if (wrote && n > 0) wrote = impl->stream->Write(batch_message);
+        if (wrote && (n > 0 || heartbeat)) {
+          wrote = impl->stream->Write(batch_message);
+          if (wrote) {
+            reported_step = step;
+            last_batch = now;
+          }
+        }
         std::lock_guard lock(mu_);
         in_flight_ = 0;
         if (!wrote) {

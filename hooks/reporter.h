@@ -8,6 +8,9 @@
 // layer table also reconnects (the agent takes one Hello per stream).
 // Samples wait in a bounded queue: when it is full the oldest is dropped and
 // counted; the count travels in every SampleBatch (dropped_total).
+// Every batch carries the step the process runs (current_step); while steps
+// advance and no samples go out, a batch without samples says it at least
+// once per kHeartbeat (the agent's step clock, docs/scaling.md).
 // The queue holds plain C++ samples and acks (agent_messages.h): the
 // reporter alone converts them to gaugewatch.v1 messages, and the agent's
 // messages to plain commands (reporter_wire.h), on its own thread.
@@ -33,6 +36,8 @@ class Reporter {
     virtual ~Source() = default;
     virtual HelloInfo hello() = 0;
     virtual std::uint64_t layers_version() = 0;
+    // The step the process is running (SampleBatch.current_step).
+    virtual std::uint64_t current_step() = 0;
     virtual void on_command(Command command) = 0;
     virtual void on_sampling(const SamplingPolicy& policy) = 0;
   };

@@ -71,6 +71,7 @@ v1::CommandAck to_wire(const CommandAck& a) {
   ack.set_status(a.applied ? v1::ACK_STATUS_APPLIED : v1::ACK_STATUS_REJECTED);
   ack.set_applied_step(a.applied ? a.applied_step : 0);
   ack.set_detail(a.detail.substr(0, 4000));
+  ack.set_rank_step(a.rank_step);
   return ack;
 }
 
@@ -98,6 +99,7 @@ Command from_wire(const v1::Command& c) {
   Command out;
   out.id = c.command_id();
   out.reason = c.reason();
+  out.decision_id = c.decision_id();
   switch (c.action_case()) {
     case v1::Command::kSwitchBackend: {
       SwitchBackend sw;
@@ -105,6 +107,7 @@ Command from_wire(const v1::Command& c) {
       const auto backend = agent::from_wire(c.switch_backend().backend());
       if (!backend) out.malformed = "unknown backend " + std::to_string(c.switch_backend().backend());
       sw.backend = backend.value_or(Backend::kStock);
+      sw.effective_step = c.switch_backend().effective_step();
       out.action = std::move(sw);
       break;
     }

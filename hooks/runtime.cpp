@@ -311,6 +311,11 @@ std::uint64_t Runtime::layers_version() {
   return version_;
 }
 
+std::uint64_t Runtime::current_step() {
+  std::lock_guard lock(mu_);
+  return step_;
+}
+
 void Runtime::set_versions(std::string torch, std::string cuda, std::string driver) {
   std::lock_guard lock(mu_);
   torch_version_ = std::move(torch);

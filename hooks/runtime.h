@@ -38,6 +38,7 @@
 
 #include "hooks/agent_messages.h"
 #include "hooks/config.h"
+#include "hooks/pending_switches.h"
 #include "hooks/reporter.h"
 #include "kernels/common/backend.h"
 
@@ -126,6 +127,7 @@ class Runtime final : public Reporter::Source {
   void on_sampling(const SamplingPolicy& policy) override;
   HelloInfo hello() override;
   std::uint64_t layers_version() override;
+  std::uint64_t current_step() override;
   void set_versions(std::string torch, std::string cuda, std::string driver);
   // What the one-time probe of gaugewatch::attention_backward found for a
   // backend on CUDA ("available", or "unavailable: <why>"): stats "cuda_backends".
@@ -155,6 +157,10 @@ class Runtime final : public Reporter::Source {
   void apply_commands_locked();
   void apply_command_locked(const Command& command);
   void apply_switch_locked(const Command& command, const SwitchBackend& sw);
+  // Queues a switch with an effective step, or rejects it when that step has
+  // begun; at each boundary applies the waiting switches whose step begins.
+  void wait_for_step_locked(Command command);
+  void apply_due_switches_locked();
   void apply_capture_locked(const Command& command, const CaptureOperands& capture);
   void apply_sampling_locked(const SamplingPolicy& policy);
   void plan_sampling_locked();
@@ -197,6 +203,7 @@ class Runtime final : public Reporter::Source {
   std::map<std::int64_t, std::uint32_t> capture_arms_;
 
   std::vector<Command> pending_commands_;
+  PendingSwitches<Command> waiting_switches_;  // switches waiting for their effective step
   std::map<std::string, std::string> backend_status_;  // CUDA probe results
   std::string timing_source_ = "host_clock";            // until a CUDA sample is timed
   std::string cupti_status_ = "not tried";

@@ -14,13 +14,45 @@ void Runtime::ack_locked(std::uint64_t id, bool applied, const std::string& deta
   if (id != 0) (applied ? commands_applied_ : commands_rejected_) += 1;
   if (!applied) log_line("command " + std::to_string(id) + " rejected: " + detail);
   if (id == 0 || !reporter_) return;
-  reporter_->enqueue_ack(CommandAck{id, applied, applied ? step_ : 0, detail});
+  reporter_->enqueue_ack(CommandAck{id, applied, applied ? step_ : 0, detail, step_});
 }
 
 void Runtime::apply_commands_locked() {
   std::vector<Command> commands;
   commands.swap(pending_commands_);
-  for (const Command& command : commands) apply_command_locked(command);
+  for (Command& command : commands) {
+    const auto* sw = std::get_if<SwitchBackend>(&command.action);
+    if (sw != nullptr && sw->effective_step != 0 && command.malformed.empty()) {
+      wait_for_step_locked(std::move(command));
+    } else {
+      apply_command_locked(command);
+    }
+  }
+  apply_due_switches_locked();
+}
+
+void Runtime::wait_for_step_locked(Command command) {
+  const std::uint64_t effective = std::get<SwitchBackend>(command.action).effective_step;
+  // Called at the boundary that begins step_: a switch for an earlier step
+  // would reach this rank later than the others.
+  if (started_ && switch_timing(effective, step_) == SwitchTiming::kLate) {
+    return ack_locked(command.id, false, late_detail(effective, step_));
+  }
+  const std::uint64_t id = command.id;
+  const std::uint64_t decision = command.decision_id;
+  for (std::uint64_t replaced : waiting_switches_.add({id, decision, effective, std::move(command)})) {
+    ack_locked(replaced, false, "superseded by command " + std::to_string(id) + " (effective step " +
+                                    std::to_string(effective) + ")");
+  }
+  log_line("step " + std::to_string(step_) + ": command " + std::to_string(id) + " waits for step " +
+           std::to_string(effective));
+}
+
+void Runtime::apply_due_switches_locked() {
+  if (waiting_switches_.empty()) return;
+  auto due = waiting_switches_.take_due(step_);
+  for (const auto& entry : due.late) ack_locked(entry.command_id, false, late_detail(entry.effective_step, step_));
+  for (const auto& entry : due.apply) apply_command_locked(entry.command);
 }
 
 void Runtime::apply_command_locked(const Command& command) {
@@ -87,6 +119,12 @@ void Runtime::apply_sampling_locked(const SamplingPolicy& p) {
 
 void Runtime::on_command(Command command) {
   std::lock_guard lock(mu_);
+  // A switch whose step has begun is rejected as it arrives, so that the
+  // agent hears at once (not a step later) that it must re-issue it.
+  if (const auto* sw = std::get_if<SwitchBackend>(&command.action);
+      sw != nullptr && sw->effective_step != 0 && started_ && sw->effective_step <= step_) {
+    return ack_locked(command.id, false, late_detail(sw->effective_step, step_));
+  }
   if (pending_commands_.size() >= 4096) {
     ack_locked(command.id, false, "too many pending commands");
     return;

@@ -28,6 +28,7 @@ enum class AgentMetric : std::size_t {
   kRankLastSeen,
   kRankHookDropped,
   kRankSamplesShed,
+  kRankStep,
   kRankAttentionCalls,
   kRankFinished,
   kRankInfo,
@@ -95,6 +96,8 @@ inline constexpr std::array<AgentMetricRow, kAgentMetricCount> kAgentMetricRows 
    MetricType::kCounter, "", "Samples the rank's hook dropped from its bounded queue.", "run,rank"},
   {AgentMetric::kRankSamplesShed, "gaugewatch_rank_samples_shed_total", MetricType::kCounter, "",
    "Valid samples of the rank the agent discarded (its stream's rate limit).", "run,rank"},
+  {AgentMetric::kRankStep, "gaugewatch_rank_step", MetricType::kGauge, "",
+   "Step the rank's trainer runs, as it last reported (fleet effective steps, docs/scaling.md).", "run,rank"},
   {AgentMetric::kRankAttentionCalls, "gaugewatch_rank_attention_calls_total",
    MetricType::kCounter, "",
    "Attention calls the rank's hook saw, by whether it monitored them and why not "

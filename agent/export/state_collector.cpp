@@ -60,6 +60,7 @@ struct RankSnap {
   double last_seen_seconds;
   std::uint64_t hook_dropped;
   std::uint64_t samples_shed;
+  std::uint64_t step;
   std::vector<AttentionCalls> attention_calls;
 };
 
@@ -88,6 +89,7 @@ std::vector<MetricFamily> StateCollector::Collect() const {
     rank.last_seen_seconds = static_cast<double>(entry->last_seen_unix_ns) / 1e9;
     rank.hook_dropped = entry->hook_dropped;
     rank.samples_shed = entry->samples_shed;
+    rank.step = entry->current_step;
     rank.attention_calls = entry->attention_calls;
     for (std::size_t i = 0; i < entry->layers.size(); ++i) {
       const auto& layer = entry->layers[i];
@@ -143,6 +145,7 @@ std::vector<MetricFamily> StateCollector::Collect() const {
            [](const RankSnap& r) { return static_cast<double>(r.hook_dropped); });
   per_rank(AgentMetric::kRankSamplesShed,
            [](const RankSnap& r) { return static_cast<double>(r.samples_shed); });
+  per_rank(AgentMetric::kRankStep, [](const RankSnap& r) { return static_cast<double>(r.step); });
   {
     auto& metric = out.emplace_back(family(agent_metric(AgentMetric::kRankAttentionCalls)));
     for (const auto& rank : ranks) {

@@ -3,11 +3,15 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <cstdio>
 #include <stdexcept>
 
 #include "agent/common/backend_names.h"
+#include "agent/common/clock.h"
+#include "agent/rules/effective_step.h"
 #include "agent/export/http_server.h"
 
 namespace gaugewatch::agent {
@@ -84,7 +88,10 @@ std::vector<PromqlSeries> parse_promql_response(const std::string& json) {
 }
 
 PromqlPoller::PromqlPoller(const AgentConfig& config, Controller& controller)
-    : rules_(config.promql_rules), controller_(controller), states_(config.promql_rules.size()) {
+    : rules_(config.promql_rules),
+      controller_(controller),
+      states_(config.promql_rules.size()),
+      interval_s_(std::max(1.0, std::ceil(config.promql_interval_seconds))) {
   if (rules_.empty()) return;
   // http://host:port[/prefix]
   std::string rest = config.prometheus_url.substr(std::string("http://").size());
@@ -101,26 +108,55 @@ PromqlPoller::PromqlPoller(const AgentConfig& config, Controller& controller)
   port_ = static_cast<std::uint16_t>(port);
 }
 
+namespace {
+// Instants an agent that was away evaluates when it is back, at most.
+constexpr std::size_t kMaxCatchUp = 10;
+}  // namespace
+
+std::vector<PromqlSeries> PromqlPoller::query(const std::string& promql, std::int64_t instant) {
+  const auto answer = http_get(host_, port_, base_path_ + "/api/v1/query?query=" + url_encode(promql) +
+                                                 "&time=" + std::to_string(instant));
+  if (answer.status != 200 && answer.status != 400 && answer.status != 422) {
+    throw std::runtime_error("HTTP " + std::to_string(answer.status));
+  }
+  return parse_promql_response(answer.body);
+}
+
 void PromqlPoller::poll_once() {
   auto& counters = controller_.counters();
+  const double now_s = static_cast<double>(unix_now_ns()) / 1e9;
+  const std::int64_t latest = aligned_instant(now_s, interval_s_, 2.0 * interval_s_);
   for (std::size_t i = 0; i < rules_.size(); ++i) {
-    counters.promql_queries_total.Increment();
-    try {
-      const auto answer =
-          http_get(host_, port_, base_path_ + "/api/v1/query?query=" + url_encode(rules_[i].query));
-      if (answer.status != 200 && answer.status != 400 && answer.status != 422) {
-        throw std::runtime_error("HTTP " + std::to_string(answer.status));
+    RuleState& state = states_[i];
+    for (const std::int64_t instant : instants_to_evaluate(state.last_instant, latest, interval_s_, kMaxCatchUp)) {
+      counters.promql_queries_total.Increment();
+      try {
+        evaluate(rules_[i], state, query(rules_[i].query, instant), instant);
+        state.last_instant = instant;
+      } catch (const std::exception& e) {
+        counters.promql_errors_total.Increment();
+        std::fprintf(stderr, "gaugewatch-agent: PromQL rule %s at %lld: %s\n", rules_[i].name.c_str(),
+                     static_cast<long long>(instant), e.what());
+        break;  // this instant again at the next poll
       }
-      evaluate(rules_[i], states_[i], parse_promql_response(answer.body));
-    } catch (const std::exception& e) {
-      counters.promql_errors_total.Increment();
-      std::fprintf(stderr, "gaugewatch-agent: PromQL rule %s: %s\n", rules_[i].name.c_str(), e.what());
     }
   }
 }
 
+std::uint64_t PromqlPoller::fleet_step(const std::string& run_id, std::int64_t instant) {
+  const std::string selector = "gaugewatch_rank_step{run=\"" + run_id + "\"}";
+  const auto steps = query("max(" + selector + ")", instant);
+  if (steps.empty()) return 0;  // no rank of the run reported a step: each process at its next boundary
+  const auto rates = query("max(deriv(" + selector + "[1m]))", instant);
+  const double rate = rates.empty() || std::isnan(rates[0].value) ? 0.0 : rates[0].value;
+  // From T until every agent has polled (two intervals of settle, one of
+  // polling) and delivered.
+  const double horizon_s = 3.0 * interval_s_ + delivery_s_;
+  return fleet_effective_step(steps[0].value, rate, horizon_s, EffectiveStepMargin{}.lead_steps);
+}
+
 void PromqlPoller::evaluate(const PromqlRule& rule, RuleState& state,
-                            const std::vector<PromqlSeries>& result) {
+                            const std::vector<PromqlSeries>& result, std::int64_t instant) {
   std::map<std::string, std::uint32_t> seen;
   for (const auto& series : result) {
     if (series.value == 0.0 || std::isnan(series.value)) continue;
@@ -144,11 +180,17 @@ void PromqlPoller::evaluate(const PromqlRule& rule, RuleState& state,
     const std::uint32_t count = state.consecutive[key] + 1;
     seen[key] = count;
     if (count < rule.for_polls || state.fired.count(key)) continue;
+    // A run-wide decision's step comes from Prometheus at the firing
+    // instant (a failed query throws: the instant is evaluated again).
+    std::optional<std::uint64_t> effective_step;
+    if (!target.run_id().empty() && !target.has_rank()) effective_step = fleet_step(target.run_id(), instant);
     state.fired.insert(key);
     try {
       controller_.decide(gaugewatch::v1::DECISION_SOURCE_PROMQL_RULE, rule.name, target,
                          rule.backend,
-                         "PromQL " + rule.query + " = " + std::to_string(series.value));
+                         "PromQL " + rule.query + " = " + std::to_string(series.value) + " at " +
+                             std::to_string(instant),
+                         effective_step);
     } catch (const StoreError& e) {
       controller_.counters().store_errors_total.Increment();
       state.fired.erase(key);

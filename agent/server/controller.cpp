@@ -140,7 +140,7 @@ Verdict Controller::on_hello(const std::shared_ptr<Session>& shared, const v1::H
   }
   for (auto& [backend, group] : resend) {
     send_switch(session, std::move(group.first), backend, group.second,
-                "restored decision on reconnect");
+                "restored decision on reconnect", run_steps_.effective_step(group.second));
   }
   return {};
 }
@@ -176,6 +176,10 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
       counters_.hook_dropped_total.Increment(
           static_cast<double>(batch.dropped_total() - rank.hook_dropped));
       rank.hook_dropped = batch.dropped_total();
+    }
+    if (batch.current_step() != 0) {
+      rank.current_step = batch.current_step();
+      run_steps_.observe(rank.run_id, rank.rank, batch.current_step(), rank.last_seen_steady_ns);
     }
     for (const auto& calls : batch.attention_calls()) RunRegistry::record_attention_calls(rank, calls);
     for (const auto& status : batch.layer_status()) {
@@ -314,7 +318,8 @@ void Controller::fire(const Session& session, const Firing& firing) {
 
 Controller::DecisionResult Controller::decide(v1::DecisionSource source, const std::string& rule,
                                               const v1::Target& target, v1::Backend backend,
-                                              const std::string& reason) {
+                                              const std::string& reason,
+                                              std::optional<std::uint64_t> effective_step) {
   v1::Decision decision;
   decision.set_unix_time_ns(unix_now_ns());
   decision.set_source(source);
@@ -324,14 +329,22 @@ Controller::DecisionResult Controller::decide(v1::DecisionSource source, const s
   decision.set_reason(reason);
   store_.add_decision(decision);
   book_.add(decision);
+  const bool run_wide = !target.all_runs() && !target.run_id().empty() && !target.has_rank();
+  std::uint64_t step = 0;
+  if (run_wide) {
+    step = effective_step ? run_steps_.record_decision(decision.decision_id(), *effective_step)
+                          : run_steps_.begin_decision(decision.decision_id(), target.run_id(), steady_now_ns());
+  }
   if (auto* counter = counters_.decisions_total[static_cast<std::size_t>(source) & 3]) counter->Increment();
-  events().warn("decision {}: {} -> {} by {}: {}", decision.decision_id(), target_text(target),
-                backend_name(backend), rule, reason);
+  events().warn("decision {}: {} -> {} by {}: {}{}", decision.decision_id(), target_text(target),
+                backend_name(backend), rule, reason,
+                step != 0 ? " (effective step " + std::to_string(step) + ")" : std::string());
   const std::uint32_t target_rank = target.rank();
   const std::uint32_t* rank = target.has_rank() ? &target_rank : nullptr;
   audit(source == v1::DECISION_SOURCE_ADMIN ? v1::AUDIT_KIND_ADMIN : v1::AUDIT_KIND_RULE_FIRED,
         target.all_runs() ? "*" : target.run_id(), rank, 0, decision.decision_id(),
-        std::string(backend_name(backend)) + ": " + reason);
+        std::string(backend_name(backend)) + ": " + reason +
+            (step != 0 ? " (effective step " + std::to_string(step) + ")" : std::string()));
 
   for (const auto& entry : registry_.ranks()) {
     std::lock_guard lock(entry->mu);
@@ -349,7 +362,7 @@ Controller::DecisionResult Controller::decide(v1::DecisionSource source, const s
       if (target_covers(target, session->run_id, session->rank_index, i)) layers.push_back(i);
     }
     if (layers.empty()) continue;
-    if (send_switch(*session, std::move(layers), backend, decision.decision_id(), reason)) {
+    if (send_switch(*session, std::move(layers), backend, decision.decision_id(), reason, step)) {
       ++result.commands_sent;
     }
   }
@@ -404,7 +417,7 @@ bool Controller::send_to(Session& session, v1::Command command, const std::strin
 
 bool Controller::send_switch(Session& session, std::vector<std::uint32_t> layers,
                              v1::Backend backend, std::uint64_t decision_id,
-                             const std::string& reason) {
+                             const std::string& reason, std::uint64_t effective_step) {
   const std::uint64_t id = next_command_id_.fetch_add(1);
   v1::Command command;
   command.set_command_id(id);
@@ -412,11 +425,13 @@ bool Controller::send_switch(Session& session, std::vector<std::uint32_t> layers
   command.set_reason(reason);
   auto* sw = command.mutable_switch_backend();
   sw->set_backend(backend);
+  sw->set_effective_step(effective_step);
   std::string detail = "switch to " + std::string(backend_name(backend)) + " layers";
   for (auto layer : layers) {
     sw->add_layers(layer);
     detail += " " + std::to_string(layer);
   }
+  if (effective_step != 0) detail += " at step " + std::to_string(effective_step);
   {
     std::lock_guard lock(session.pending_mu);
     session.pending[id] = command;
@@ -482,11 +497,38 @@ Verdict Controller::on_ack(Session& session, const v1::CommandAck& ack) {
   }
   try {
     audit(applied ? v1::AUDIT_KIND_COMMAND_ACKED : v1::AUDIT_KIND_COMMAND_REJECTED, session.run_id,
-          &session.rank_index, ack.command_id(), 0, detail);
+          &session.rank_index, ack.command_id(), command ? command->decision_id() : 0, detail);
   } catch (const StoreError&) {
     counters_.store_errors_total.Increment();
   }
+  if (command && !applied && command->has_switch_backend() && command->switch_backend().effective_step() != 0 &&
+      ack.rank_step() >= command->switch_backend().effective_step()) {
+    reissue_late_switch(session, *command, ack.rank_step());
+  }
   return {};
+}
+
+void Controller::reissue_late_switch(const Session& session, const v1::Command& command, std::uint64_t rank_step) {
+  const std::uint64_t late_step = command.switch_backend().effective_step();
+  const auto step = run_steps_.reissue(command.decision_id(), session.run_id, late_step, rank_step, steady_now_ns());
+  if (!step) return;  // another rank's rejection of the same step re-issued it already
+  const std::vector<std::uint32_t> layers(command.switch_backend().layers().begin(),
+                                          command.switch_backend().layers().end());
+  const std::string reason = "re-issued: rank " + std::to_string(session.rank_index) + " was at step " +
+                             std::to_string(rank_step) + ", past effective step " + std::to_string(late_step);
+  events().warn("decision {}: {}; new effective step {}", command.decision_id(), reason, *step);
+  // The audit log holds the rejection (its detail names both steps) and one
+  // COMMAND_SENT per rank "at step <new>".
+  for (const auto& other : sessions()) {
+    if (other->run_id != session.run_id) continue;
+    std::vector<std::uint32_t> covered;
+    for (auto layer : layers) {
+      if (layer < other->layer_count) covered.push_back(layer);
+    }
+    if (!covered.empty()) {
+      send_switch(*other, std::move(covered), command.switch_backend().backend(), command.decision_id(), reason, *step);
+    }
+  }
 }
 
 void Controller::close_session(Session& session) {

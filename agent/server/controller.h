@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "agent/common/event_log.h"
 #include "agent/config/agent_config.h"
 #include "agent/rules/escalation.h"
+#include "agent/rules/run_steps.h"
 #include "agent/server/message_validator.h"
 #include "agent/server/session.h"
 #include "agent/state/agent_counters.h"
@@ -49,9 +51,13 @@ class Controller {
   };
   // Records a switch decision and sends it to every connected trainer it
   // covers. Throws StoreError if it cannot be stored (nothing is sent then).
+  // A decision for a whole run (run id, no rank) takes effect at one step on
+  // every rank: `effective_step` when given (a fleet decision, the same on
+  // every node), else the step RunSteps picks from this agent's ranks
+  // (docs/scaling.md, "Run-consistent switching").
   DecisionResult decide(gaugewatch::v1::DecisionSource source, const std::string& rule,
                         const gaugewatch::v1::Target& target, gaugewatch::v1::Backend backend,
-                        const std::string& reason);
+                        const std::string& reason, std::optional<std::uint64_t> effective_step = std::nullopt);
 
   // Sends a non-switch command (sampling, capture) to every connected trainer
   // the target's run/rank covers (capture: only where the layer exists).
@@ -100,7 +106,11 @@ class Controller {
   // Queues a switch command; audits it. Returns false if it could not be queued.
   bool send_switch(Session& session, std::vector<std::uint32_t> layers,
                    gaugewatch::v1::Backend backend, std::uint64_t decision_id,
-                   const std::string& reason);
+                   const std::string& reason, std::uint64_t effective_step);
+  // A rank rejected a run-wide switch as late: send the decision again, with
+  // a later effective step, to every rank of the run.
+  void reissue_late_switch(const Session& session, const gaugewatch::v1::Command& command,
+                           std::uint64_t rank_step);
   void audit(gaugewatch::v1::AuditKind kind, const std::string& run_id, const std::uint32_t* rank,
              std::uint64_t command_id, std::uint64_t decision_id, std::string detail);
   std::vector<std::shared_ptr<Session>> sessions() const;
@@ -111,6 +121,7 @@ class Controller {
   AgentCounters& counters_;
   RunRegistry registry_;
   DecisionBook book_;
+  RunSteps run_steps_;
   const std::int64_t start_unix_ns_;
   std::atomic<std::uint64_t> next_session_id_{1};
   std::atomic<std::uint64_t> next_command_id_;

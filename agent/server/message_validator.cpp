@@ -156,7 +156,9 @@ Verdict validate_sample(const gaugewatch::v1::Sample& sample, std::uint32_t laye
 
 Verdict validate_batch(const gaugewatch::v1::SampleBatch& batch, std::uint32_t layer_count,
                        const Limits& limits) {
-  if (batch.samples_size() == 0 && batch.attention_calls_size() == 0 && batch.layer_status_size() == 0) {
+  // A batch with nothing but the step is the hooks' heartbeat (docs/scaling.md).
+  if (batch.samples_size() == 0 && batch.attention_calls_size() == 0 && batch.layer_status_size() == 0 &&
+      batch.current_step() == 0) {
     return reject(RejectReason::kBatchSize, "empty sample batch");
   }
   if (static_cast<std::uint32_t>(batch.layer_status_size()) > layer_count) {

@@ -66,6 +66,7 @@ struct RankEntry {
   std::uint64_t samples = 0;
   std::uint64_t hook_dropped = 0;
   std::uint64_t samples_shed = 0;  // valid samples discarded by the stream's rate limit
+  std::uint64_t current_step = 0;  // the step the trainer last reported running
   std::vector<LayerEntry> layers;  // emptied when an expired, disconnected rank is let go
   std::uint32_t layer_count = 0;   // the Hello's layer count (kept when `layers` is emptied)
   std::vector<AttentionCalls> attention_calls;  // at most kMaxAttentionCallRows
@@ -78,9 +79,9 @@ class RunRegistry {
   // Distinct (monitored, reason) rows of attention-call counts kept per rank;
   // further reasons are counted under reason "other".
   static constexpr std::size_t kMaxAttentionCallRows = 8;
-  // Series each exported rank may occupy: seven gaugewatch_rank_* gauges,
+  // Series each exported rank may occupy: eight gaugewatch_rank_* gauges,
   // counters and its info series, plus its attention-call rows.
-  static constexpr std::uint64_t kSeriesPerRank = 7 + kMaxAttentionCallRows;
+  static constexpr std::uint64_t kSeriesPerRank = 8 + kMaxAttentionCallRows;
 
   // max_ranks: most (run, rank) entries held at once (0: no limit).
   RunRegistry(std::uint64_t max_series, std::size_t rule_count, std::size_t max_ranks = 0);
