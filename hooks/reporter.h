@@ -33,6 +33,8 @@ class Reporter {
     virtual ~Source() = default;
     virtual HelloInfo hello() = 0;
     virtual std::uint64_t layers_version() = 0;
+    // Coverage totals and the layers changed after version `since` (0: all).
+    virtual CoverageReport coverage(std::uint64_t since) = 0;
     virtual void on_command(Command command) = 0;
     virtual void on_sampling(const SamplingPolicy& policy) = 0;
   };
