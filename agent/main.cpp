@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "agent/common/backend_names.h"
+#include "agent/common/event_log.h"
 #include "agent/config/agent_config.h"
 #include "agent/export/metric_catalogue.h"
 #include "agent/server/agent.h"
@@ -18,10 +19,14 @@ namespace {
 std::string describe(const gaugewatch::agent::AgentConfig& config) {
   std::string out = "gaugewatch-agent " + std::string(gaugewatch::agent::kAgentVersion) + "\n";
   out += "  config file: " + (config.config_file.empty() ? "(none, embedded defaults)" : config.config_file) + "\n";
-  out += "  grpc socket: " + config.grpc_socket + "\n";
+  const auto defaults = gaugewatch::default_paths();
+  const auto origin = [&](const std::string& path, const std::string& default_path) {
+    return path == default_path ? std::string(" (default for ") + defaults.basis + ")" : std::string();
+  };
+  out += "  grpc socket: " + config.grpc_socket + origin(config.grpc_socket, defaults.socket) + "\n";
   out += "  tcp:         " + (config.tcp_listen.empty() ? "(off)" : config.tcp_listen) + "\n";
   out += "  http:        " + config.http_listen + "\n";
-  out += "  database:    " + config.database + "\n";
+  out += "  database:    " + config.database + origin(config.database, defaults.database) + "\n";
   out += "  rules:       " + std::to_string(gaugewatch::agent::effective_rules(config).size()) +
          " threshold, " + std::to_string(config.promql_rules.size()) + " PromQL\n";
   const auto num = [](double v) {
@@ -98,11 +103,14 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
+  configure_event_log(config.log_level, config.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
   try {
     Agent agent(config);
     std::cerr << describe(config) << "  http port:   " << agent.http_port() << "\n";
     if (agent.tcp_port() != 0) std::cerr << "  tcp port:    " << agent.tcp_port() << "\n";
     std::cerr << "gaugewatch-agent: ready\n";
+    events().info("ready: socket {} http port {} database {}", config.grpc_socket, agent.http_port(),
+                  config.database);
     int received = 0;
     sigwait(&signals, &received);
     std::cerr << "gaugewatch-agent: " << (received == SIGTERM ? "SIGTERM" : "SIGINT")

@@ -7,6 +7,7 @@
 #include "audit/safetensors.h"
 #include "kernels/reference/errors.h"
 #include "kernels/reference/fp32_backward.h"
+#include "kernels/reference/key_centring.h"
 
 namespace gaugewatch::audit {
 
@@ -87,6 +88,10 @@ AuditOutcome run_audit(const std::string& source, const CapturedOperands& operan
   outcome.fused = reference::backward_fused_bf16(in, operands.saved);
   const double fused_seconds = seconds_since(start);
 
+  start = Clock::now();
+  outcome.center = reference::backward_center_bf16(in, operands.saved);
+  const double center_seconds = seconds_since(start);
+
   const int64_t c = report.offset_coordinate;
   const auto& ex = outcome.exact;
   report.backends.push_back(compare("fp64", ex.dq, ex.dk, ex.dv, ex, in, c));
@@ -95,10 +100,13 @@ AuditOutcome run_audit(const std::string& source, const CapturedOperands& operan
   report.backends.push_back(compare("bf16", f.plain.dq, f.plain.dk, f.plain.dv, ex, in, c));
   report.backends.push_back(compare("gproj", f.gproj.dq, f.gproj.dk, f.gproj.dv, ex, in, c));
   report.backends.push_back(compare("pivot", f.pivot.dq, f.pivot.dk, f.pivot.dv, ex, in, c));
+  const auto& ce = outcome.center;
+  report.backends.push_back(compare("center", ce.dq, ce.dk, ce.dv, ex, in, c));
   report.backends[0].seconds = fp64_seconds;
   report.backends[1].seconds = fp32_seconds;
   // The three fused variants come from one sweep over the same operands.
-  for (size_t i = 2; i < report.backends.size(); ++i) report.backends[i].seconds = fused_seconds;
+  for (size_t i = 2; i < 5; ++i) report.backends[i].seconds = fused_seconds;
+  report.backends[5].seconds = center_seconds;
 
   start = Clock::now();
   report.metrics = reference::compute_metrics(in, operands.saved, outcome.fused, outcome.fp32);
@@ -125,6 +133,7 @@ void write_gradients(const std::string& path, const AuditOutcome& outcome) {
   put("bf16", outcome.fused.plain);
   put("gproj", outcome.fused.gproj);
   put("pivot", outcome.fused.pivot);
+  put("center", outcome.center);
   file.tensors["rows.row_mass"] = make_f32_tensor(outcome.fused.rows.row_mass, {s.batch, s.q_heads, s.q_len});
   file.metadata["source"] = outcome.report.source;
   write_safetensors(path, file);

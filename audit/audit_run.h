@@ -1,6 +1,6 @@
 #pragma once
 // One audit: every backend of the reference on the same captured operands,
-// their errors against FP64, and the NUMERICS.md metrics.
+// their errors against FP64, and the docs/numerics.md metrics.
 
 #include <optional>
 #include <string>
@@ -14,7 +14,7 @@
 namespace gaugewatch::audit {
 
 struct BackendResult {
-  std::string name;  // fp64, fp32, bf16, gproj, pivot
+  std::string name;  // fp64, fp32, bf16, gproj, pivot, center
   double dq_error = 0.0;  // ||dX - dX_fp64|| / ||dX_fp64||
   double dk_error = 0.0;
   double dv_error = 0.0;
@@ -47,11 +47,12 @@ struct AuditOutcome {
   reference::ExactAttention exact;
   reference::Gradients fp32;
   reference::FusedBackward fused;
+  reference::Gradients center;  // the plain fused backward on centred keys
 };
 
 AuditOutcome run_audit(const std::string& source, const CapturedOperands& operands);
 
-// Writes fp64.{dq,dk,dv} (F64), and {fp32,bf16,gproj,pivot}.{dq,dk,dv} (F32,
+// Writes fp64.{dq,dk,dv} (F64), and {fp32,bf16,gproj,pivot,center}.{dq,dk,dv} (F32,
 // BF16 values) in SDPA layout to a safetensors file.
 void write_gradients(const std::string& path, const AuditOutcome& outcome);
 

@@ -1,6 +1,8 @@
 #include "audit/operands.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -49,6 +51,30 @@ void expect_shape(const std::string& path, const std::string& name, const Safete
     throw std::runtime_error(path + ": tensor '" + name + "' has shape " + shape_text(t.shape) +
                              ", expected " + shape_text(expected) + " to match q, k and v");
   }
+}
+
+// attn_mask: BOOL (true = takes part) becomes 0 / -inf, a floating mask is the bias.
+reference::AttentionBias load_bias(const std::string& path, const SafetensorsTensor& t) {
+  if (t.shape.empty() || t.shape.size() > 4) {
+    throw std::runtime_error(path + ": tensor 'attn_mask' has shape " + shape_text(t.shape) +
+                             ", expected 1 to 4 dimensions broadcastable to (B, Hq, N, M)");
+  }
+  reference::AttentionBias bias;
+  const size_t lead = 4 - t.shape.size();
+  for (size_t i = 0; i < t.shape.size(); ++i) bias.sizes[lead + i] = t.shape[i];
+  if (t.dtype == "BOOL") {
+    bias.values.reserve(t.bytes.size());
+    for (uint8_t takes_part : t.bytes) {
+      bias.values.push_back(takes_part != 0 ? 0.0f : -std::numeric_limits<float>::infinity());
+    }
+    return bias;
+  }
+  try {
+    bias.values = tensor_to_float(t);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(path + ": tensor 'attn_mask' must be BOOL or floating: " + e.what());
+  }
+  return bias;
 }
 
 }  // namespace
@@ -108,6 +134,9 @@ CapturedOperands load_operands(const std::string& path) {
       throw std::runtime_error(path + ": cu_seqlens: " + e.what());
     }
   }
+  if (const auto mask = file.tensors.find("attn_mask"); mask != file.tensors.end()) {
+    in.bias = load_bias(path, mask->second);
+  }
   try {
     in.validate();
   } catch (const std::invalid_argument& e) {
@@ -132,6 +161,10 @@ void save_operands(const std::string& path, const CapturedOperands& ops) {
     const auto segments = static_cast<int64_t>(in.cu_seqlens_q.size());
     file.tensors["cu_seqlens_q"] = make_i64_tensor(in.cu_seqlens_q, {segments});
     file.tensors["cu_seqlens_k"] = make_i64_tensor(in.cu_seqlens_k, {segments});
+  }
+  if (!in.bias.empty()) {
+    const auto& z = in.bias.sizes;
+    file.tensors["attn_mask"] = make_f32_tensor(in.bias.values, {z[0], z[1], z[2], z[3]});
   }
   file.metadata["causal"] = std::string(reference::to_string(in.causal));
   std::ostringstream scale;

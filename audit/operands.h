@@ -7,7 +7,10 @@
 //
 // Tensors: q, out, grad_out (B, Hq, N, d) BF16; k, v (B, Hkv, M, d) BF16;
 // lse (B, Hq, N) F32 (natural log, SDPA's flash layout); optional
-// cu_seqlens_q, cu_seqlens_k (S + 1,) I32/I64. Metadata (strings): "causal"
+// cu_seqlens_q, cu_seqlens_k (S + 1,) I32/I64; optional attn_mask, SDPA's
+// mask: BOOL (true = takes part) or F32/BF16/F16/F64 additive bias, 1 to 4
+// dimensions broadcastable to (B, Hq, N, M) (saved as an F32 bias, -inf where
+// masked). Metadata (strings): "causal"
 // = none | top_left | bottom_right (also true/false = top_left/none, SDPA's
 // is_causal), "scale" = a decimal number (default 1/sqrt(d)).
 

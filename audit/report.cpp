@@ -41,10 +41,10 @@ std::string format_report(const AuditReport& r) {
         << pad(percent(b.dv_error), 12) << pad(number(b.offset_coordinate_first_row, 6), 18)
         << pad(number(b.offset_coordinate_max_error, 3, std::ios::scientific), 22) << number(b.seconds, 2, std::ios::fixed) + "s" << "\n";
   }
-  out << "errors are ||x - x_fp64|| / ||x_fp64||; bf16 is the plain fused BF16 backward; FP64 "
-         "row-sum check "
+  out << "errors are ||x - x_fp64|| / ||x_fp64||; bf16 is the plain fused BF16 backward, center the same on "
+         "centred keys (kbar per key/value head, policy auto); FP64 row-sum check "
       << number(r.exact_max_relative_row_sum, 1, std::ios::scientific) << "\n";
-  out << "metrics (NUMERICS.md; discrepancies against the FP32 recompute):\n";
+  out << "metrics (docs/numerics.md; discrepancies against the FP32 recompute):\n";
   for (const auto& spec : reference::metric_catalogue()) {
     out << "  " << pad(std::string(spec.name), 32) << pad(number(r.metrics[spec.id], 6), 14)
         << spec.unit << "\n";

@@ -69,7 +69,7 @@ const std::vector<Scenario>& scenario_catalogue() {
     witness.shape = {1, 1, 1, 1, 4, 64};
     witness.causal = CausalMode::kNone;
     s.push_back({"witness", witness,
-                 "NUMERICS.md four-key witness: uniform attention, keys at 65536; truth dq[0] = 0"});
+                 "the four-key witness (docs/numerics.md): uniform attention, keys at 65536; truth dq[0] = 0"});
     s.push_back(make("random", "random", {1, 4, 4, 1024, 1024, 64}, tl,
                      "normal q, k, v, dO; causal (SDPA top-left), N = 1024, d = 64"));
     s.push_back(make("sink", "sink", {1, 4, 4, 1024, 1024, 64}, tl,
@@ -86,6 +86,13 @@ const std::vector<Scenario>& scenario_catalogue() {
                      "one key of norm 5000 dominates most rows; the others split their attention"));
     s.push_back(make("clusters", "clusters", {1, 4, 4, 1024, 1024, 64}, tl,
                      "two key clusters far apart, diffuse attention"));
+    Scenario padded = make("padded_sink", "sink", {2, 4, 4, 512, 512, 64}, CausalMode::kNone,
+                           "sink-like (key offset RMS 200, gain 20), left key padding as attn_mask: 512 and 300 "
+                           "keys take part",
+                           20.0, 200.0);
+    padded.spec.valid_keys = {512, 300};
+    padded.spec.left_padded = true;
+    s.push_back(padded);
     return s;
   }();
   return catalogue;
@@ -179,6 +186,20 @@ AttentionInputs make_inputs(const ScenarioSpec& spec) {
   }
   add_common_offset(in.k, kv_heads_total, sh.kv_len, d, spec.key_offset_rms, rng);
   add_common_offset(in.q, sh.batch * sh.q_heads, sh.q_len, d, spec.query_offset_rms, rng);
+  if (!spec.valid_keys.empty()) {
+    if (static_cast<int64_t>(spec.valid_keys.size()) != sh.batch) {
+      throw std::invalid_argument("valid_keys needs one key count per batch element");
+    }
+    in.bias.sizes = {sh.batch, 1, 1, sh.kv_len};
+    in.bias.values.assign(static_cast<size_t>(sh.batch * sh.kv_len), 0.0f);
+    for (int64_t b = 0; b < sh.batch; ++b) {
+      const int64_t valid = spec.valid_keys[static_cast<size_t>(b)];
+      for (int64_t j = 0; j < sh.kv_len; ++j) {
+        const bool takes_part = spec.left_padded ? j >= sh.kv_len - valid : j < valid;
+        if (!takes_part) in.bias.values[static_cast<size_t>(b * sh.kv_len + j)] = -INFINITY;
+      }
+    }
+  }
   in.validate();
   return in;
 }

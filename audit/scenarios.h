@@ -26,6 +26,10 @@ struct ScenarioSpec {
   double query_offset_rms = 0.0;     // common query offset, per-coordinate RMS
   double key_offset_rms = 0.0;       // common key offset, per-coordinate RMS
   double massive_key_norm = 5000.0;  // "massive_key" only
+  // Key padding as an attn_mask (B, 1, 1, M): keys that take part per batch
+  // element (empty: no mask), at the end when left padded, else at the start.
+  std::vector<int64_t> valid_keys;
+  bool left_padded = false;
 };
 
 struct Scenario {
@@ -42,7 +46,7 @@ std::vector<std::string> scenario_kinds();
 // Builds the operands of a spec (throws std::invalid_argument for bad specs).
 reference::AttentionInputs make_inputs(const ScenarioSpec& spec);
 
-// The four-key witness of NUMERICS.md, exactly: d = 64, alpha = 1/8, q = 0,
+// The four-key witness of docs/numerics.md, exactly: d = 64, alpha = 1/8, q = 0,
 // keys sharing first coordinate 65536. Plain BF16 gives dq[0] = -24; truth 0.
 reference::AttentionInputs four_key_witness();
 

@@ -4,7 +4,6 @@
 #
 #   always          Threads::Threads, nlohmann_json::nlohmann_json
 #   TESTS           GTest::gtest GTest::gtest_main GTest::gmock GTest::gmock_main
-#   BENCH           benchmark::benchmark benchmark::benchmark_main
 #   AGENT           protobuf::libprotobuf protobuf::protoc gRPC::grpc++ absl::*
 #                   yaml-cpp SQLite::SQLite3 gaugewatch::civetweb(_cpp) OpenSSL::SSL
 #                   GAUGEWATCH_GRPC_CPP_PLUGIN (path), ZLIB::ZLIB
@@ -55,14 +54,6 @@ if(GAUGEWATCH_ENABLE_TESTS)
   endif()
   if(NOT TARGET GTest::gmock)
     gaugewatch_missing_dependency("GoogleMock (GTest::gmock)" GAUGEWATCH_ENABLE_TESTS "libgmock-dev")
-  endif()
-endif()
-
-# --- benchmarks ----------------------------------------------------------------------
-if(GAUGEWATCH_ENABLE_BENCH)
-  find_package(benchmark CONFIG QUIET)
-  if(NOT benchmark_FOUND)
-    gaugewatch_missing_dependency("Google Benchmark" GAUGEWATCH_ENABLE_BENCH "libbenchmark-dev")
   endif()
 endif()
 

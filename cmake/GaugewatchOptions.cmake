@@ -26,7 +26,7 @@ option(GAUGEWATCH_ENABLE_CUDA  "Build the CUDA (sm_90a) kernels"             ${_
 option(GAUGEWATCH_ENABLE_TORCH "Build the libtorch ops and the hooks library" ON)
 option(GAUGEWATCH_ENABLE_AGENT "Build the proto library, agent and ctl (gRPC)" ON)
 option(GAUGEWATCH_ENABLE_TESTS "Build the GoogleTest suites and register them with ctest" ON)
-option(GAUGEWATCH_ENABLE_BENCH "Build the Google Benchmark binaries"          ON)
+option(GAUGEWATCH_ENABLE_BENCH "Build the compiled benchmarks (bench/agent load generator; needs GAUGEWATCH_ENABLE_AGENT)" ON)
 option(GAUGEWATCH_ENABLE_FUZZ  "Build libFuzzer targets (needs clang)"        OFF)
 option(GAUGEWATCH_NATIVE_CPU   "Compile the CPU reference with -march=native" ON)
 option(GAUGEWATCH_WARNINGS_AS_ERRORS "Add -Werror to gaugewatch::warnings"   ON)
@@ -56,6 +56,12 @@ if(GAUGEWATCH_ENABLE_CUDA)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(CMAKE_CUDA_EXTENSIONS OFF)
   find_package(CUDAToolkit REQUIRED)
+endif()
+
+# The only compiled benchmark is the agent's load generator (bench/agent, added
+# by agent/CMakeLists.txt); the Python benchmarks under bench/ need no option.
+if(GAUGEWATCH_ENABLE_BENCH AND NOT GAUGEWATCH_ENABLE_AGENT)
+  message(STATUS "GAUGEWATCH_ENABLE_BENCH: no benchmark to build without GAUGEWATCH_ENABLE_AGENT=ON (bench/agent)")
 endif()
 
 if(GAUGEWATCH_ENABLE_FUZZ AND NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")

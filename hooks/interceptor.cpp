@@ -7,6 +7,9 @@
 // gaugewatch::attention_backward (gaugewatch_backends.h), and any failure
 // there logs once and runs stock instead. Nothing here throws into the
 // trainer beyond what the stock ops themselves would throw.
+// While PyTorch traces (torch.compile), the kernels run none of this: they
+// put the call into the graph as gaugewatch::monitored_attention, whose
+// kernels do it at every call (compile_ops.h).
 //
 // Registration happens when the library is loaded (LD_PRELOAD,
 // torch.ops.load_library, or linking). A second copy of the library finds the
@@ -34,8 +37,10 @@
 #include "hooks/auditor.h"
 #include "hooks/backward_timing.h"
 #include "hooks/call_coverage.h"
+#include "hooks/compile_ops.h"
 #include "hooks/cuda_versions.h"
 #include "hooks/gaugewatch_backends.h"
+#include "hooks/interception.h"
 #include "hooks/log.h"
 #include "hooks/math_path.h"
 #include "hooks/python_ops.h"
@@ -52,6 +57,53 @@ using torch::autograd::variable_list;
 using Clock = std::chrono::steady_clock;
 
 bool in_backward() { return torch::autograd::get_current_graph_task_id() != -1; }
+
+}  // namespace
+
+std::array<Tensor, 4> intercepted_backward(const CallInfo& info, const Tensor& grad_out, const Tensor& q,
+                                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+  BackwardPlan plan;
+  try {
+    plan = runtime().on_backward(info.plan);
+  } catch (const std::exception& e) {
+    log_once("plan-error", std::string("backward planning failed, stock backward (logged once): ") + short_what(e));
+  }
+  std::shared_ptr<CudaTiming> timing;
+  if (plan.sample) timing = start_backward_timing(q);
+  const auto start = Clock::now();
+  // The backend below may throw (stock, as the stock op would): the timing window closes either way.
+  // (It is closed explicitly right after the backward, before the audit's copies.)
+  struct EndTiming {
+    const std::shared_ptr<CudaTiming>& t;
+    ~EndTiming() { end_backward_timing(t); }
+  } end_timing{timing};
+  Backend ran = Backend::kStock;
+  std::array<Tensor, 4> g;
+  if (plan.backend != Backend::kStock) {
+    if (auto r = gaugewatch_backward(info, plan.backend, grad_out, q, k, v, out, lse)) {
+      g = *r;
+      ran = plan.backend;
+    } else {
+      runtime().count_fallback();
+    }
+  }
+  if (ran == Backend::kStock) g = stock_backward(info, grad_out, q, k, v, out, lse);
+  end_backward_timing(timing);  // before the audit's own copies are launched (idempotent)
+  const double backward_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  try {
+    runtime().record_backward(plan.layer, plan.step, ran);
+    if ((plan.sample || plan.capture) && plan.layer >= 0) {
+      AuditCall call{grad_out, q, k, v, out, lse, g[0], g[1], g[2], info.is_causal, info.scale,
+                     op_name(info.kind), timing, info.mask(), info.dropout_p};
+      audit_call(call, plan, ran, backward_us);
+    }
+  } catch (const std::exception& e) {
+    log_once("record-error", std::string("recording the backward failed (logged once): ") + short_what(e));
+  }
+  return g;
+}
+
+namespace {
 
 // --- the autograd Function ----------------------------------------------------
 // Inputs: {q, k, v} or {q, k, v, bias} (a differentiable efficient-attention
@@ -76,44 +128,7 @@ struct AttentionImpl {
     const bool has_bias = ctx->saved_data["inputs"].toInt() > 3;
     if (!grad_out.defined()) return variable_list(has_bias ? 5 : 4);
 
-    BackwardPlan plan;
-    try {
-      plan = runtime().on_backward(info->plan);
-    } catch (const std::exception& e) {
-      log_once("plan-error", std::string("backward planning failed, stock backward (logged once): ") + short_what(e));
-    }
-    std::shared_ptr<CudaTiming> timing;
-    if (plan.sample) timing = start_backward_timing(q);
-    const auto start = Clock::now();
-    // The backend below may throw (stock, as the stock op would): the timing window closes either way.
-    // (It is closed explicitly right after the backward, before the audit's copies.)
-    struct EndTiming {
-      const std::shared_ptr<CudaTiming>& t;
-      ~EndTiming() { end_backward_timing(t); }
-    } end_timing{timing};
-    Backend ran = Backend::kStock;
-    std::array<Tensor, 4> g;
-    if (plan.backend != Backend::kStock) {
-      if (auto r = gaugewatch_backward(*info, plan.backend, grad_out, q, k, v, out, lse)) {
-        g = *r;
-        ran = plan.backend;
-      } else {
-        runtime().count_fallback();
-      }
-    }
-    if (ran == Backend::kStock) g = stock_backward(*info, grad_out, q, k, v, out, lse);
-    end_backward_timing(timing);  // before the audit's own copies are launched (idempotent)
-    const double backward_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-    try {
-      runtime().record_backward(plan.layer, plan.step, ran);
-      if ((plan.sample || plan.capture) && plan.layer >= 0) {
-        AuditCall call{grad_out, q, k, v, out, lse, g[0], g[1], g[2], info->is_causal, info->scale,
-                       op_name(info->kind), timing, info->mask(), info->dropout_p};
-        audit_call(call, plan, ran, backward_us);
-      }
-    } catch (const std::exception& e) {
-      log_once("record-error", std::string("recording the backward failed (logged once): ") + short_what(e));
-    }
+    const std::array<Tensor, 4> g = intercepted_backward(*info, grad_out, q, k, v, out, lse);
     if (has_bias) return {g[0], g[1], g[2], g[3], Tensor()};
     return {g[0], g[1], g[2], Tensor()};
   }
@@ -144,7 +159,8 @@ bool needs_grad(const Tensor& q, const Tensor& k, const Tensor& v) {
   return at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
 }
 
-// A call's info with the runtime's plan for its forward.
+}  // namespace
+
 c10::intrusive_ptr<CallInfo> new_call(OpKind kind, double dropout_p, bool is_causal, std::optional<double> scale,
                                       bool cuda) {
   auto info = c10::make_intrusive<CallInfo>();
@@ -159,6 +175,8 @@ c10::intrusive_ptr<CallInfo> new_call(OpKind kind, double dropout_p, bool is_cau
   }
   return info;
 }
+
+namespace {
 
 // A training call (a gradient is needed) in the coverage; a recompute of
 // checkpointing is the same call again and is not counted.
@@ -185,6 +203,10 @@ std::tuple<Tensor, Tensor> run(const c10::intrusive_ptr<CallInfo>& info, const T
 std::tuple<Tensor, Tensor> cpu_flash(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p,
                                      bool is_causal, const std::optional<Tensor>& attn_mask,
                                      std::optional<double> scale) {
+  if (tracing()) {
+    return traced_attention(OpKind::kCpuFlash, q, k, v, attn_mask, dropout_p, is_causal, scale, needs_grad(q, k, v),
+                            false);
+  }
   auto info = new_call(OpKind::kCpuFlash, dropout_p, is_causal, scale, false);
   info->attn_mask = attn_mask;
   return run(info, q, k, v, needs_grad(q, k, v));
@@ -197,8 +219,20 @@ FlashOut flash_out(const CallInfo& i, const std::tuple<Tensor, Tensor>& outs) {
           i.max_k,           i.philox_seed,     i.philox_offset, i.debug_attn_mask};
 }
 
+// While tracing: the compiled graph's call (compile_ops.h); the extra outputs
+// stay inside the custom ops.
+FlashOut traced_flash_out(const std::tuple<Tensor, Tensor>& outs, const Tensor& q, const Tensor& k) {
+  return {std::get<0>(outs), std::get<1>(outs), Tensor(), Tensor(), q.sym_size(2), k.sym_size(2),
+          Tensor(),          Tensor(),          Tensor()};
+}
+
 FlashOut cuda_flash(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p, bool is_causal,
                     bool return_debug_mask, std::optional<double> scale) {
+  if (tracing()) {
+    return traced_flash_out(traced_attention(OpKind::kCudaFlash, q, k, v, std::nullopt, dropout_p, is_causal, scale,
+                                             needs_grad(q, k, v), false),
+                            q, k);
+  }
   auto info = new_call(OpKind::kCudaFlash, dropout_p, is_causal, scale, true);
   info->return_debug_mask = return_debug_mask;
   return flash_out(*info, run(info, q, k, v, needs_grad(q, k, v)));
@@ -207,6 +241,13 @@ FlashOut cuda_flash(const Tensor& q, const Tensor& k, const Tensor& v, double dr
 FlashOut cudnn(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& attn_bias,
                bool /*compute_log_sumexp*/, double dropout_p, bool is_causal, bool return_debug_mask,
                std::optional<double> scale) {
+  if (tracing()) {
+    const std::optional<Tensor> bias =
+        attn_bias.has_value() && attn_bias->defined() ? std::optional<Tensor>(attn_bias->detach()) : std::nullopt;
+    return traced_flash_out(
+        traced_attention(OpKind::kCudnn, q, k, v, bias, dropout_p, is_causal, scale, needs_grad(q, k, v), false), q,
+        k);
+  }
   auto info = new_call(OpKind::kCudnn, dropout_p, is_causal, scale, true);
   info->return_debug_mask = return_debug_mask;
   // cuDNN's backward gives no bias gradient: the bias is a constant here, as in derivatives.yaml.
@@ -220,6 +261,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient(const Tensor& q, const Tens
                                                      std::optional<double> scale) {
   const bool has_bias = attn_bias.has_value() && attn_bias->defined();
   const bool bias_grad = has_bias && attn_bias->requires_grad() && at::GradMode::is_enabled();
+  if (tracing()) {
+    auto [out, lse] = traced_attention(OpKind::kEfficient, q, k, v, attn_bias, dropout_p, is_causal, scale,
+                                       needs_grad(q, k, v) || bias_grad, bias_grad);
+    return {out, lse, Tensor(), Tensor()};
+  }
   auto info = new_call(OpKind::kEfficient, dropout_p, is_causal, scale, true);
   info->grad_mask = {q.requires_grad(), k.requires_grad(), v.requires_grad(), bias_grad};
   std::tuple<Tensor, Tensor> outs;
@@ -236,7 +282,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient(const Tensor& q, const Tens
 }
 
 struct Registration {
-  std::unique_ptr<torch::Library> defs, cpu, cuda;
+  std::unique_ptr<torch::Library> defs, compile_defs, cpu, cuda;
 
   Registration() {
     try {
@@ -252,6 +298,9 @@ struct Registration {
       defs = std::make_unique<torch::Library>(torch::Library::DEF, "gaugewatch_hooks", std::nullopt, __FILE__,
                                               __LINE__);
       define_python_ops(*defs);
+      compile_defs = std::make_unique<torch::Library>(torch::Library::FRAGMENT, "gaugewatch", std::nullopt, __FILE__,
+                                                      __LINE__);
+      register_compile_ops(*compile_defs);
       cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradCPU, __FILE__,
                                              __LINE__);
       cpu->impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(cpu_flash));
@@ -265,6 +314,7 @@ struct Registration {
       log_line(std::string("registration failed, SDPA is not intercepted: ") + short_what(e));
       cuda.reset();
       cpu.reset();
+      compile_defs.reset();
       defs.reset();
     }
   }

@@ -192,7 +192,8 @@ record env ok 0 $(( $(date +%s) - t0 )) "$("$SYS_PY" -c 'import json,sys; e=json
 # -dev packages that the image may already have: skipped when their header is there
 # (then the image's own runtime library matches its own headers).
 declare -A SYSTEM_HEADER=( [libssl-dev]=/usr/include/openssl/ssl.h [zlib1g-dev]=/usr/include/zlib.h
-                           [libsqlite3-dev]=/usr/include/sqlite3.h )
+                           [libsqlite3-dev]=/usr/include/sqlite3.h
+                           [libcurl4-openssl-dev]=/usr/include/x86_64-linux-gnu/curl/curl.h )
 t0=$(date +%s)
 deps_note=""
 if ls "$DEBS"/*.deb >/dev/null 2>&1; then

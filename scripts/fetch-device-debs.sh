@@ -13,7 +13,8 @@ DEST="$ROOT/.device/debs"
 
 # Runtime libraries and -dev packages, Debian 12 (bookworm) amd64.
 PACKAGES=(
-  # gRPC + protobuf + abseil and their runtime dependencies (FINDINGS.md)
+  # gRPC + protobuf + abseil and their runtime dependencies (docs/findings.md,
+  # "The GPU machine")
   libgrpc++-dev libgrpc-dev libgrpc++1.51 libgrpc29
   libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32
   protobuf-compiler protobuf-compiler-grpc
@@ -23,8 +24,15 @@ PACKAGES=(
   # gRPC's CMake config also finds OpenSSL and zlib (device.sh skips these
   # -dev packages when the image already has their headers)
   libssl-dev zlib1g-dev
-  # tests, benchmarks, JSON
-  nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
+  # agent: the Prometheus C++ client (its CMake config also finds civetweb,
+  # which names the civetweb binary, and CURL for the push library), logging
+  # (spdlog on fmt), flags (CLI11, header-only). libcurl4 itself is not
+  # carried: the image's runtime serves the -dev package's link.
+  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
+  civetweb libcurl4-openssl-dev
+  libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libcli11-dev
+  # tests, JSON
+  nlohmann-json3-dev libgtest-dev libgmock-dev
 )
 
 [[ "$(dpkg --print-architecture 2>/dev/null)" == amd64 ]] \

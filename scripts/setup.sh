@@ -30,10 +30,10 @@ APT_PACKAGES=(
   libcivetweb-dev libyaml-cpp-dev libsqlite3-dev sqlite3
   # agent: the Prometheus C++ client, flags, logging
   prometheus-cpp-dev libcli11-dev libspdlog-dev
-  # tests, benchmarks, JSON
-  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-  # Prometheus server and promtool (rules unit tests)
-  prometheus
+  # tests, JSON
+  libgtest-dev libgmock-dev nlohmann-json3-dev
+  # Prometheus server and promtool (rules unit tests); amtool (the example Alertmanager route)
+  prometheus prometheus-alertmanager
   # headless browser for the status page test
   chromium
   # clang + libFuzzer / sanitizer runtimes (GAUGEWATCH_ENABLE_FUZZ)
@@ -78,11 +78,13 @@ if [[ -z "${GAUGEWATCH_SKIP_APT:-}" ]]; then
     apt_install "${missing[@]}" || die "apt-get install failed for: ${missing[*]}"
     # The prometheus package ships a unit; the project starts its own servers
     # (tests use loopback ports), so keep the packaged one stopped and disabled.
-    if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null \
-       && [[ -d /run/systemd/system ]]; then
-      systemctl disable --now prometheus >/dev/null 2>&1 || true
-      log "prometheus.service stopped and disabled (the project runs its own instances)"
-    fi
+    for unit in prometheus prometheus-alertmanager; do
+      if [[ " ${missing[*]} " == *" $unit "* ]] && command -v systemctl >/dev/null \
+         && [[ -d /run/systemd/system ]]; then
+        systemctl disable --now "$unit" >/dev/null 2>&1 || true
+        log "$unit.service stopped and disabled (the project runs its own instances)"
+      fi
+    done
   else
     log "Debian packages: all ${#APT_PACKAGES[@]} present"
   fi

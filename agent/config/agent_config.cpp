@@ -1,5 +1,10 @@
 #include "agent/config/agent_config.h"
 
+#include <algorithm>
+#include <iterator>
+
+#include "agent/common/token_file.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -132,6 +137,24 @@ const std::vector<Option>& options() {
        [](const AgentConfig& c) { return std::string(c.default_rules ? "true" : "false"); },
        [](AgentConfig& c, std::string_view v, std::string_view w) {
          c.default_rules = parse_bool(v, w);
+       }},
+      {"log_level", "event log level: trace, debug, info, warn, error, critical, off",
+       [](const AgentConfig& c) { return c.log_level; },
+       [](AgentConfig& c, std::string_view v, std::string_view w) {
+         static constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+         if (std::find(std::begin(kLevels), std::end(kLevels), v) == std::end(kLevels)) {
+           throw ConfigError(std::string(w) + ": expected trace, debug, info, warn, error, critical or off, got '" +
+                             std::string(v) + "'");
+         }
+         c.log_level = v;
+       }},
+      {"log_format", "event log lines: text, or json (one object per line, for log shippers)",
+       [](const AgentConfig& c) { return c.log_format; },
+       [](AgentConfig& c, std::string_view v, std::string_view w) {
+         if (v != "text" && v != "json") {
+           throw ConfigError(std::string(w) + ": expected text or json, got '" + std::string(v) + "'");
+         }
+         c.log_format = v;
        }},
       {"prometheus_url", "Prometheus HTTP API base URL for PromQL rules (http://host:port)",
        [](const AgentConfig& c) { return c.prometheus_url; },
@@ -357,6 +380,14 @@ void parse_limits(const YAML::Node& node, const std::string& path, Limits& limit
       limits.max_message_bytes = value;
     } else if (key == "max_string_bytes") {
       limits.max_string_bytes = value;
+    } else if (key == "max_streams") {
+      limits.max_streams = value;
+    } else if (key == "max_ranks") {
+      limits.max_ranks = value;
+    } else if (key == "hello_timeout_seconds") {
+      limits.hello_timeout_seconds = value;
+    } else if (key == "max_clock_skew_seconds") {
+      limits.max_clock_skew_seconds = value;
     } else {
       throw ConfigError(where + ": unknown key");
     }
@@ -569,11 +600,12 @@ AgentConfig load_config(const std::vector<std::string>& args,
     option->set(config, value, "--" + flag_name(option->key));
   }
   if (!config.admin_token_file.empty()) {
-    std::string token = read_file(config.admin_token_file, "admin_token_file");
-    while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
-      token.pop_back();
+    try {
+      config.admin_token = token_from_file_contents(
+          read_file(config.admin_token_file, "admin_token_file"), "admin_token_file");
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(e.what());
     }
-    config.admin_token = token;
   }
   return config;
 }

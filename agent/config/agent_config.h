@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/common/default_paths.h"
 #include "gaugewatch/v1/types.pb.h"
 #include "kernels/reference/metric_catalogue.h"
 
@@ -30,6 +31,12 @@ struct Limits {
   std::uint32_t max_run_id_bytes = 128;
   std::uint32_t max_world_size = 1u << 20;
   std::uint32_t max_shape_dim = 1u << 24;
+  std::uint32_t max_streams = 1024;          // trainer streams open at once
+  std::uint32_t max_ranks = 4096;            // (run, rank) entries held at once
+  std::uint32_t hello_timeout_seconds = 10;  // a stream must send its Hello within this
+  // A sample stamped further than this from the agent's clock (either way)
+  // is applied, but its age is not observed and it is counted.
+  std::uint32_t max_clock_skew_seconds = 300;
 };
 
 enum class RuleOp { kGreater, kLess };
@@ -65,7 +72,9 @@ struct PromqlRule {
 };
 
 struct AgentConfig {
-  std::string grpc_socket = "/run/gaugewatch/agent.sock";
+  // Defaults: agent/common/default_paths.h (root: /run, /var/lib; other users:
+  // $XDG_RUNTIME_DIR, $XDG_STATE_HOME).
+  std::string grpc_socket = default_paths().socket;
   std::uint32_t socket_mode = 0660;
   std::string tcp_listen;        // host:port; empty = no TCP
   std::string tls_cert;          // PEM files, required with tcp_listen
@@ -73,7 +82,7 @@ struct AgentConfig {
   std::string admin_token_file;  // required with tcp_listen
   std::string admin_token;       // read from admin_token_file
   std::string http_listen = "127.0.0.1:9477";
-  std::string database = "/var/lib/gaugewatch/agent.db";
+  std::string database = default_paths().database;
   double rank_expiry_seconds = 120.0;
   std::uint64_t max_series = 200000;
   bool default_rules = true;
@@ -98,6 +107,8 @@ struct AgentConfig {
   double audit_max_age_seconds = 30.0 * 86400.0;
   std::uint64_t decision_history = 10'000;
   double retention_interval_seconds = 300.0;
+  std::string log_level = "info";   // event log (agent/common/event_log.h)
+  std::string log_format = "text";  // text or json
   std::string config_file;  // where the YAML came from (empty: none)
 };
 

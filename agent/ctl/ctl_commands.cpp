@@ -14,6 +14,8 @@
 #include <stdexcept>
 
 #include "agent/common/backend_names.h"
+#include "agent/common/default_paths.h"
+#include "agent/common/token_file.h"
 #include "gaugewatch/v1/admin_service.grpc.pb.h"
 #include "kernels/reference/metric_catalogue.h"
 
@@ -29,7 +31,7 @@ struct UsageError : std::runtime_error {
 
 struct Options {
   std::string command;
-  std::string socket = "/run/gaugewatch/agent.sock";
+  std::string socket = default_paths().socket;
   std::string address;
   std::string tls_ca;
   std::string token;
@@ -49,6 +51,7 @@ struct Options {
   std::uint32_t max_rows = 0;
   std::optional<std::uint32_t> layer;
   std::uint32_t count = 1;
+  std::uint32_t layer_offset = 0;
 };
 
 std::string read_file(const std::string& path, const char* what) {
@@ -75,7 +78,13 @@ Options parse(const std::vector<std::string>& args,
   Options o;
   if (const char* s = env("GAUGEWATCH_SOCKET")) o.socket = s;
   if (const char* a = env("GAUGEWATCH_ADDRESS")) o.address = a;
-  if (const char* t = env("GAUGEWATCH_TOKEN")) o.token = t;
+  if (const char* t = env("GAUGEWATCH_TOKEN")) {
+    try {
+      o.token = token_from_file_contents(t, "GAUGEWATCH_TOKEN");
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
   if (const char* c = env("GAUGEWATCH_TLS_CA")) o.tls_ca = c;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -96,8 +105,11 @@ Options parse(const std::vector<std::string>& args,
     } else if (arg == "--tls-ca") {
       o.tls_ca = value();
     } else if (arg == "--token-file") {
-      o.token = read_file(value(), "--token-file");
-      while (!o.token.empty() && (o.token.back() == '\n' || o.token.back() == ' ')) o.token.pop_back();
+      try {
+        o.token = token_from_file_contents(read_file(value(), "--token-file"), "--token-file");
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+      }
     } else if (arg == "--timeout") {
       o.timeout_seconds = parse_u32(value(), "--timeout");
     } else if (arg == "--run") {
@@ -129,6 +141,8 @@ Options parse(const std::vector<std::string>& args,
       o.layer = parse_u32(value(), "--layer");
     } else if (arg == "--count") {
       o.count = parse_u32(value(), "--count");
+    } else if (arg == "--layer-offset") {
+      o.layer_offset = parse_u32(value(), "--layer-offset");
     } else if (arg == "--limit") {
       o.limit = parse_u32(value(), "--limit");
     } else if (arg == "--help" || arg == "-h" || arg == "help") {
@@ -279,6 +293,7 @@ int cmd_layers(Client& client, const Options& o, std::ostream& out) {
   v1::ListRunsRequest request;
   request.set_run_id(o.run);
   request.set_include_layers(true);
+  request.set_layer_offset(o.layer_offset);
   v1::ListRunsResponse response;
   client.check(client.stub().ListRuns(&context, request, &response));
   if (o.json) {
@@ -291,11 +306,22 @@ int cmd_layers(Client& client, const Options& o, std::ostream& out) {
   out << std::left << std::setw(20) << "RUN" << std::setw(6) << "RANK" << std::setw(8) << "STATE"
       << std::setw(7) << "LAYER" << std::setw(24) << "NAME" << std::setw(8) << "BACKEND"
       << std::setw(8) << "DESIRED" << std::setw(10) << "STEP" << std::setw(12) << "DQ_DISCR"
-      << std::setw(12) << "GAUGE_VIOL" << "OFFSET/SPREAD\n";
+      << std::setw(12) << "GAUGE_VIOL" << std::setw(15) << "OFFSET/SPREAD" << "MONITORED\n";
+  std::vector<std::string> notes;
   std::size_t rows = 0;
   for (const auto& run : response.runs()) {
     for (const auto& rank : run.ranks()) {
-      const char* state = rank.expired() ? "expired" : rank.connected() ? "live" : "gone";
+      const char* state = rank.finished() && !rank.connected() ? "finished"
+                          : rank.expired()                      ? "expired"
+                          : rank.connected()                    ? "live"
+                                                                : "gone";
+      if (rank.layer_count() > static_cast<std::uint32_t>(rank.layers_size()) && rank.layers_size() > 0) {
+        const auto first = rank.layers(0).index();
+        notes.push_back("run " + run.run_id() + " rank " + std::to_string(rank.rank()) + ": layers " +
+                        std::to_string(first) + ".." + std::to_string(first + rank.layers_size() - 1) +
+                        " of " + std::to_string(rank.layer_count()) + " shown (--layer-offset " +
+                        std::to_string(first + rank.layers_size()) + " for more)");
+      }
       for (const auto& layer : rank.layers()) {
         ++rows;
         out << std::left << std::setw(20) << run.run_id() << std::setw(6) << rank.rank()
@@ -308,11 +334,16 @@ int cmd_layers(Client& client, const Options& o, std::ostream& out) {
             << std::setw(10) << layer.last_step() << std::setw(12)
             << fmt_metric(layer.latest(), std::string(dq).c_str()) << std::setw(12)
             << fmt_metric(layer.latest(), std::string(gv).c_str())
-            << fmt_metric(layer.latest(), std::string(ratio).c_str()) << "\n";
+            << std::setw(15) << fmt_metric(layer.latest(), std::string(ratio).c_str())
+            << (layer.monitored() ? std::string("yes")
+                                  : "no: " + (layer.unmonitored_reason().empty() ? std::string("unknown")
+                                                                                 : layer.unmonitored_reason()))
+            << "\n";
       }
     }
   }
   if (rows == 0) out << "(no layers" << (o.run.empty() ? "" : " for run " + o.run) << ")\n";
+  for (const auto& note : notes) out << note << "\n";
   return kCtlOk;
 }
 
@@ -434,7 +465,8 @@ std::string ctl_help() {
   return "Usage: gaugewatchctl <command> [flags]\n\n"
          "Commands:\n"
          "  status                                   agent version, counts, endpoints\n"
-         "  layers  [--run R]                        runs > ranks > layers, latest metrics\n"
+         "  layers  [--run R] [--layer-offset N]     runs > ranks > layers (256 per rank from N),\n"
+         "                                           latest metrics, whether monitored and why not\n"
          "  switch  (--run R | --all-runs) [--rank N] [--layers 0,3] --backend B [--reason T]\n"
          "                                           set a backend (stock|gproj|pivot|fp32)\n"
          "  history [--run R] [--limit N] [--audit]  switch decisions (and the audit log)\n"
@@ -443,7 +475,8 @@ std::string ctl_help() {
          "  capture (--run R | --all-runs) [--rank N] --layer L [--count N]\n"
          "                                           capture a layer's operands\n\n"
          "Connection:\n"
-         "  --socket PATH      unix socket [GAUGEWATCH_SOCKET] (default /run/gaugewatch/agent.sock)\n"
+         "  --socket PATH      unix socket [GAUGEWATCH_SOCKET] (default: root /run/gaugewatch/agent.sock,\n"
+         "                     others $XDG_RUNTIME_DIR/gaugewatch/agent.sock)\n"
          "  --address H:P      TCP with TLS instead [GAUGEWATCH_ADDRESS]\n"
          "  --tls-ca FILE      CA certificate for --address [GAUGEWATCH_TLS_CA]\n"
          "  --token-file FILE  bearer token for --address [GAUGEWATCH_TOKEN holds the token]\n"

@@ -1,9 +1,15 @@
 #include "agent/export/http_server.h"
 
+#include <arpa/inet.h>
 #include <civetweb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
-#include <mutex>
+#include <thread>
 
 namespace gaugewatch::agent {
 
@@ -14,29 +20,58 @@ void init_library_once() {
   std::call_once(once, [] { mg_init_library(0); });
 }
 
-void send(struct mg_connection* conn, const HttpServer::Response& response) {
-  const char* reason = response.status == 200 ? "OK" : "Service Unavailable";
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return "Status";
+  }
+}
+
+void send(struct mg_connection* conn, const HttpServer::Response& response, bool with_body) {
   mg_printf(conn,
             "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
             "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
-            response.status, reason, response.content_type.c_str(), response.body.size());
-  mg_write(conn, response.body.data(), response.body.size());
+            response.status, reason_phrase(response.status), response.content_type.c_str(),
+            response.body.size());
+  if (with_body) mg_write(conn, response.body.data(), response.body.size());
+}
+
+// Opens and closes a connection to the server's port on the loopback.
+void wake(std::uint16_t port) {
+  if (port == 0) return;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  (void)::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address);
+  ::close(fd);
 }
 
 }  // namespace
 
-HttpServer::HttpServer(const std::string& listen, MetricsHandler metrics, HealthHandler health)
-    : metrics_(std::move(metrics)), health_(std::move(health)) {
+HttpServer::HttpServer(const std::string& listen, Options options) {
   init_library_once();
-  const char* options[] = {"listening_ports", listen.c_str(), "num_threads", "4",
-                           "request_timeout_ms", "10000", nullptr};
+  const std::string threads = std::to_string(options.worker_threads);
+  const std::string timeout = std::to_string(options.request_timeout_ms);
+  // keep-alive off: a connection is one request, so an idle client holds a
+  // worker for at most request_timeout_ms.
+  const char* config[] = {"listening_ports",    listen.c_str(),  "num_threads", threads.c_str(),
+                          "request_timeout_ms", timeout.c_str(), "enable_keep_alive", "no",
+                          "linger_timeout_ms",  "0",             nullptr};
   struct mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof callbacks);
   struct mg_init_data init;
   std::memset(&init, 0, sizeof init);
   init.callbacks = &callbacks;
   init.user_data = this;
-  init.configuration_options = options;
+  init.configuration_options = config;
   struct mg_error_data error;
   char error_text[256] = {0};
   unsigned error_code = 0;
@@ -48,8 +83,8 @@ HttpServer::HttpServer(const std::string& listen, MetricsHandler metrics, Health
   if (ctx_ == nullptr) {
     throw std::runtime_error("cannot listen for HTTP on '" + listen + "': " + error_text);
   }
-  mg_set_request_handler(ctx_, "/metrics$", &HttpServer::handle, this);
-  mg_set_request_handler(ctx_, "/healthz$", &HttpServer::handle, this);
+  // Every path comes here; the handler table decides (404 for the rest).
+  mg_set_request_handler(ctx_, "/", &HttpServer::handle, this);
   struct mg_server_port ports[4];
   std::memset(ports, 0, sizeof ports);
   const int n = mg_get_server_ports(ctx_, 4, ports);
@@ -57,33 +92,64 @@ HttpServer::HttpServer(const std::string& listen, MetricsHandler metrics, Health
 }
 
 HttpServer::~HttpServer() {
-  if (ctx_ != nullptr) mg_stop(ctx_);
+  if (ctx_ == nullptr) return;
+  // civetweb's master thread polls its listening socket in 2 s quanta and
+  // sees the stop flag only between polls; a connection wakes it, so a stop
+  // takes milliseconds instead of up to 2 s.
+  std::atomic<bool> stopped{false};
+  std::thread stopper([this, &stopped] {
+    mg_stop(ctx_);
+    stopped = true;
+  });
+  for (int attempt = 0; attempt < 400 && !stopped.load(); ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (stopped.load()) break;
+    wake(port_);
+  }
+  stopper.join();
+}
+
+void HttpServer::register_handler(const std::string& path, Handler handler) {
+  std::lock_guard lock(mu_);
+  handlers_[path] = std::make_shared<const Handler>(std::move(handler));
 }
 
 int HttpServer::handle(struct mg_connection* conn, void* self_ptr) {
   auto* self = static_cast<HttpServer*>(self_ptr);
   const struct mg_request_info* info = mg_get_request_info(conn);
-  if (std::strcmp(info->request_method, "GET") != 0 && std::strcmp(info->request_method, "HEAD") != 0) {
-    mg_printf(conn, "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET\r\nContent-Length: 0\r\n"
+  const bool head = std::strcmp(info->request_method, "HEAD") == 0;
+  if (!head && std::strcmp(info->request_method, "GET") != 0) {
+    mg_printf(conn, "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\nContent-Length: 0\r\n"
                     "Connection: close\r\n\r\n");
     return 405;
   }
+  Request request;
+  request.path = info->local_uri != nullptr ? info->local_uri : "/";
+  request.query = info->query_string != nullptr ? info->query_string : "";
+  const char* accept = mg_get_header(conn, "Accept");
+  request.accept = accept != nullptr ? accept : "";
+  std::shared_ptr<const Handler> handler;
+  {
+    std::lock_guard lock(self->mu_);
+    const auto it = self->handlers_.find(request.path);
+    if (it != self->handlers_.end()) handler = it->second;
+  }
+  if (!handler) {
+    send(conn, {404, "text/plain; charset=utf-8", "not found: " + request.path + "\n"}, !head);
+    return 404;
+  }
   try {
-    if (std::strcmp(info->local_uri, "/metrics") == 0) {
-      const char* accept = mg_get_header(conn, "Accept");
-      send(conn, self->metrics_(accept ? accept : ""));
-    } else {
-      send(conn, self->health_());
-    }
-    return 200;
+    const Response response = (*handler)(request);
+    send(conn, response, !head);
+    return response.status;
   } catch (const std::exception& e) {
-    send(conn, {500, "text/plain", std::string("error: ") + e.what() + "\n"});
+    send(conn, {500, "text/plain; charset=utf-8", std::string("error: ") + e.what() + "\n"}, !head);
     return 500;
   }
 }
 
 HttpResult http_get(const std::string& host, std::uint16_t port, const std::string& path,
-                    const std::string& accept, int timeout_ms) {
+                    const std::string& accept, int timeout_ms, const std::string& method) {
   init_library_once();
   char error[256] = {0};
   struct mg_connection* conn =
@@ -92,7 +158,7 @@ HttpResult http_get(const std::string& host, std::uint16_t port, const std::stri
     throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port) + ": " +
                              error);
   }
-  std::string request = "GET " + path + " HTTP/1.1\r\nHost: " + host + ":" +
+  std::string request = method + " " + path + " HTTP/1.1\r\nHost: " + host + ":" +
                         std::to_string(port) + "\r\nConnection: close\r\n";
   if (!accept.empty()) request += "Accept: " + accept + "\r\n";
   request += "\r\n";
@@ -103,12 +169,16 @@ HttpResult http_get(const std::string& host, std::uint16_t port, const std::stri
                              ": " + error);
   }
   HttpResult result;
-  result.status = mg_get_response_info(conn)->status_code;
-  char buffer[16384];
-  while (true) {
-    const int n = mg_read(conn, buffer, sizeof buffer);
-    if (n <= 0) break;
-    result.body.append(buffer, static_cast<std::size_t>(n));
+  const struct mg_response_info* info = mg_get_response_info(conn);
+  result.status = info->status_code;
+  result.content_length = info->content_length;
+  if (method != "HEAD") {
+    char buffer[16384];
+    while (true) {
+      const int n = mg_read(conn, buffer, sizeof buffer);
+      if (n <= 0) break;
+      result.body.append(buffer, static_cast<std::size_t>(n));
+    }
   }
   mg_close_connection(conn);
   return result;

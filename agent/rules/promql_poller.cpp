@@ -104,7 +104,7 @@ PromqlPoller::PromqlPoller(const AgentConfig& config, Controller& controller)
 void PromqlPoller::poll_once() {
   auto& counters = controller_.counters();
   for (std::size_t i = 0; i < rules_.size(); ++i) {
-    counters.promql_queries_total.fetch_add(1);
+    counters.promql_queries_total.Increment();
     try {
       const auto answer =
           http_get(host_, port_, base_path_ + "/api/v1/query?query=" + url_encode(rules_[i].query));
@@ -113,7 +113,7 @@ void PromqlPoller::poll_once() {
       }
       evaluate(rules_[i], states_[i], parse_promql_response(answer.body));
     } catch (const std::exception& e) {
-      counters.promql_errors_total.fetch_add(1);
+      counters.promql_errors_total.Increment();
       std::fprintf(stderr, "gaugewatch-agent: PromQL rule %s: %s\n", rules_[i].name.c_str(), e.what());
     }
   }
@@ -150,7 +150,7 @@ void PromqlPoller::evaluate(const PromqlRule& rule, RuleState& state,
                          rule.backend,
                          "PromQL " + rule.query + " = " + std::to_string(series.value));
     } catch (const StoreError& e) {
-      controller_.counters().store_errors_total.fetch_add(1);
+      controller_.counters().store_errors_total.Increment();
       state.fired.erase(key);
     }
   }

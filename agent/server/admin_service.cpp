@@ -2,6 +2,9 @@
 
 #include "agent/common/backend_names.h"
 #include "agent/server/bearer_auth.h"
+#include "agent/server/peer_identity.h"
+
+#include <algorithm>
 
 namespace gaugewatch::agent {
 
@@ -35,18 +38,19 @@ grpc::Status AdminServiceImpl::SetBackend(grpc::ServerContext* context,
     return {grpc::StatusCode::INVALID_ARGUMENT, "backend must be stock, gproj, pivot or fp32"};
   }
   if (auto s = check_target(request->target()); !s.ok()) return s;
+  if (auto s = check_target_known(request->target()); !s.ok()) return s;
   const auto& target = request->target();
   if (request->reason().size() > 1024) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "reason longer than 1024 bytes"};
   }
   try {
-    auto result = controller_.decide(v1::DECISION_SOURCE_ADMIN, "admin " + context->peer(), target,
+    auto result = controller_.decide(v1::DECISION_SOURCE_ADMIN, "admin " + peer_identity(*context), target,
                                      request->backend(),
                                      request->reason().empty() ? "set by operator" : request->reason());
     response->set_decision_id(result.decision_id);
     response->set_commands_sent(result.commands_sent);
   } catch (const StoreError& e) {
-    controller_.counters().store_errors_total.fetch_add(1);
+    controller_.counters().store_errors_total.Increment();
     return {grpc::StatusCode::UNAVAILABLE, std::string("decision not stored: ") + e.what()};
   }
   return grpc::Status::OK;
@@ -72,6 +76,41 @@ grpc::Status AdminServiceImpl::check_target(const v1::Target& target) const {
   return grpc::Status::OK;
 }
 
+grpc::Status AdminServiceImpl::check_target_known(const v1::Target& target) const {
+  if (target.all_runs()) return grpc::Status::OK;  // covers runs that connect later too
+  bool run_known = false;
+  bool rank_known = false;
+  std::uint32_t layer_count = 0;  // most layers of any rank the target covers
+  for (const auto& entry : controller_.registry().ranks()) {
+    std::lock_guard lock(entry->mu);
+    if (entry->run_id != target.run_id()) continue;
+    run_known = true;
+    if (target.has_rank() && entry->rank != target.rank()) continue;
+    rank_known = true;
+    layer_count = std::max(layer_count, entry->layer_count);
+  }
+  if (!run_known) {
+    return {grpc::StatusCode::NOT_FOUND,
+            "run '" + target.run_id() + "' is not known to this agent (no trainer of it is "
+            "connected or remembered; `gaugewatchctl layers` lists the runs)"};
+  }
+  if (!rank_known) {
+    return {grpc::StatusCode::NOT_FOUND, "run '" + target.run_id() + "' has no rank " +
+                                             std::to_string(target.rank()) +
+                                             " (`gaugewatchctl layers --run " + target.run_id() +
+                                             "` lists its ranks)"};
+  }
+  for (const auto layer : target.layers()) {
+    if (layer >= layer_count) {
+      return {grpc::StatusCode::OUT_OF_RANGE,
+              "layer " + std::to_string(layer) + " is out of range: the target's ranks have " +
+                  std::to_string(layer_count) + " layers" +
+                  (layer_count > 0 ? " (0.." + std::to_string(layer_count - 1) + ")" : "")};
+    }
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status AdminServiceImpl::SetSampling(grpc::ServerContext* context,
                                            const v1::SetSamplingRequest* request,
                                            v1::CommandResponse* response) {
@@ -83,6 +122,7 @@ grpc::Status AdminServiceImpl::SetSampling(grpc::ServerContext* context,
       return {grpc::StatusCode::INVALID_ARGUMENT, "layer_fraction and overhead_budget must be in [0, 1]"};
     }
   }
+  if (auto s = check_target_known(request->target()); !s.ok()) return s;
   if (p.every_n_steps() == 0 && p.layer_fraction() == 0 && p.max_heads() == 0 && p.max_rows() == 0 &&
       p.overhead_budget() == 0) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "sampling policy sets nothing"};
@@ -97,9 +137,9 @@ grpc::Status AdminServiceImpl::SetSampling(grpc::ServerContext* context,
 grpc::Status AdminServiceImpl::send_admin_command(const grpc::ServerContext& context, const v1::Target& target,
                                                   const v1::Command& command, v1::CommandResponse* response) {
   try {
-    response->set_commands_sent(controller_.send_command(target, command, context.peer()));
+    response->set_commands_sent(controller_.send_command(target, command, peer_identity(context)));
   } catch (const StoreError& e) {
-    controller_.counters().store_errors_total.fetch_add(1);
+    controller_.counters().store_errors_total.Increment();
     return {grpc::StatusCode::UNAVAILABLE, std::string("not audited, not sent: ") + e.what()};
   }
   return grpc::Status::OK;
@@ -113,6 +153,7 @@ grpc::Status AdminServiceImpl::CaptureOperands(grpc::ServerContext* context,
   if (request->target().layers_size() != 1) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "capture needs exactly one layer"};
   }
+  if (auto s = check_target_known(request->target()); !s.ok()) return s;
   if (request->count() == 0 || request->count() > 1000) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "count must be in [1, 1000]"};
   }

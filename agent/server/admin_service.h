@@ -35,6 +35,9 @@ class AdminServiceImpl final : public gaugewatch::v1::AdminService::Service {
  private:
   grpc::Status authorize(const grpc::ServerContext& context) const;
   grpc::Status check_target(const gaugewatch::v1::Target& target) const;
+  // A named run, rank and layers must be known to the agent: a typo is an
+  // error (NOT_FOUND, OUT_OF_RANGE), never a decision nobody will receive.
+  grpc::Status check_target_known(const gaugewatch::v1::Target& target) const;
   grpc::Status send_admin_command(const grpc::ServerContext& context, const gaugewatch::v1::Target& target,
                                   const gaugewatch::v1::Command& command,
                                   gaugewatch::v1::CommandResponse* response);

@@ -11,10 +11,12 @@
 
 #include "agent/config/agent_config.h"
 #include "agent/export/http_server.h"
+#include "agent/export/state_collector.h"
 #include "agent/rules/promql_poller.h"
 #include "agent/server/admin_service.h"
 #include "agent/server/controller.h"
 #include "agent/server/hook_service.h"
+#include "agent/server/unix_listener.h"
 #include "agent/store/decision_store.h"
 
 namespace grpc {
@@ -36,13 +38,16 @@ class Agent {
   void shutdown(int grace_ms = 2000);
 
   std::uint16_t http_port() const { return http_->port(); }
+  // The one HTTP port: other parts add their pages here (register_handler).
+  HttpServer& http() { return *http_; }
   int tcp_port() const { return tcp_port_; }
   Controller& controller() { return *controller_; }
   const AgentConfig& config() const { return config_; }
 
  private:
   void housekeeping();
-  HttpServer::Response metrics(const std::string& accept);
+  HttpServer::Response metrics();
+  HttpServer::Response status_page(const HttpServer::Request& request);
 
   AgentConfig config_;
   AgentCounters counters_;
@@ -50,11 +55,12 @@ class Agent {
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<HookServiceImpl> hook_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
+  std::unique_ptr<UnixListener> unix_listener_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<StateCollector> state_collector_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<PromqlPoller> promql_;
   int tcp_port_ = 0;
-  double start_seconds_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;

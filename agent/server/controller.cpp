@@ -7,18 +7,34 @@
 
 #include "agent/common/backend_names.h"
 #include "agent/common/clock.h"
+#include "agent/common/event_log.h"
 #include "agent/rules/threshold_rule.h"
 
 namespace gaugewatch::agent {
 
 namespace v1 = gaugewatch::v1;
 
+namespace {
+
+std::string target_text(const v1::Target& target) {
+  std::string out = target.all_runs() ? "all runs" : "run " + target.run_id();
+  if (target.has_rank()) out += " rank " + std::to_string(target.rank());
+  if (target.layers().empty()) return out + " all layers";
+  out += " layers";
+  for (int i = 0; i < target.layers_size(); ++i) {
+    out += (i ? "," : " ") + std::to_string(target.layers(i));
+  }
+  return out;
+}
+
+}  // namespace
+
 Controller::Controller(const AgentConfig& config, DecisionStore& store, AgentCounters& counters)
     : config_(config),
       rules_(effective_rules(config)),
       store_(store),
       counters_(counters),
-      registry_(config.max_series, rules_.size()),
+      registry_(config.max_series, rules_.size(), config.limits.max_ranks),
       start_unix_ns_(unix_now_ns()),
       next_command_id_(store.max_command_id() + 1) {
   for (const auto& decision : store_.all_decisions()) book_.add(decision);
@@ -28,14 +44,21 @@ std::shared_ptr<Session> Controller::open_session() {
   auto session =
       std::make_shared<Session>(next_session_id_.fetch_add(1), config_.trainer_sample_rate,
                                 config_.trainer_sample_burst, steady_now_ns());
-  counters_.connections_total.fetch_add(1);
+  counters_.connections_total.Increment();
   return session;
 }
 
 Verdict Controller::count(Verdict verdict, std::size_t samples) {
   if (!verdict.ok()) {
-    counters_.messages_rejected_total[static_cast<std::size_t>(verdict.reason)].fetch_add(1);
-    counters_.samples_rejected_total.fetch_add(samples);
+    counters_.rejected(verdict.reason).Increment();
+    counters_.samples_rejected_total.Increment(static_cast<double>(samples));
+    std::uint64_t suppressed = 0;
+    if (rejection_log_.admit(suppressed)) {
+      events().warn("message rejected: {}: {} ({} samples){}", reject_reason_name(verdict.reason),
+                    verdict.detail, samples,
+                    suppressed > 0 ? " [" + std::to_string(suppressed) + " earlier rejections not logged]"
+                                   : std::string());
+    }
   }
   return verdict;
 }
@@ -57,6 +80,9 @@ Verdict Controller::handle(const std::shared_ptr<Session>& shared, const v1::Tra
     case v1::TrainerMessage::kAck:
       if (!session.hello_done) return count({RejectReason::kOutOfOrder, "ack before hello"}, 0);
       return on_ack(session, message.ack());
+    case v1::TrainerMessage::kGoodbye:
+      if (!session.hello_done) return count({RejectReason::kOutOfOrder, "goodbye before hello"}, 0);
+      return on_goodbye(session, message.goodbye());
     default:
       return count({RejectReason::kOutOfOrder, "empty trainer message"}, 0);
   }
@@ -65,11 +91,23 @@ Verdict Controller::handle(const std::shared_ptr<Session>& shared, const v1::Tra
 Verdict Controller::on_hello(const std::shared_ptr<Session>& shared, const v1::Hello& hello) {
   Session& session = *shared;
   if (Verdict v = validate_hello(hello, config_.limits); !v.ok()) return count(v, 0);
+  auto rank = registry_.connect(hello, session.id());
+  if (!rank) {
+    counters_.refused(StreamRefusal::kRankLimit).Increment();
+    events().warn("trainer refused: run={} rank={}: the agent holds limits.max_ranks={} ranks",
+                  hello.run_id(), hello.rank(), config_.limits.max_ranks);
+    return {RejectReason::kRank, "the agent holds limits.max_ranks (" +
+                                     std::to_string(config_.limits.max_ranks) +
+                                     ") ranks; finished ranks are forgotten after 10x rank_expiry_seconds"};
+  }
   session.hello_done = true;
   session.run_id = hello.run_id();
   session.rank_index = hello.rank();
   session.layer_count = static_cast<std::uint32_t>(hello.layers_size());
-  session.rank = registry_.connect(hello, session.id());
+  session.rank = std::move(rank);
+  events().info("trainer connected: run={} rank={} world_size={} host={} pid={} layers={} session={} peer={}",
+                hello.run_id(), hello.rank(), hello.world_size(), hello.host(), hello.pid(),
+                hello.layers_size(), session.id(), session.peer);
 
   v1::AgentMessage ack;
   auto* hello_ack = ack.mutable_hello_ack();
@@ -82,7 +120,7 @@ Verdict Controller::on_hello(const std::shared_ptr<Session>& shared, const v1::H
     std::lock_guard lock(sessions_mu_);
     sessions_[session.id()] = shared;
   }
-  counters_.trainers_connected.fetch_add(1);
+  counters_.trainers_connected.Increment();
 
   // Restore the decisions that cover this trainer: re-send every switch
   // whose backend differs from what the layer runs now.
@@ -115,6 +153,8 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
   std::vector<Firing> firings;
   RankEntry& rank = *session.rank;
   std::size_t admitted = 0;
+  std::uint64_t skewed = 0;
+  SampleAgeBatch ages;
   {
     std::lock_guard lock(rank.mu);
     if (rank.session_id != session.id()) {
@@ -125,6 +165,7 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
     rank.last_seen_steady_ns = steady_now_ns();
     rank.last_seen_unix_ns = unix_now_ns();
     rank.expired = false;
+    rank.retired = false;
     // Rate limit per stream: the first `admitted` samples are applied, the
     // rest are dropped and counted. Never waits, so no other stream is held up.
     admitted = static_cast<std::size_t>(
@@ -132,19 +173,47 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
     if (admitted < samples) rank.samples_shed += samples - admitted;
     rank.samples += admitted;
     if (batch.dropped_total() > rank.hook_dropped) {
-      counters_.hook_dropped_total.fetch_add(batch.dropped_total() - rank.hook_dropped);
+      counters_.hook_dropped_total.Increment(
+          static_cast<double>(batch.dropped_total() - rank.hook_dropped));
       rank.hook_dropped = batch.dropped_total();
+    }
+    for (const auto& calls : batch.attention_calls()) RunRegistry::record_attention_calls(rank, calls);
+    for (const auto& status : batch.layer_status()) {
+      LayerEntry& layer = rank.layers[status.layer()];
+      layer.monitored = status.monitored();
+      layer.unmonitored_reason = status.reason();
+      layer.correcting_backends.clear();
+      for (const int backend : status.correcting_backends()) {
+        layer.correcting_backends.push_back(static_cast<v1::Backend>(backend));
+      }
     }
     std::uint64_t evaluations = 0;
     const std::int64_t now_unix = rank.last_seen_unix_ns;
+    const std::int64_t skew_ns =
+        static_cast<std::int64_t>(config_.limits.max_clock_skew_seconds) * 1'000'000'000;
     for (std::size_t s = 0; s < admitted; ++s) {
       const auto& sample = batch.samples(static_cast<int>(s));
-      if (sample.unix_time_ns() != 0) counters_.observe_sample_age(now_unix - sample.unix_time_ns());
+      // A stamp outside the skew window (a wrong clock, or a forged value)
+      // would poison the age histogram: count it and use the agent's time.
+      const std::int64_t stamp = sample.unix_time_ns();
+      const bool stamped = stamp != 0;
+      const bool in_window = stamped && stamp > now_unix - skew_ns && stamp < now_unix + skew_ns;
+      if (stamped && !in_window) ++skewed;
+      if (in_window) ages.add(now_unix - stamp);
       LayerEntry& layer = rank.layers[sample.layer()];
       layer.latest = to_values(sample.metrics());
+      if (sample.metrics().has_live_dq_discrepancy()) {
+        layer.recent_live_dq.add(sample.metrics().live_dq_discrepancy());
+      }
       layer.backend = sample.backend();
       layer.last_step = sample.step();
-      layer.last_unix_ns = sample.unix_time_ns() != 0 ? sample.unix_time_ns() : rank.last_seen_unix_ns;
+      layer.last_unix_ns = in_window ? stamp : now_unix;
+      if (sample.correcting_backends_size() > 0) {
+        layer.correcting_backends.clear();
+        for (const int backend : sample.correcting_backends()) {
+          layer.correcting_backends.push_back(static_cast<v1::Backend>(backend));
+        }
+      }
       ++layer.samples;
       registry_.admit(layer);
       for (std::size_t r = 0; r < rules_.size(); ++r) {
@@ -156,37 +225,70 @@ Verdict Controller::on_batch(Session& session, const v1::SampleBatch& batch) {
         ++evaluations;
         const double value = layer.latest.value[metric];
         if (step_rule(rule, layer.rules[r], value)) {
-          if (rule.backend != v1::BACKEND_UNSPECIFIED && layer.desired == rule.backend) continue;
-          firings.push_back({r, sample.layer(), value, sample.step()});
+          Escalation escalation;
+          if (rule.backend != v1::BACKEND_UNSPECIFIED) {
+            escalation = choose_backend(rule.backend, layer.correcting_backends);
+            if (escalation.backend != v1::BACKEND_UNSPECIFIED && layer.desired == escalation.backend) {
+              continue;
+            }
+          }
+          firings.push_back({r, sample.layer(), value, sample.step(), std::move(escalation)});
         }
       }
     }
-    counters_.rule_evaluations_total.fetch_add(evaluations);
+    counters_.rule_evaluations_total.Increment(static_cast<double>(evaluations));
   }
-  counters_.samples_received_total.fetch_add(admitted);
+  counters_.observe(ages);
+  if (skewed > 0) counters_.samples_clock_skew_total.Increment(static_cast<double>(skewed));
+  counters_.samples_received_total.Increment(static_cast<double>(admitted));
   if (admitted < samples) {
-    counters_.samples_shed_total[static_cast<std::size_t>(ShedReason::kRateLimit)].fetch_add(
-        samples - admitted);
+    counters_.samples_shed_total[static_cast<std::size_t>(ShedReason::kRateLimit)]->Increment(
+        static_cast<double>(samples - admitted));
   }
   for (const auto& firing : firings) fire(session, firing);
   return {};
 }
 
+Verdict Controller::on_goodbye(Session& session, const v1::Goodbye& goodbye) {
+  if (goodbye.reason().size() > config_.limits.max_string_bytes) {
+    return count({RejectReason::kString, "goodbye.reason longer than max_string_bytes"}, 0);
+  }
+  {
+    std::lock_guard lock(session.rank->mu);
+    if (session.rank->session_id == session.id()) session.rank->finished = true;
+  }
+  events().info("rank finished: run={} rank={} session={} last_step={} reason='{}'",
+                session.run_id, session.rank_index, session.id(), goodbye.last_step(),
+                goodbye.reason());
+  return {};
+}
+
 void Controller::fire(const Session& session, const Firing& firing) {
   const ThresholdRule& rule = rules_[firing.rule];
-  counters_.rule_firings_total.fetch_add(1);
-  char detail[256];
-  std::snprintf(detail, sizeof detail, "rule %s: %s = %.6g at step %llu (threshold %.6g x%u)",
+  counters_.rule_firings_total.Increment();
+  char fired[256];
+  std::snprintf(fired, sizeof fired, "rule %s: %s = %.6g at step %llu (threshold %.6g x%u)",
                 rule.name.c_str(),
                 std::string(reference::metric_spec(rule.metric).name).c_str(), firing.value,
                 static_cast<unsigned long long>(firing.step), rule.threshold, rule.for_samples);
+  const std::string detail =
+      rule.backend == v1::BACKEND_UNSPECIFIED ? fired : std::string(fired) + "; " + firing.escalation.why;
+  events().warn("rule fired: run={} rank={} layer={} {}", session.run_id, session.rank_index,
+                firing.layer, detail);
   try {
     if (rule.backend != v1::BACKEND_UNSPECIFIED) {
-      v1::Target target;
-      target.set_run_id(session.run_id);
-      if (rule.decision_scope == DecisionScope::kRank) target.set_rank(session.rank_index);
-      target.add_layers(firing.layer);
-      decide(v1::DECISION_SOURCE_RULE, rule.name, target, rule.backend, detail);
+      if (firing.escalation.backend == v1::BACKEND_UNSPECIFIED) {
+        counters_.escalations_uncorrectable_total.Increment();
+        events().error("layer not switched: run={} rank={} layer={}: {}", session.run_id,
+                       session.rank_index, firing.layer, firing.escalation.why);
+        audit(v1::AUDIT_KIND_RULE_FIRED, session.run_id, &session.rank_index, 0, 0, detail);
+      } else {
+        v1::Target target;
+        target.set_run_id(session.run_id);
+        if (rule.decision_scope == DecisionScope::kRank) target.set_rank(session.rank_index);
+        target.add_layers(firing.layer);
+        decide(v1::DECISION_SOURCE_RULE, rule.name, target, firing.escalation.backend, detail);
+      }
     }
     if (rule.capture_count > 0) {
       audit(v1::AUDIT_KIND_RULE_FIRED, session.run_id, &session.rank_index, 0, 0, detail);
@@ -197,26 +299,16 @@ void Controller::fire(const Session& session, const Firing& firing) {
         if (it != sessions_.end()) live = it->second;
       }
       if (live) {
-        v1::AgentMessage message;
-        auto* command = message.mutable_command();
-        const std::uint64_t id = next_command_id_.fetch_add(1);
-        command->set_command_id(id);
-        command->mutable_capture()->set_layer(firing.layer);
-        command->mutable_capture()->set_count(rule.capture_count);
-        command->set_reason(rule.name);
-        if (live->push(std::move(message))) {
-          counters_.commands_sent_total.fetch_add(1);
-          audit(v1::AUDIT_KIND_COMMAND_SENT, session.run_id, &session.rank_index, id, 0,
-                "capture layer " + std::to_string(firing.layer));
-        } else {
-          counters_.commands_dropped_total.fetch_add(1);
-        }
+        v1::Command command;
+        command.mutable_capture()->set_layer(firing.layer);
+        command.mutable_capture()->set_count(rule.capture_count);
+        command.set_reason(rule.name);
+        send_to(*live, std::move(command), "capture layer " + std::to_string(firing.layer));
       }
     }
   } catch (const StoreError& e) {
-    counters_.store_errors_total.fetch_add(1);
-    std::fprintf(stderr, "gaugewatch-agent: rule %s fired but could not be stored: %s\n",
-                 rule.name.c_str(), e.what());
+    counters_.store_errors_total.Increment();
+    events().error("rule {} fired but could not be stored: {}", rule.name, e.what());
   }
 }
 
@@ -232,7 +324,9 @@ Controller::DecisionResult Controller::decide(v1::DecisionSource source, const s
   decision.set_reason(reason);
   store_.add_decision(decision);
   book_.add(decision);
-  counters_.decisions_total[static_cast<std::size_t>(source) & 3].fetch_add(1);
+  if (auto* counter = counters_.decisions_total[static_cast<std::size_t>(source) & 3]) counter->Increment();
+  events().warn("decision {}: {} -> {} by {}: {}", decision.decision_id(), target_text(target),
+                backend_name(backend), rule, reason);
   const std::uint32_t target_rank = target.rank();
   const std::uint32_t* rank = target.has_rank() ? &target_rank : nullptr;
   audit(source == v1::DECISION_SOURCE_ADMIN ? v1::AUDIT_KIND_ADMIN : v1::AUDIT_KIND_RULE_FIRED,
@@ -275,31 +369,48 @@ std::uint32_t Controller::send_command(const v1::Target& target, const v1::Comma
   for (const auto& session : sessions()) {
     if (!target_covers_rank(target, session->run_id, session->rank_index)) continue;
     if (capture && command.capture().layer() >= session->layer_count) continue;
-    v1::AgentMessage message;
-    *message.mutable_command() = command;
-    const std::uint64_t id = next_command_id_.fetch_add(1);
-    message.mutable_command()->set_command_id(id);
-    if (!session->push(std::move(message))) {
-      counters_.commands_dropped_total.fetch_add(1);
-      continue;
-    }
-    counters_.commands_sent_total.fetch_add(1);
-    ++sent;
-    audit(v1::AUDIT_KIND_COMMAND_SENT, session->run_id, &session->rank_index, id, 0, what);
+    if (send_to(*session, command, what)) ++sent;
   }
   return sent;
+}
+
+bool Controller::send_to(Session& session, v1::Command command, const std::string& what) {
+  const std::uint64_t id = next_command_id_.fetch_add(1);
+  command.set_command_id(id);
+  {
+    std::lock_guard lock(session.pending_mu);
+    session.pending[id] = command;
+  }
+  v1::AgentMessage message;
+  *message.mutable_command() = std::move(command);
+  if (!session.push(std::move(message))) {
+    counters_.commands_dropped_total.Increment();
+    std::lock_guard lock(session.pending_mu);
+    session.pending.erase(id);
+    events().warn("command not delivered: run={} rank={} command={} ({}): stream closed or outbox full",
+                  session.run_id, session.rank_index, id, what);
+    return false;
+  }
+  counters_.commands_sent_total.Increment();
+  events().info("command sent: run={} rank={} command={} {}", session.run_id, session.rank_index,
+                id, what);
+  try {
+    audit(v1::AUDIT_KIND_COMMAND_SENT, session.run_id, &session.rank_index, id, 0, what);
+  } catch (const StoreError&) {
+    counters_.store_errors_total.Increment();
+  }
+  return true;
 }
 
 bool Controller::send_switch(Session& session, std::vector<std::uint32_t> layers,
                              v1::Backend backend, std::uint64_t decision_id,
                              const std::string& reason) {
   const std::uint64_t id = next_command_id_.fetch_add(1);
-  v1::AgentMessage message;
-  auto* command = message.mutable_command();
-  command->set_command_id(id);
-  command->set_decision_id(decision_id);
-  command->set_reason(reason);
-  auto* sw = command->mutable_switch_backend();
+  v1::Command command;
+  command.set_command_id(id);
+  command.set_decision_id(decision_id);
+  command.set_reason(reason);
+  auto* sw = command.mutable_switch_backend();
   sw->set_backend(backend);
   std::string detail = "switch to " + std::string(backend_name(backend)) + " layers";
   for (auto layer : layers) {
@@ -308,67 +419,89 @@ bool Controller::send_switch(Session& session, std::vector<std::uint32_t> layers
   }
   {
     std::lock_guard lock(session.pending_mu);
-    session.pending[id] = *sw;
+    session.pending[id] = command;
   }
+  v1::AgentMessage message;
+  *message.mutable_command() = std::move(command);
   if (!session.push(std::move(message))) {
-    counters_.commands_dropped_total.fetch_add(1);
+    counters_.commands_dropped_total.Increment();
     std::lock_guard lock(session.pending_mu);
     session.pending.erase(id);
+    events().warn("switch not delivered: run={} rank={} command={} ({}): stream closed or outbox full",
+                  session.run_id, session.rank_index, id, detail);
     return false;
   }
-  counters_.commands_sent_total.fetch_add(1);
-  counters_.switch_commands_total.fetch_add(1);
+  counters_.commands_sent_total.Increment();
+  counters_.switch_commands_total.Increment();
+  events().info("command sent: run={} rank={} command={} decision={} {} ({})", session.run_id,
+                session.rank_index, id, decision_id, detail, reason);
   try {
     audit(v1::AUDIT_KIND_COMMAND_SENT, session.run_id, &session.rank_index, id, decision_id,
           detail);
   } catch (const StoreError& e) {
-    counters_.store_errors_total.fetch_add(1);
+    counters_.store_errors_total.Increment();
   }
   return true;
 }
 
 Verdict Controller::on_ack(Session& session, const v1::CommandAck& ack) {
   if (Verdict v = validate_ack(ack); !v.ok()) return count(v, 0);
-  std::optional<v1::SwitchBackend> command;
+  std::optional<v1::Command> command;
   {
     std::lock_guard lock(session.pending_mu);
     auto it = session.pending.find(ack.command_id());
     if (it != session.pending.end()) {
-      command = it->second;
+      command = std::move(it->second);
       session.pending.erase(it);
     }
   }
   const bool applied = ack.status() == v1::ACK_STATUS_APPLIED;
-  if (!command) counters_.acks_unknown_total.fetch_add(1);
-  (applied ? counters_.acks_applied_total : counters_.acks_rejected_total).fetch_add(1);
-  if (command && applied) {
+  // An ack of a command this stream was never sent is counted as unknown only.
+  counters_.acks(!command ? AckStatus::kUnknown : applied ? AckStatus::kApplied : AckStatus::kRejected)
+      .Increment();
+  if (command && applied && command->has_switch_backend()) {
     std::lock_guard lock(session.rank->mu);
-    for (auto layer : command->layers()) {
-      if (layer < session.rank->layers.size()) session.rank->layers[layer].backend = command->backend();
+    for (auto layer : command->switch_backend().layers()) {
+      if (layer < session.rank->layers.size()) {
+        session.rank->layers[layer].backend = command->switch_backend().backend();
+      }
     }
+  }
+  const std::string detail = (command ? "" : "unknown command; ") + std::string("step ") +
+                             std::to_string(ack.applied_step()) +
+                             (ack.detail().empty() ? "" : ": " + ack.detail());
+  if (!command) {
+    events().warn("ack of unknown command: run={} rank={} command={} {}", session.run_id,
+                  session.rank_index, ack.command_id(), detail);
+  } else if (applied) {
+    events().info("command applied: run={} rank={} command={} {}", session.run_id,
+                  session.rank_index, ack.command_id(), detail);
+  } else {
+    events().warn("command rejected by trainer: run={} rank={} command={} {}", session.run_id,
+                  session.rank_index, ack.command_id(), detail);
   }
   try {
     audit(applied ? v1::AUDIT_KIND_COMMAND_ACKED : v1::AUDIT_KIND_COMMAND_REJECTED, session.run_id,
-          &session.rank_index, ack.command_id(), 0,
-          (command ? "" : "unknown command; ") + std::string("step ") +
-              std::to_string(ack.applied_step()) + (ack.detail().empty() ? "" : ": " + ack.detail()));
+          &session.rank_index, ack.command_id(), 0, detail);
   } catch (const StoreError&) {
-    counters_.store_errors_total.fetch_add(1);
+    counters_.store_errors_total.Increment();
   }
   return {};
 }
 
 void Controller::close_session(Session& session) {
   const std::size_t dropped = session.close();
-  counters_.commands_dropped_total.fetch_add(dropped);
+  counters_.commands_dropped_total.Increment(static_cast<double>(dropped));
   bool was_registered = false;
   {
     std::lock_guard lock(sessions_mu_);
     was_registered = sessions_.erase(session.id()) > 0;
   }
   if (was_registered) {
-    counters_.trainers_connected.fetch_sub(1);
+    counters_.trainers_connected.Decrement();
     registry_.disconnect(*session.rank, session.id());
+    events().info("trainer disconnected: run={} rank={} session={}", session.run_id,
+                  session.rank_index, session.id());
   }
 }
 
@@ -395,7 +528,11 @@ void Controller::audit(v1::AuditKind kind, const std::string& run_id, const std:
 
 void Controller::expire_ranks() {
   const auto expiry_ns = static_cast<std::int64_t>(config_.rank_expiry_seconds * 1e9);
-  counters_.ranks_expired_total.fetch_add(registry_.expire(steady_now_ns(), expiry_ns));
+  const std::size_t expired = registry_.expire(steady_now_ns(), expiry_ns);
+  if (expired > 0) {
+    counters_.ranks_expired_total.Increment(static_cast<double>(expired));
+    events().warn("{} rank(s) expired: silent for {} s", expired, config_.rank_expiry_seconds);
+  }
 }
 
 void Controller::enforce_retention() {
@@ -407,14 +544,15 @@ void Controller::enforce_retention() {
     const PruneResult result = store_.prune(policy, unix_now_ns());
     const auto audit = static_cast<std::size_t>(StoreTable::kAudit);
     const auto decisions = static_cast<std::size_t>(StoreTable::kDecisions);
-    counters_.store_pruned_rows_total[audit].fetch_add(result.audit_deleted);
-    counters_.store_pruned_rows_total[decisions].fetch_add(result.decisions_deleted);
-    counters_.store_rows[audit].store(result.audit_rows);
-    counters_.store_rows[decisions].store(result.decision_rows);
-    counters_.retention_runs_total.fetch_add(1);
+    counters_.store_pruned_rows_total[audit]->Increment(static_cast<double>(result.audit_deleted));
+    counters_.store_pruned_rows_total[decisions]->Increment(
+        static_cast<double>(result.decisions_deleted));
+    counters_.store_rows[audit]->Set(static_cast<double>(result.audit_rows));
+    counters_.store_rows[decisions]->Set(static_cast<double>(result.decision_rows));
+    counters_.retention_runs_total.Increment();
   } catch (const StoreError& e) {
-    counters_.store_errors_total.fetch_add(1);
-    std::fprintf(stderr, "gaugewatch-agent: retention pass failed: %s\n", e.what());
+    counters_.store_errors_total.Increment();
+    events().error("retention pass failed: {}", e.what());
   }
 }
 
@@ -437,10 +575,10 @@ void Controller::status(v1::GetStatusResponse& out) const {
   out.set_runs(runs);
   out.set_ranks_connected(connected);
   out.set_ranks_expired(expired);
-  out.set_samples_received_total(counters_.samples_received_total.load());
-  out.set_samples_rejected_total(counters_.samples_rejected_total.load());
+  out.set_samples_received_total(static_cast<std::uint64_t>(counters_.samples_received_total.Value()));
+  out.set_samples_rejected_total(static_cast<std::uint64_t>(counters_.samples_rejected_total.Value()));
   std::uint64_t shed = 0;
-  for (const auto& reason : counters_.samples_shed_total) shed += reason.load();
+  for (const auto* reason : counters_.samples_shed_total) shed += static_cast<std::uint64_t>(reason->Value());
   out.set_samples_shed_total(shed);
   out.set_decisions_total(book_.size());
   out.set_rules(static_cast<std::uint32_t>(rules_.size()));

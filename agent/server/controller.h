@@ -12,7 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "agent/common/event_log.h"
 #include "agent/config/agent_config.h"
+#include "agent/rules/escalation.h"
 #include "agent/server/message_validator.h"
 #include "agent/server/session.h"
 #include "agent/state/agent_counters.h"
@@ -26,6 +28,11 @@ namespace gaugewatch::agent {
 
 class Controller {
  public:
+  // Counts a message the transport refused before it was a TrainerMessage
+  // (unparseable, too large); returns the verdict for the stream's status.
+  Verdict reject_transport(RejectReason reason, std::string detail) {
+    return count({reason, std::move(detail)}, 0);
+  }
   // Loads the stored decisions into the book. Throws StoreError.
   Controller(const AgentConfig& config, DecisionStore& store, AgentCounters& counters);
 
@@ -78,12 +85,17 @@ class Controller {
     std::uint32_t layer;
     double value;
     std::uint64_t step;
+    Escalation escalation;  // the backend chosen for this layer, and why
   };
 
+  // Counts (and logs, rate-limited) a rejection; passes the verdict on.
   Verdict count(Verdict verdict, std::size_t samples);
   Verdict on_hello(const std::shared_ptr<Session>& session, const gaugewatch::v1::Hello& hello);
   Verdict on_batch(Session& session, const gaugewatch::v1::SampleBatch& batch);
   Verdict on_ack(Session& session, const gaugewatch::v1::CommandAck& ack);
+  Verdict on_goodbye(Session& session, const gaugewatch::v1::Goodbye& goodbye);
+  // Queues a non-switch command on one session (pending until acked); audits it.
+  bool send_to(Session& session, gaugewatch::v1::Command command, const std::string& what);
   void fire(const Session& session, const Firing& firing);
   // Queues a switch command; audits it. Returns false if it could not be queued.
   bool send_switch(Session& session, std::vector<std::uint32_t> layers,
@@ -104,6 +116,7 @@ class Controller {
   std::atomic<std::uint64_t> next_command_id_;
   mutable std::mutex sessions_mu_;
   std::unordered_map<std::uint64_t, std::shared_ptr<Session>> sessions_;
+  LogRateLimit rejection_log_{5.0};  // rejections logged per second, at most
 };
 
 }  // namespace gaugewatch::agent

@@ -35,27 +35,6 @@ bool known_backend(Backend backend) { return parse_backend(backend_name(backend)
 
 }  // namespace
 
-std::string_view reject_reason_name(RejectReason reason) {
-  switch (reason) {
-    case RejectReason::kNone: return "none";
-    case RejectReason::kProtocolVersion: return "protocol_version";
-    case RejectReason::kOutOfOrder: return "out_of_order";
-    case RejectReason::kRunId: return "run_id";
-    case RejectReason::kRank: return "rank";
-    case RejectReason::kString: return "string";
-    case RejectReason::kLayers: return "layers";
-    case RejectReason::kBatchSize: return "batch_size";
-    case RejectReason::kLayerIndex: return "layer_index";
-    case RejectReason::kBackend: return "backend";
-    case RejectReason::kMetric: return "metric";
-    case RejectReason::kShape: return "shape";
-    case RejectReason::kTiming: return "timing";
-    case RejectReason::kAck: return "ack";
-    case RejectReason::kCount: break;
-  }
-  return "unknown";
-}
-
 bool is_label_safe(std::string_view text, std::size_t max_bytes) {
   if (text.empty() || text.size() > max_bytes) return false;
   for (unsigned char ch : text) {
@@ -91,7 +70,9 @@ Verdict validate_hello(const gaugewatch::v1::Hello& hello, const Limits& limits)
                              {hello.torch_version(), "torch_version"},
                              {hello.cuda_version(), "cuda_version"},
                              {hello.driver_version(), "driver_version"},
-                             {hello.hook_version(), "hook_version"}}) {
+                             {hello.hook_version(), "hook_version"},
+                             {hello.gpu_uuid(), "gpu_uuid"},
+                             {hello.pci_bus_id(), "pci_bus_id"}}) {
     if (Verdict v = check_string(text, field, limits); !v.ok()) return v;
   }
   if (hello.layers_size() == 0) return reject(RejectReason::kLayers, "hello lists no layers");
@@ -115,6 +96,21 @@ Verdict validate_hello(const gaugewatch::v1::Hello& hello, const Limits& limits)
   return {};
 }
 
+namespace {
+
+Verdict check_backends(const google::protobuf::RepeatedField<int>& backends, const std::string& where) {
+  if (backends.size() > 8) return reject(RejectReason::kBackend, where + ": more than 8 correcting backends");
+  for (const int backend : backends) {
+    if (!gaugewatch::v1::Backend_IsValid(backend) || backend == gaugewatch::v1::BACKEND_UNSPECIFIED) {
+      return reject(RejectReason::kBackend,
+                    where + ": correcting backend " + std::to_string(backend) + " is no backend");
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 Verdict validate_sample(const gaugewatch::v1::Sample& sample, std::uint32_t layer_count,
                         const Limits& limits) {
   if (sample.layer() >= layer_count) {
@@ -125,6 +121,7 @@ Verdict validate_sample(const gaugewatch::v1::Sample& sample, std::uint32_t laye
   if (!known_backend(sample.backend())) {
     return reject(RejectReason::kBackend, "sample backend is not a known backend");
   }
+  if (Verdict v = check_backends(sample.correcting_backends(), "correcting_backends"); !v.ok()) return v;
   const auto& fields = metric_fields();
   const auto* reflection = sample.metrics().GetReflection();
   for (std::size_t i = 0; i < fields.size(); ++i) {
@@ -159,7 +156,31 @@ Verdict validate_sample(const gaugewatch::v1::Sample& sample, std::uint32_t laye
 
 Verdict validate_batch(const gaugewatch::v1::SampleBatch& batch, std::uint32_t layer_count,
                        const Limits& limits) {
-  if (batch.samples_size() == 0) return reject(RejectReason::kBatchSize, "empty sample batch");
+  if (batch.samples_size() == 0 && batch.attention_calls_size() == 0 && batch.layer_status_size() == 0) {
+    return reject(RejectReason::kBatchSize, "empty sample batch");
+  }
+  if (static_cast<std::uint32_t>(batch.layer_status_size()) > layer_count) {
+    return reject(RejectReason::kLayers, "layer_status of " + std::to_string(batch.layer_status_size()) +
+                                             " entries for " + std::to_string(layer_count) + " layers");
+  }
+  for (int i = 0; i < batch.layer_status_size(); ++i) {
+    const auto& status = batch.layer_status(i);
+    const std::string where = "layer_status[" + std::to_string(i) + "]";
+    if (status.layer() >= layer_count) {
+      return reject(RejectReason::kLayerIndex, where + ".layer " + std::to_string(status.layer()) +
+                                                   " >= the Hello's " + std::to_string(layer_count) + " layers");
+    }
+    if (Verdict v = check_string(status.reason(), "layer_status[].reason", limits); !v.ok()) return v;
+    if (Verdict v = check_backends(status.correcting_backends(), where); !v.ok()) return v;
+  }
+  if (batch.attention_calls_size() > 64) {
+    return reject(RejectReason::kBatchSize, "more than 64 attention_calls rows");
+  }
+  for (const auto& calls : batch.attention_calls()) {
+    if (calls.reason().size() > 64 || !(calls.reason().empty() || is_label_safe(calls.reason(), 64))) {
+      return reject(RejectReason::kString, "attention_calls[].reason must match [A-Za-z0-9_.:-]{0,64}");
+    }
+  }
   if (static_cast<std::uint32_t>(batch.samples_size()) > limits.max_batch_samples) {
     return reject(RejectReason::kBatchSize,
                   "batch of " + std::to_string(batch.samples_size()) + " samples; limit " +

@@ -7,32 +7,11 @@
 #include <string>
 #include <string_view>
 
+#include "agent/common/reject_reason.h"
 #include "agent/config/agent_config.h"
 #include "gaugewatch/v1/hook_service.pb.h"
 
 namespace gaugewatch::agent {
-
-enum class RejectReason : std::uint8_t {
-  kNone,
-  kProtocolVersion,
-  kOutOfOrder,  // no Hello first, a second Hello, an empty message
-  kRunId,
-  kRank,
-  kString,
-  kLayers,
-  kBatchSize,
-  kLayerIndex,
-  kBackend,
-  kMetric,
-  kShape,
-  kTiming,
-  kAck,
-  kCount,
-};
-
-inline constexpr std::size_t kRejectReasonCount = static_cast<std::size_t>(RejectReason::kCount);
-
-std::string_view reject_reason_name(RejectReason reason);
 
 struct Verdict {
   RejectReason reason = RejectReason::kNone;

@@ -43,9 +43,12 @@ class Session {
   // Incoming samples of this stream (read by its reader thread only).
   TokenBucket sample_bucket;
 
-  // Switch commands sent on this session and not yet acknowledged.
+  // Who opened the stream (gRPC peer, with uid and pid for unix-socket callers).
+  std::string peer;
+
+  // Commands sent on this session and not yet acknowledged.
   std::mutex pending_mu;
-  std::map<std::uint64_t, gaugewatch::v1::SwitchBackend> pending;
+  std::map<std::uint64_t, gaugewatch::v1::Command> pending;
 
  private:
   const std::uint64_t id_;

@@ -1,6 +1,12 @@
 #include "agent/store/decision_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <sstream>
@@ -67,6 +73,20 @@ constexpr const char* kDecisionColumns =
 }  // namespace
 
 DecisionStore::DecisionStore(const std::string& path) {
+  // Decisions and the audit log are for the agent's user only: the file is
+  // created 0600 (SQLite gives its -wal and -shm files the same mode), and
+  // an existing one is narrowed to 0600.
+  if (path != ":memory:") {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0 || ::fchmod(fd, 0600) != 0) {
+      const std::string why = std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      throw StoreError("cannot open database '" + path + "': " + why +
+                       " (does its directory exist and belong to the agent's user?)");
+    }
+    ::close(fd);
+    for (const char* suffix : {"-wal", "-shm"}) ::chmod((path + suffix).c_str(), 0600);
+  }
   if (sqlite3_open_v2(path.c_str(), &db_,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                       nullptr) != SQLITE_OK) {

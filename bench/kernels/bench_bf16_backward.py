@@ -8,15 +8,20 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   backend (backward only: the graph is kept, retain_graph=True)
   gw_<backend>    torch.ops.gaugewatch.attention_backward(backend=...), on the
                   BF16 operands and SDPA flash's saved out and lse; includes
-                  the delta pre-pass and the workspace allocation
+                  the delta pre-pass and the workspace allocation; gw_center is
+                  key centring (center_keys' kernels) plus SDPA's flash backward
+  gw_center_keys  center_keys alone (the centring's share of gw_center)
   gw_<backend>_mma_sync  the same with GAUGEWATCH_BF16_KERNEL=mma_sync: the
                   mma.sync kernel pair that the Hopper (wgmma) pair replaced,
-                  for bf16, gproj and pivot
+                  for bf16, gproj and pivot (a child process: the ops library
+                  reads the variable once, when it loads)
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
-Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16.
+Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
+(issue 11): center <= 1.08x sdpa_flash.
 
 Run (needs a GPU and the built ops library):
-  python3 bench/kernels/bench_bf16_backward.py [--json F] [--markdown F]
+  python3 bench/kernels/bench_bf16_backward.py [--json F] [--markdown F] [--shapes A,B]
+      [--skip-fp32] [--skip-mma-sync]
 Writes $GAUGEWATCH_BENCH_OUT/bench_bf16_backward.json when that is set (device.sh).
 """
 
@@ -38,7 +43,7 @@ SHAPES = [
     ("B2_H16_N8192_d128", 2, 16, 16, 8192, 128, False),
     ("B4_Hq32_Hkv8_N4096_d128_causal_gqa", 4, 32, 8, 4096, 128, True),
 ]
-GW = ("bf16", "gproj", "pivot", "fp32")
+GW = ("bf16", "gproj", "pivot", "center", "fp32")
 # Also timed with GAUGEWATCH_BF16_KERNEL=mma_sync (gw_<backend>_mma_sync).
 MMA_SYNC = ("bf16", "gproj", "pivot")
 
@@ -84,7 +89,12 @@ def main():
     parser.add_argument("--shapes", default="", help="comma-separated subset of shape names")
     parser.add_argument("--json", default="")
     parser.add_argument("--markdown", default="")
+    parser.add_argument("--skip-fp32", action="store_true", help="leave out the FP32 recompute (slow)")
+    parser.add_argument("--skip-mma-sync", action="store_true", help="leave out the mma.sync baseline pair")
+    parser.add_argument("--mma-sync-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.mma_sync_child:
+        return mma_sync_child(args)
     ops, rc = load_ops("bench_bf16_backward")
     if ops is None:
         return rc
@@ -127,22 +137,18 @@ def main():
                 row[f"sdpa_{backend}_ms"] = None
                 row[f"sdpa_{backend}_error"] = str(exc).splitlines()[0][:200]
         for backend in GW:
+            if backend == "fp32" and args.skip_fp32:
+                continue
             def gw(x, b=backend):
                 return ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"], is_causal=causal,
                                               backend=b)
-            row[f"gw_{backend}_ms"] = time_ms(gw, inputs, args.fp32_reps if backend == "fp32" else args.reps,
-                                              warmup=1 if backend == "fp32" else 3)
-        # The mma.sync pair that the Hopper pair replaced, in the same process.
-        os.environ["GAUGEWATCH_BF16_KERNEL"] = "mma_sync"
-        try:
-            for backend in MMA_SYNC:
-                row[f"gw_{backend}_mma_sync_ms"] = time_ms(
-                    lambda x, b=backend: ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"],
-                                                                is_causal=causal, backend=b), inputs, args.reps,
-                    warmup=3)
-            row["kernels_us_mma_sync"] = kernel_breakdown(ops, inputs[0], causal)
-        finally:
-            del os.environ["GAUGEWATCH_BF16_KERNEL"]
+            try:
+                row[f"gw_{backend}_ms"] = time_ms(gw, inputs, args.fp32_reps if backend == "fp32" else args.reps,
+                                                  warmup=1 if backend == "fp32" else 3)
+            except RuntimeError as exc:
+                row[f"gw_{backend}_ms"] = None
+                row[f"gw_{backend}_error"] = str(exc).splitlines()[0][:200]
+        row["gw_center_keys_ms"] = time_ms(lambda x: ops.center_keys(x["q"], x["k"], x["lse"]), inputs, args.reps)
         for key in [k[:-3] for k in list(row) if k.endswith("_ms")]:
             ms = row[key + "_ms"]
             row[key + "_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
@@ -152,32 +158,40 @@ def main():
             ms = row[key + "_ms"]
             row[key + "_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
         row["gproj_over_flash"] = row["gw_gproj_ms"] / row["sdpa_flash_ms"] if row.get("sdpa_flash_ms") else None
+        row["center_over_flash"] = (row["gw_center_ms"] / row["sdpa_flash_ms"]
+                                    if row.get("sdpa_flash_ms") and row.get("gw_center_ms") else None)
         row["gproj_over_bf16"] = row["gw_gproj_ms"] / row["gw_bf16_ms"]
         row["pivot_over_bf16"] = row["gw_pivot_ms"] / row["gw_bf16_ms"]
         cases.append(row)
         print(json.dumps(row), flush=True)
         del inputs
         torch.cuda.empty_cache()
+    if not args.skip_mma_sync and cases:
+        merge_mma_sync(cases, args)
 
     def fmt(row, key):
         ms = row.get(key + "_ms")
         return "n/a" if ms is None else f"{ms:.3f} ({row[key + '_tflops']:.0f})"
 
-    cols = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "gw_bf16", "gw_gproj", "gw_pivot", "gw_fp32"]
+    cols = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "gw_bf16", "gw_gproj", "gw_pivot", "gw_center", "gw_fp32"]
     lines = [f"GPU {meta['gpu']}, driver {meta['driver']}, torch {meta['torch']}, CUDA {meta['cuda']}, "
              f"cuDNN {meta['cudnn']}; median of {args.reps} (fp32: {args.fp32_reps}); ms (effective TFLOP/s)", "",
-             "| shape | " + " | ".join(cols) + " | gproj/flash | gproj/bf16 | pivot/bf16 | gproj/cuDNN |",
-             "|---" * (len(cols) + 5) + "|"]
+             "| shape | " + " | ".join(cols) + " | gproj/flash | gproj/bf16 | pivot/bf16 | center/flash | "
+             "center_keys ms |",
+             "|---" * (len(cols) + 6) + "|"]
+    ratio = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
     for row in cases:
-        ratio = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
         lines.append(f"| {row['shape']} | " + " | ".join(fmt(row, c) for c in cols) +
                      f" | {ratio(row['gproj_over_flash'])} | {ratio(row['gproj_over_bf16'])} | "
-                     f"{ratio(row['pivot_over_bf16'])} | {ratio(row.get('gw_gproj_vs_cudnn'))} |")
-    lines += ["", "Hopper (wgmma) pair against the mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync): "
-              "ms Hopper / mma.sync", "", "| shape | " + " | ".join(MMA_SYNC) + " |", "|---" * (len(MMA_SYNC) + 1) + "|"]
-    for row in cases:
-        lines.append(f"| {row['shape']} | " + " | ".join(
-            f"{row[f'gw_{b}_ms']:.3f} / {row[f'gw_{b}_mma_sync_ms']:.3f}" for b in MMA_SYNC) + " |")
+                     f"{ratio(row['pivot_over_bf16'])} | {ratio(row['center_over_flash'])} | "
+                     f"{row['gw_center_keys_ms']:.3f} |")
+    if any("gw_bf16_mma_sync_ms" in row for row in cases):
+        lines += ["", "Hopper (wgmma) pair against the mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync): "
+                  "ms Hopper / mma.sync", "", "| shape | " + " | ".join(MMA_SYNC) + " |",
+                  "|---" * (len(MMA_SYNC) + 1) + "|"]
+        for row in cases:
+            lines.append(f"| {row['shape']} | " + " | ".join(
+                f"{row[f'gw_{b}_ms']:.3f} / {ratio(row.get(f'gw_{b}_mma_sync_ms'))}" for b in MMA_SYNC) + " |")
     markdown = "\n".join(lines)
     print(markdown)
     result = {"meta": meta, "cases": cases, "markdown": markdown}
@@ -188,6 +202,47 @@ def main():
     if args.markdown:
         Path(args.markdown).write_text(markdown + "\n")
     return 0
+
+
+def mma_sync_child(args):
+    """In a process started with GAUGEWATCH_BF16_KERNEL=mma_sync: the mma.sync
+    pair's times per shape, as JSON into --json."""
+    ops, rc = load_ops("bench_bf16_backward (mma.sync)")
+    if ops is None:
+        return rc
+    wanted = set(filter(None, args.shapes.split(",")))
+    result = {}
+    for name, B, Hq, Hkv, N, d, causal in SHAPES:
+        if wanted and name not in wanted:
+            continue
+        inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed) for seed in range(args.rotate)]
+        row = {}
+        for backend in MMA_SYNC:
+            row[f"gw_{backend}_mma_sync_ms"] = time_ms(
+                lambda x, b=backend: ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"],
+                                                            is_causal=causal, backend=b), inputs, args.reps, warmup=3)
+        row["kernels_us_mma_sync"] = kernel_breakdown(ops, inputs[0], causal)
+        result[name] = row
+        del inputs
+        torch.cuda.empty_cache()
+    Path(args.json).write_text(json.dumps(result))
+    return 0
+
+
+def merge_mma_sync(cases, args):
+    """Times the mma.sync pair in a child process (the library reads
+    GAUGEWATCH_BF16_KERNEL once, when it loads) and merges them into the rows."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "mma_sync.json"
+        cmd = [sys.executable, __file__, "--mma-sync-child", "--json", str(path), "--reps", str(args.reps),
+               "--rotate", str(args.rotate), "--shapes", ",".join(row["shape"] for row in cases)]
+        subprocess.run(cmd, env=dict(os.environ, GAUGEWATCH_BF16_KERNEL="mma_sync"), check=True)
+        child = json.loads(path.read_text())
+    for row in cases:
+        row.update(child.get(row["shape"], {}))
 
 
 if __name__ == "__main__":

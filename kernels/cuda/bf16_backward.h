@@ -1,9 +1,9 @@
 #pragma once
 // Fused BF16 attention backward on the GPU (sm_90), three variants of one
 // kernel pair: "bf16" (what FlashAttention/cuDNN compute), "gproj" and
-// "pivot" (NUMERICS.md). BF16 operands, FP32 accumulators, BF16 outputs.
+// "pivot" (docs/numerics.md). BF16 operands, FP32 accumulators, BF16 outputs.
 //
-// Math (NUMERICS.md notation; one batch element, query head h, key/value head
+// Math (docs/numerics.md notation; one batch element, query head h, key/value head
 // h / (Hq / Hkv); alpha = scale; every product below is a BF16 x BF16 tensor
 // core MMA with FP32 accumulation unless stated):
 //   delta_i = sum_c dO_ic O_ic               FP32, from the saved BF16 output
@@ -33,9 +33,9 @@
 // ops' "deterministic" flag needs no parameter here. Both kernels compute
 // S and dP with the same instructions in the same order, so the t and r the
 // key-outer kernel contracts are bit-identical to those summed into rho and m.
-// Two implementations of the pair: the Hopper pair (warpgroup MMAs,
-// bf16_backward_hopper.cuh; the default) and the mma.sync pair
-// (bf16_backward_kernel.cuh; GAUGEWATCH_BF16_KERNEL=mma_sync). For gproj the
+// Two implementations of the pair (Bf16KernelPair): the Hopper pair (warpgroup
+// MMAs, bf16_backward_hopper.cuh; the default) and the mma.sync pair
+// (baseline/bf16_mma_sync_kernel.cuh, kept as its measured baseline). For gproj the
 // Hopper dq kernel also writes bf16(-lambda_i q_i) per row to the workspace,
 // which its dkdv kernel stages like Q.
 //
@@ -43,8 +43,10 @@
 // dim contiguous, other strides free (SDPA's (B, N, H, d) views work), rows
 // 16-byte aligned. lse: FP32 (B, Hq, N) natural-log, any batch/head strides,
 // row stride 1 (cuDNN's (B, H, N, 1) is the same memory). dq, dk, dv: BF16,
-// contiguous (B, Hq, N, d) / (B, Hkv, M, d). Masking, packing, GQA and rows
-// with no visible key exactly as kernels/cuda/fp32_backward.h.
+// contiguous (B, Hq, N, d) / (B, Hkv, M, d). Causal masking, packing, GQA and
+// rows with no visible key exactly as kernels/cuda/fp32_backward.h; an
+// attn_mask (ProblemShape::mask) is refused by validate(): these kernels take
+// no mask (the FP32 recompute and backend center do).
 //
 // Row diagnostics (optional, each FP32 (B, Hq, N) contiguous, null to skip;
 // projection kNone only, so the projected variants spend no registers on them):
@@ -58,7 +60,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cuda/fp32_backward.h"  // CausalMode, Status
+#include "kernels/cuda/problem.h"
 
 namespace gaugewatch::gpu {
 
@@ -80,7 +82,20 @@ struct Bf16RowDiagnostics {
   }
 };
 
+// Which implementation of the kernel pair runs (same math, same outputs to
+// the BF16 error both carry).
+enum class Bf16KernelPair : int {
+  kHopper = 0,            // warpgroup MMAs (bf16_backward_hopper.cuh)
+  kMmaSyncBaseline = 1,   // mma.sync (baseline/bf16_mma_sync_kernel.cuh)
+};
+
+// Element strides of a (B, H, N) lse; rows are contiguous.
+struct LseStrides {
+  int64_t batch = 0, head = 0;
+};
+
 struct Bf16BackwardParams {
+  ProblemShape shape;  // head_dim 64 or 128; no mask
   // Inputs (device). BF16 tensors are passed as raw 16-bit storage.
   const uint16_t* q = nullptr;
   const uint16_t* k = nullptr;
@@ -88,32 +103,15 @@ struct Bf16BackwardParams {
   const uint16_t* out = nullptr;
   const uint16_t* grad_out = nullptr;
   const float* lse = nullptr;
-  // Element strides of batch, head and row (the last dim is contiguous).
-  int64_t q_strides[3] = {0, 0, 0};
-  int64_t k_strides[3] = {0, 0, 0};
-  int64_t v_strides[3] = {0, 0, 0};
-  int64_t out_strides[3] = {0, 0, 0};
-  int64_t grad_out_strides[3] = {0, 0, 0};
-  int64_t lse_strides[2] = {0, 0};  // batch, head; rows contiguous
+  OperandStrides q_strides, k_strides, v_strides, out_strides, grad_out_strides;
+  LseStrides lse_strides;
   // Outputs (device, BF16, contiguous).
   uint16_t* dq = nullptr;
   uint16_t* dk = nullptr;
   uint16_t* dv = nullptr;
 
-  int64_t batch = 1;
-  int64_t q_heads = 1;
-  int64_t kv_heads = 1;
-  int64_t q_len = 1;
-  int64_t kv_len = 1;
-  int64_t head_dim = 64;  // 64 or 128
-  float scale = 0.125f;
-  CausalMode causal = CausalMode::kNone;
-
-  const int32_t* cu_seqlens_q = nullptr;
-  const int32_t* cu_seqlens_k = nullptr;
-  int64_t num_segments = 0;
-
   Projection projection = Projection::kGproj;
+  Bf16KernelPair kernel_pair = Bf16KernelPair::kHopper;
 
   Bf16RowDiagnostics diagnostics;
 

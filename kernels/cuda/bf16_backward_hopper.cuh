@@ -2,7 +2,7 @@
 // Hopper kernel pair of the fused BF16 backward (the default on sm_90a; math,
 // layouts and the choice of structure: kernels/cuda/bf16_backward.h). Same
 // two kernels, same arithmetic as the mma.sync pair of
-// bf16_backward_kernel.cuh, but every product is a warpgroup MMA
+// baseline/bf16_mma_sync_kernel.cuh, but every product is a warpgroup MMA
 // (kernels/cuda/wgmma.cuh): operands are read by the tensor cores straight
 // from shared memory (no ldmatrix through the register file, the mma.sync
 // pair's limit), and t, r feed dQ from registers.
@@ -29,7 +29,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/bf16_backward_kernel.cuh"  // Args, RowInputs, row_keys, first_row
+#include "kernels/cuda/bf16_backward_common.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace gaugewatch::gpu::bf16::hopper {
@@ -156,25 +156,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
   const int wg = warp >> 2, g = lane >> 2, c = lane & 3;
   const int row0 = 64 * wg + 16 * (warp & 3);  // this warp's first row in the block
 
-  const uint16_t* qp = a.q + b * a.qs[0] + h * a.qs[1];
-  const uint16_t* gp = a.grad_out + b * a.gs[0] + h * a.gs[1];
-  const uint16_t* kp = a.k + b * a.ks[0] + hk * a.ks[1];
-  const uint16_t* vp = a.v + b * a.vs[0] + hk * a.vs[1];
-  const float* lp = a.lse + b * a.ls[0] + h * a.ls[1];
-  const int64_t row_base = static_cast<int64_t>(bh) * a.n;
+  const QueryHead qh = query_head(a, b, h);
+  const KeyHead kh = key_head(a, b, hk);
+  const int64_t row_base = static_cast<int64_t>(bh) * a.n;  // qh.row_base, from blockIdx (no register to keep)
 
-  const RowInputs in = row_inputs(a, i0 + row0, lp, row_base);
+  const RowInputs in = row_inputs(a, i0 + row0, qh.lse, row_base);
   // Key tiles: from the first row's first visible key to the last row's end
   // (visible ranges are monotone along the rows).
   const int last_row = (i0 + kDqRows < a.n ? i0 + kDqRows : a.n) - 1;
   const int j_begin = row_keys(a, i0).begin / kDqKeys * kDqKeys;
   const int j_end = row_keys(a, last_row).end;
 
-  load_rows<kDqRows, D>(smem + L::kQ, qp, a.qs[2], i0, a.n);
-  load_rows<kDqRows, D>(smem + L::kGo, gp, a.gs[2], i0, a.n);
+  load_rows<kDqRows, D>(smem + L::kQ, qh.q, a.q_strides.row, i0, a.n);
+  load_rows<kDqRows, D>(smem + L::kGo, qh.grad_out, a.grad_out_strides.row, i0, a.n);
   if (j_begin < j_end) {
-    load_rows<kDqKeys, D>(smem + L::kK0, kp, a.ks[2], j_begin, a.m);
-    load_rows<kDqKeys, D>(smem + L::kV0, vp, a.vs[2], j_begin, a.m);
+    load_rows<kDqKeys, D>(smem + L::kK0, kh.k, a.k_strides.row, j_begin, a.m);
+    load_rows<kDqKeys, D>(smem + L::kV0, kh.v, a.v_strides.row, j_begin, a.m);
   }
   mma::cp_async_commit();
 
@@ -191,8 +188,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
   for (int j0 = j_begin; j0 < j_end; j0 += kDqKeys) {
     const bool more = j0 + kDqKeys < j_end;
     if (more) {
-      load_rows<kDqKeys, D>(smem + (buf ? L::kK0 : L::kK1), kp, a.ks[2], j0 + kDqKeys, a.m);
-      load_rows<kDqKeys, D>(smem + (buf ? L::kV0 : L::kV1), vp, a.vs[2], j0 + kDqKeys, a.m);
+      load_rows<kDqKeys, D>(smem + (buf ? L::kK0 : L::kK1), kh.k, a.k_strides.row, j0 + kDqKeys, a.m);
+      load_rows<kDqKeys, D>(smem + (buf ? L::kV0 : L::kV1), kh.v, a.v_strides.row, j0 + kDqKeys, a.m);
       mma::cp_async_commit();
     }
     publish_buffer(more);
@@ -270,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
     const int64_t orow = row_base + row;
     const float lam = mass[hh] > 0.0f ? rho[hh] / mass[hh] : 0.0f;
     uint16_t* out = a.dq + orow * D;
-    const uint16_t* kstar = (P == Projection::kPivot && parg[hh] >= 0) ? kp + parg[hh] * a.ks[2] : nullptr;
+    const uint16_t* kstar = (P == Projection::kPivot && parg[hh] >= 0) ? kh.k + parg[hh] * a.k_strides.row : nullptr;
 #pragma unroll
     for (int jn = 0; jn < D / 8; ++jn) {
       const int col = 8 * jn + 2 * c;
@@ -303,10 +300,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
     }
     // One thread per row writes the per-row outputs.
     if (c == 0) {
-      if constexpr (P == Projection::kGproj) a.row_a[orow] = lam;
+      if constexpr (P == Projection::kGproj) a.row_factor[orow] = lam;
       if constexpr (P == Projection::kPivot) {
-        a.row_a[orow] = rho[hh];
-        a.row_b[orow] = parg[hh];
+        a.row_factor[orow] = rho[hh];
+        a.pivot_key[orow] = parg[hh];
       }
       if (want_diag) {
         if (a.diag.row_mass) a.diag.row_mass[orow] = rho[hh];
@@ -330,8 +327,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
 struct StagedRows {
   float* lse;    // natural-log lse as saved
   float* delta;
-  float* row_a;  // lambda (gproj) or rho (pivot)
-  int* row_b;    // j* (pivot)
+  float* row_factor;  // lambda (gproj) or rho (pivot)
+  int* pivot_key;     // j* (pivot)
   int* kb;
   int* ke;
 };
@@ -370,8 +367,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
   const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
   const int row0 = 16 * v;  // this warp's first query row of a tile (scores) / first key of its warpgroup's 64
 
-  const uint16_t* kp = a.k + b * a.ks[0] + hk * a.ks[1];
-  const uint16_t* vp = a.v + b * a.vs[0] + hk * a.vs[1];
+  const KeyHead kh = key_head(a, b, hk);
   float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
   uint16_t* t_tile = smem + L::kTr + wg * 2 * L::kScoreTile;
   uint16_t* r_tile = t_tile + L::kScoreTile;
@@ -384,8 +380,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
   const int tiles = t_end - t_begin;
   const int iters = tiles * a.group;
 
-  load_rows<kKvKeys, D>(smem + L::kK, kp, a.ks[2], j0, a.m);
-  load_rows<kKvKeys, D>(smem + L::kV, vp, a.vs[2], j0, a.m);
+  load_rows<kKvKeys, D>(smem + L::kK, kh.k, a.k_strides.row, j0, a.m);
+  load_rows<kKvKeys, D>(smem + L::kV, kh.v, a.v_strides.row, j0, a.m);
 
   // Issues the loads of iteration `it` (query head, query tile) into buffer
   // `buf`: the Q and dO tiles and the per-row inputs, all by cp.async, so no
@@ -394,24 +390,24 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
   auto stage = [&](int it, int buf) {
     const int h = hk * a.group + it / tiles;
     const int i0 = tile_row0(it);
-    load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), a.q + b * a.qs[0] + h * a.qs[1], a.qs[2], i0, a.n);
-    load_rows<kKvRows, D>(smem + (buf ? L::kG1 : L::kG0), a.grad_out + b * a.gs[0] + h * a.gs[1], a.gs[2], i0, a.n);
+    const QueryHead qh = query_head(a, b, h);
+    load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), qh.q, a.q_strides.row, i0, a.n);
+    load_rows<kKvRows, D>(smem + (buf ? L::kG1 : L::kG0), qh.grad_out, a.grad_out_strides.row, i0, a.n);
     if constexpr (P == Projection::kGproj) {
-      load_rows<kKvRows, D>(smem + (buf ? L::kL1 : L::kL0),
-                            a.neg_lambda_q + (static_cast<int64_t>(b) * a.hq + h) * a.n * D, D, i0, a.n);
+      load_rows<kKvRows, D>(smem + (buf ? L::kL1 : L::kL0), a.neg_lambda_q + qh.row_base * D, D, i0, a.n);
     }
     if (threadIdx.x < kKvRows) {
       const StagedRows sr = staged_rows(rows_base, buf);
       const int r = threadIdx.x, row = i0 + r;
       const bool ok = row < a.n;
-      const int64_t at = (static_cast<int64_t>(b) * a.hq + h) * a.n + (ok ? row : 0);
+      const int64_t at = qh.row_base + (ok ? row : 0);
       const KeyRange kr = row_keys(a, row);  // arithmetic (packed: a search of cu_seqlens)
       sr.kb[r] = kr.begin;
       sr.ke[r] = kr.end;
-      mma::cp_async_4(sr.lse + r, a.lse + b * a.ls[0] + h * a.ls[1] + (ok ? row : 0), ok);
+      mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
       mma::cp_async_4(sr.delta + r, a.delta + at, ok);
-      if constexpr (P != Projection::kNone) mma::cp_async_4(sr.row_a + r, a.row_a + at, ok);
-      if constexpr (P == Projection::kPivot) mma::cp_async_4(sr.row_b + r, a.row_b + at, ok);
+      if constexpr (P != Projection::kNone) mma::cp_async_4(sr.row_factor + r, a.row_factor + at, ok);
+      if constexpr (P == Projection::kPivot) mma::cp_async_4(sr.pivot_key + r, a.pivot_key + at, ok);
     }
   };
   if (iters > 0) stage(0, 0);
@@ -505,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
       // (H200, causal N 4096: 3.80 ms against 3.31 ms without it at d = 128).
       const int i0 = tile_row0(it);
       auto hit = [&](int r) {
-        const int js = ra.row_b[r] - j0;
+        const int js = ra.pivot_key[r] - j0;
         return i0 + r < a.n && js >= 0 && js < kKvKeys && (js >> 4) == 4 * wg + v;
       };
       const uint64_t hits = __ballot_sync(0xffffffffu, hit(lane)) |
@@ -516,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
       uint64_t mine_lo = 0, mine_hi = 0;
       for (uint64_t left = hits; left != 0; left &= left - 1) {
         const int r = __ffsll(static_cast<long long>(left)) - 1;
-        const int js = ra.row_b[r] - j0;
+        const int js = ra.pivot_key[r] - j0;
         if ((js & 7) != g) continue;
         if ((js >> 3) & 1) {
           mine_hi |= uint64_t{1} << r;
@@ -528,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
       auto fix_up = [&](uint64_t rows, int e) {
         for (; rows != 0; rows &= rows - 1) {
           const int r = __ffsll(static_cast<long long>(rows)) - 1;
-          const float neg_rho = -ra.row_a[r];
+          const float neg_rho = -ra.row_factor[r];
 #pragma unroll
           for (int jn = 0; jn < D / 8; ++jn) {
             const int col = 8 * jn + 2 * c;

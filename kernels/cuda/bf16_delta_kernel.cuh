@@ -5,7 +5,7 @@
 // function defined in a header shared by several .cu files would be defined
 // once per file.
 
-#include "kernels/cuda/bf16_backward_kernel.cuh"
+#include "kernels/cuda/bf16_backward_common.cuh"
 
 namespace gaugewatch::gpu::bf16 {
 
@@ -19,8 +19,8 @@ __global__ void __launch_bounds__(256) delta_kernel(const DeltaArgs a) {
   if (live) {
     const int64_t bh = row / a.n, i = row % a.n;
     const int64_t b = bh / a.hq, h = bh % a.hq;
-    const uint16_t* go = a.grad_out + b * a.gs[0] + h * a.gs[1] + i * a.gs[2];
-    const uint16_t* o = a.out + b * a.os[0] + h * a.os[1] + i * a.os[2];
+    const uint16_t* go = head_ptr(a.grad_out, a.grad_out_strides, b, h) + i * a.grad_out_strides.row;
+    const uint16_t* o = head_ptr(a.out, a.out_strides, b, h) + i * a.out_strides.row;
     for (int col = lane; col < a.d; col += 32) {
       sum += mma::bf16_bits_to_float(go[col]) * mma::bf16_bits_to_float(o[col]);
     }

@@ -3,7 +3,7 @@
 // measures every backend against. Plain C++ API over raw device pointers, so
 // tests and the torch op call the same launcher.
 //
-// Math (NUMERICS.md notation; one batch element, one query head h, key/value
+// Math (docs/numerics.md notation; one batch element, one query head h, key/value
 // head h / (Hq / Hkv)); every operand, product and sum is FP32, no TF32:
 //   s_ij    = alpha q_i.(k_j - mu)         mu = mean key of the head (center_keys),
 //                                          or 0; exact gradients do not change
@@ -25,8 +25,12 @@
 //       sees a key)
 // Masking: causal none / top-left (SDPA) / bottom-right (FlashAttention),
 // packed sequences through cu_seqlens (S + 1 int32 offsets into N and M,
-// applied to every batch element), GQA/MQA (Hkv divides Hq). Rows with no
-// visible key get zero gradients. Semantics of kernels/reference/
+// applied to every batch element), GQA/MQA (Hkv divides Hq), and SDPA's
+// attn_mask (ProblemShape::mask: boolean, or an additive bias on alpha s_ij,
+// broadcast by strides; s_ij above then reads alpha q_i.(k_j - mu) + bias_ij,
+// formed once and identically in every pass). Rows with no visible key (every
+// key masked, or a bias of -inf on each) get zero gradients, as SDPA's math
+// and flash paths give. Semantics of kernels/reference/
 // attention_problem.h visible_keys(); offsets outside [0, N] / [0, M] are
 // clamped on the device (the values are trusted, not validated there).
 //
@@ -54,17 +58,13 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
+
+#include "kernels/cuda/problem.h"
 
 namespace gaugewatch::gpu {
 
-enum class CausalMode : int {
-  kNone = 0,
-  kTopLeft = 1,      // SDPA is_causal: row i sees keys j <= i
-  kBottomRight = 2,  // FlashAttention causal: row i sees keys j <= i + M - N
-};
-
 struct Fp32BackwardParams {
+  ProblemShape shape;  // head_dim 64, 128 or 256
   // Inputs (device, FP32).
   const float* q = nullptr;         // (B, Hq, N, d)
   const float* k = nullptr;         // (B, Hkv, M, d)
@@ -74,20 +74,6 @@ struct Fp32BackwardParams {
   float* dq = nullptr;  // (S, R, d); (B, Hq, N, d) in the full mode
   float* dk = nullptr;  // (B, Hkv, M, d)
   float* dv = nullptr;  // (B, Hkv, M, d)
-
-  int64_t batch = 1;
-  int64_t q_heads = 1;
-  int64_t kv_heads = 1;
-  int64_t q_len = 1;   // N
-  int64_t kv_len = 1;  // M
-  int64_t head_dim = 64;  // 64, 128 or 256
-  float scale = 0.125f;   // alpha
-  CausalMode causal = CausalMode::kNone;
-
-  // Packed sequences: both null, or both num_segments + 1 offsets (device).
-  const int32_t* cu_seqlens_q = nullptr;
-  const int32_t* cu_seqlens_k = nullptr;
-  int64_t num_segments = 0;
 
   // Row subset: both null (full mode), or both set (device arrays).
   const int32_t* slices = nullptr;  // (S,) flat b * Hq + h
@@ -99,14 +85,8 @@ struct Fp32BackwardParams {
   bool deterministic = false;
 
   bool subset() const { return slices != nullptr; }
-  int64_t slice_count() const { return subset() ? num_slices : batch * q_heads; }
-  int64_t row_count() const { return subset() ? num_rows : q_len; }
-};
-
-struct Status {
-  cudaError_t cuda = cudaSuccess;
-  std::string message;  // empty on success
-  bool ok() const { return cuda == cudaSuccess && message.empty(); }
+  int64_t slice_count() const { return subset() ? num_slices : shape.batch * shape.q_heads; }
+  int64_t row_count() const { return subset() ? num_rows : shape.q_len; }
 };
 
 // Checks shapes, head dim, alignment and pointer consistency; no device access.

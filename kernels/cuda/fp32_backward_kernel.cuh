@@ -67,6 +67,7 @@ struct Args {
   int64_t num_rows;    // R
   int num_segments;
   int causal;          // CausalMode
+  AttentionMask mask;  // attn_mask, on top of causal masking and packing
   float scale;
   bool dq_atomic;      // dkdv kernel adds dQ by atomics
   bool dq_in_rows;     // row kernel computes dQ (deterministic mode)
@@ -90,8 +91,10 @@ struct Config {
   static_assert(BR % 16 == 0 && BC % 16 == 0, "score tiles are 16 x 16 threads");
   static_assert(kThreads % kTk == 0 && kCpt >= 4 && kCpt % 4 == 0 && kRpt >= 1,
                 "accumulator layout needs float4 reads of P and dS");
-  // Shared memory in floats: Q, dO, K, V, P, dS, m, l, delta, row begin, row end.
-  static constexpr int kSmemFloats = 2 * BR * kLd + 2 * BC * kLd + 2 * BR * kLdp + 5 * BR;
+  // Shared memory in floats: Q, dO, K, V, P, dS, m, l, delta, row begin, row
+  // end, and the rows' attn_mask offsets (int64: two floats each, 8-byte
+  // aligned since every count before them is even).
+  static constexpr int kSmemFloats = 2 * BR * kLd + 2 * BC * kLd + 2 * BR * kLdp + 5 * BR + 2 * BR;
   static constexpr size_t kSmemBytes = sizeof(float) * static_cast<size_t>(kSmemFloats);
 };
 
@@ -111,6 +114,12 @@ inline constexpr size_t kMaxSmemPerBlock = 227 * 1024;
 // a logit that rounds differently in the two passes changes its P by ~1e-3
 // relative, gives the row a nonzero sum of dS, and leaks the mean key into dQ.
 __device__ __forceinline__ float scale_logit(float scale, float s) { return __fmul_rn(scale, s); }
+
+// alpha * s + bias (attn_mask's additive bias, 0 without one), rounded the
+// same way in every pass for the same reason.
+__device__ __forceinline__ float masked_logit(float scale, float s, float bias) {
+  return __fadd_rn(scale_logit(scale, s), bias);
+}
 
 // The block's dynamic shared memory. A macro so that the CPU emulation
 // (tests/cuda/emulation/cuda_runtime.h) can supply its own block storage.
@@ -259,6 +268,7 @@ struct Smem {
   float* delta;
   int* row_begin;
   int* row_end;
+  int64_t* mask_row;  // mask_row_offset() of each row of the query tile
   __device__ explicit Smem(float* base) {
     q = base;
     dout = q + Cfg::kBr * Cfg::kLd;
@@ -271,26 +281,29 @@ struct Smem {
     delta = row_sum + Cfg::kBr;
     row_begin = reinterpret_cast<int*>(delta + Cfg::kBr);
     row_end = row_begin + Cfg::kBr;
+    mask_row = reinterpret_cast<int64_t*>(row_end + Cfg::kBr);
   }
 };
 
 // P and dS of one (query tile, key tile) pair from the scores, written to
-// shared memory: P = exp(alpha s - m) / l on visible pairs, dS = alpha P (dP - delta).
+// shared memory: P = exp(alpha s + bias - m) / l on visible pairs the mask
+// allows, dS = alpha P (dP - delta).
 template <class Cfg>
 __device__ inline void softmax_grad_tile(const Smem<Cfg>& sm, const float (&s)[Cfg::kRa][Cfg::kCb],
                                          const float (&dp)[Cfg::kRa][Cfg::kCb], int64_t j0,
-                                         float scale, int ty, int tx, bool store_p) {
+                                         float scale, const AttentionMask& mask, int ty, int tx, bool store_p) {
 #pragma unroll
   for (int i = 0; i < Cfg::kRa; ++i) {
     const int r = ty + 16 * i;
     const float row_max = sm.row_max[r], row_sum = sm.row_sum[r], delta = sm.delta[r];
-    const int64_t begin = sm.row_begin[r], end = sm.row_end[r];
+    const int64_t begin = sm.row_begin[r], end = sm.row_end[r], mask_row = sm.mask_row[r];
 #pragma unroll
     for (int j = 0; j < Cfg::kCb; ++j) {
       const int c = tx + 16 * j;
       const int64_t key = j0 + c;
-      const bool visible = key >= begin && key < end;
-      const float p = visible ? expf(scale_logit(scale, s[i][j]) - row_max) / row_sum : 0.f;
+      const bool visible = key >= begin && key < end && mask_allows(mask, mask_row, key);
+      const float p =
+          visible ? expf(masked_logit(scale, s[i][j], mask_bias(mask, mask_row, key)) - row_max) / row_sum : 0.f;
       if (store_p) sm.p[r * Cfg::kLdp + c] = p;
       sm.ds[r * Cfg::kLdp + c] = scale * (p * (dp[i][j] - delta));
     }
@@ -325,6 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_backward_rows_kernel(const A
     const KeyRange range = n < 0 ? KeyRange{0, 0} : visible_keys(a, n);
     sm.row_begin[tid] = range.begin;
     sm.row_end[tid] = range.end;
+    sm.mask_row[tid] = n < 0 ? 0 : mask_row_offset(a.mask, b, h, n);
     if (range.end > range.begin) {
       atomicMin(&key_lo, range.begin);
       atomicMax(&key_hi, range.end);
@@ -365,12 +379,15 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_backward_rows_kernel(const A
 #pragma unroll
     for (int i = 0; i < Cfg::kRa; ++i) {
       const int r = ty + 16 * i;
-      const int64_t begin = sm.row_begin[r], end = sm.row_end[r];
+      const int64_t begin = sm.row_begin[r], end = sm.row_end[r], mask_row = sm.mask_row[r];
       float tile_max = -INFINITY;
 #pragma unroll
       for (int j = 0; j < Cfg::kCb; ++j) {
         const int64_t key = j0 + tx + 16 * j;
-        sc[i][j] = (key >= begin && key < end) ? scale_logit(a.scale, sc[i][j]) : -INFINITY;
+        // A bias of -inf leaves the logit -inf: the pair counts as masked.
+        sc[i][j] = (key >= begin && key < end && mask_allows(a.mask, mask_row, key))
+                       ? masked_logit(a.scale, sc[i][j], mask_bias(a.mask, mask_row, key))
+                       : -INFINITY;
         tile_max = fmaxf(tile_max, sc[i][j]);
       }
 #pragma unroll
@@ -435,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_backward_rows_kernel(const A
     __syncthreads();
     tile_dot<Cfg>(sm.q, sm.k, sc, ty, tx);
     tile_dot<Cfg>(sm.dout, sm.v, dp, ty, tx);
-    softmax_grad_tile<Cfg>(sm, sc, dp, j0, a.scale, ty, tx, false);
+    softmax_grad_tile<Cfg>(sm, sc, dp, j0, a.scale, a.mask, ty, tx, false);
     __syncthreads();
     accumulate_dq<Cfg>(sm.ds, sm.k, acc, tc, tk);
   }
@@ -495,6 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_backward_dkdv_kernel(const A
         const KeyRange range = n < 0 ? KeyRange{0, 0} : visible_keys(a, n);
         sm.row_begin[tid] = range.begin;
         sm.row_end[tid] = range.end;
+        sm.mask_row[tid] = n < 0 ? 0 : mask_row_offset(a.mask, b, flat % a.hq, n);
         sees = range.begin < j1 && range.end > j0 && range.end > range.begin;
         const int64_t ri = ri0 + tid;
         sm.row_max[tid] = n < 0 ? 0.f : a.row_max[s * a.num_rows + ri];
@@ -515,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp32_backward_dkdv_kernel(const A
       __syncthreads();
       tile_dot<Cfg>(sm.q, sm.k, sc, ty, tx);
       tile_dot<Cfg>(sm.dout, sm.v, dp, ty, tx);
-      softmax_grad_tile<Cfg>(sm, sc, dp, j0, a.scale, ty, tx, true);
+      softmax_grad_tile<Cfg>(sm, sc, dp, j0, a.scale, a.mask, ty, tx, true);
       __syncthreads();
       accumulate_transposed<Cfg, Cfg::kCpt>(sm.p, sm.dout, dv_acc, tc, tk);
       accumulate_transposed<Cfg, Cfg::kCpt>(sm.ds, sm.q, dk_acc, tc, tk);

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "kernels/cuda/fp32_backward.h"  // Status
+#include "kernels/cuda/problem.h"  // Status
 
 namespace gaugewatch::gpu::checks {
 
@@ -45,6 +45,15 @@ inline Status check_packing(const int32_t* cu_q, const int32_t* cu_k, int64_t nu
   if (cu_q != nullptr && (num_segments < 1 || num_segments > INT32_MAX)) {
     return invalid("packed sequences need num_segments >= 1");
   }
+  return {};
+}
+
+// attn_mask: a known kind with its data, or none.
+inline Status check_mask(const AttentionMask& mask) {
+  if (mask.kind != MaskKind::kNone && mask.kind != MaskKind::kBool && mask.kind != MaskKind::kBias) {
+    return invalid("unknown attn_mask kind");
+  }
+  if (mask.any() && mask.data == nullptr) return invalid("attn_mask data must be non-null");
   return {};
 }
 

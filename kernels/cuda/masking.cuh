@@ -6,13 +6,14 @@
 // here (device offsets are trusted, not validated). Without packing the whole
 // axis is one sequence. A row outside every segment sees nothing.
 // The visible range [begin, end) is non-decreasing in both ends along the rows
-// of a valid packing, which the kernels use to bound their tile loops.
+// of a valid packing, which the kernels use to bound their tile loops; an
+// attn_mask only removes pairs inside it (mask_allows) or biases them.
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "kernels/cuda/fp32_backward.h"  // CausalMode
+#include "kernels/cuda/problem.h"  // CausalMode
 
 namespace gaugewatch::gpu {
 
@@ -48,6 +49,22 @@ __device__ inline KeyRange visible_keys(const int32_t* cu_q, const int32_t* cu_k
     end = end < 0 ? 0 : (end > mk ? mk : end);
   }
   return {static_cast<int>(k0), static_cast<int>(k0 + end)};
+}
+
+// attn_mask (AttentionMask, kernels/cuda/problem.h) of one query row: where
+// row (b, h, i) starts in the mask, and whether key j of it takes part / what
+// it adds to the scaled logit. A pair takes part when visible_keys() and the
+// mask both allow it.
+__device__ __forceinline__ int64_t mask_row_offset(const AttentionMask& m, int64_t b, int64_t h, int64_t i) {
+  return b * m.strides[0] + h * m.strides[1] + i * m.strides[2];
+}
+
+__device__ __forceinline__ bool mask_allows(const AttentionMask& m, int64_t row_offset, int64_t j) {
+  return m.kind != MaskKind::kBool || static_cast<const uint8_t*>(m.data)[row_offset + j * m.strides[3]] != 0;
+}
+
+__device__ __forceinline__ float mask_bias(const AttentionMask& m, int64_t row_offset, int64_t j) {
+  return m.kind == MaskKind::kBias ? static_cast<const float*>(m.data)[row_offset + j * m.strides[3]] : 0.0f;
 }
 
 }  // namespace gaugewatch::gpu

@@ -38,7 +38,7 @@ Status launch_error(const char* what, cudaError_t err) {
   return Status{err, std::string(what) + ": " + cudaGetErrorString(err)};
 }
 
-Status validate_shape(const MetricsShape& s) {
+Status validate_shape(const ProblemShape& s) {
   if (s.head_dim < 16 || s.head_dim > detail::kMaxHeadDim || detail::kMetricsThreads % s.head_dim != 0 ||
       s.head_dim % detail::kGeoLanes != 0) {
     return invalid("head_dim " + std::to_string(s.head_dim) + " is not supported (16, 32, 64, 128 or 256)");
@@ -48,6 +48,7 @@ Status validate_shape(const MetricsShape& s) {
   }
   if (Status st = checks::check_heads_and_lengths(s.q_heads, s.kv_heads, s.q_len, s.kv_len); !st.ok()) return st;
   if (s.batch * s.q_heads > kMaxGridY) return invalid("batch * q_heads exceeds 65535");
+  if (Status st = checks::check_mask(s.mask); !st.ok()) return st;
   return checks::check_packing(s.cu_seqlens_q, s.cu_seqlens_k, s.num_segments);
 }
 
@@ -60,7 +61,7 @@ struct Layout {
          norm_partials = 0, medians = 0, total = 0;
 };
 
-Layout layout_of(const MetricsShape& s) {
+Layout layout_of(const ProblemShape& s) {
   Layout w;
   const size_t rows = static_cast<size_t>(s.q_rows()) * sizeof(double);
   size_t at = 0;
@@ -107,7 +108,7 @@ size_t metrics_workspace_bytes(const MetricsParams& params) { return layout_of(p
 Status attention_metrics(const MetricsParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   Status status = validate(p);
   if (!status.ok()) return status;
-  const MetricsShape& s = p.shape;
+  const ProblemShape& s = p.shape;
   const Layout w = layout_of(s);
   status = checks::check_workspace(workspace, workspace_bytes, w.total);
   if (!status.ok()) return status;
@@ -126,6 +127,7 @@ Status attention_metrics(const MetricsParams& p, void* workspace, size_t workspa
   g.cu_k = s.cu_seqlens_k;
   g.num_segments = static_cast<int>(s.num_segments);
   g.causal = static_cast<int>(s.causal);
+  g.mask = s.mask;
   g.q = p.q;
   g.k = p.k;
   g.centre = centre;
@@ -182,7 +184,7 @@ Status attention_metrics(const MetricsParams& p, void* workspace, size_t workspa
 }
 
 Status validate(const TranslateParams& p) {
-  MetricsShape s = p.shape;
+  ProblemShape s = p.shape;
   s.cu_seqlens_q = s.cu_seqlens_k = nullptr;  // masking plays no part in the translation
   Status status = validate_shape(s);
   if (!status.ok()) return status;
@@ -201,7 +203,7 @@ Status translate_keys(const TranslateParams& p, void* workspace, size_t workspac
   if (!status.ok()) return status;
   status = checks::check_workspace(workspace, workspace_bytes, translate_workspace_bytes(p));
   if (!status.ok()) return status;
-  const MetricsShape& s = p.shape;
+  const ProblemShape& s = p.shape;
   float* centre = static_cast<float*>(workspace);
   const int d = static_cast<int>(s.head_dim);
   cudaError_t err = detail::launch_key_centre(detail::CentreArgs{p.k, centre, s.kv_len, d}, s.batch * s.kv_heads,

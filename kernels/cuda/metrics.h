@@ -1,5 +1,5 @@
 #pragma once
-// The NUMERICS.md metrics of one sampled attention call, reduced on the GPU
+// The docs/numerics.md metrics of one sampled attention call, reduced on the GPU
 // (sm_90). Plain C++ API over raw device pointers (no torch), so tests and the
 // torch op call the same launcher. kernels/reference/metrics.cpp is the CPU
 // truth; the values come out in the order of reference::MetricId
@@ -23,6 +23,8 @@
 //             an even count), by a radix select on the FP64 bit patterns
 //   discrepancy ||x - r|| / ||r|| (FP64 sums; ||x|| when ||r|| = 0), gauge
 //   violation ||dQ(K + b) - dQ(K)|| / ||dQ(K)||, key RMS over all of K.
+// attn_mask (ProblemShape::mask) joins the logits as a bias (a False entry or
+// -inf masks the pair out; the logit maximum is over the pairs that take part).
 // Rows with no visible key are left out of every row statistic; a row whose
 // spread is 0 (it sees one key) is left out of the ratio statistics.
 //
@@ -38,17 +40,12 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cuda/fp32_backward.h"  // CausalMode, Status
+#include "kernels/cuda/problem.h"
 #include "kernels/reference/metric_catalogue.h"  // MetricId, kMetricCount (header-only use)
 
 namespace gaugewatch::gpu {
 
 inline constexpr std::size_t kMetricCount = reference::kMetricCount;
-
-enum class ElementType : int {
-  kBf16 = 0,  // raw 16-bit storage
-  kFp32 = 1,
-};
 
 // A contiguous device tensor of a known element count (from the shape).
 struct TensorView {
@@ -62,28 +59,8 @@ struct GradientViews {
   TensorView dv;  // (B, Hkv, M, d)
 };
 
-// Shape and masking shared by every entry point.
-struct MetricsShape {
-  int64_t batch = 1;
-  int64_t q_heads = 1;
-  int64_t kv_heads = 1;
-  int64_t q_len = 1;   // N
-  int64_t kv_len = 1;  // M
-  int64_t head_dim = 64;  // 16..256, dividing 256
-  double scale = 0.125;   // alpha (FP64, as the reference)
-  CausalMode causal = CausalMode::kNone;
-  // Packed sequences: both null, or both num_segments + 1 int32 offsets (device).
-  const int32_t* cu_seqlens_q = nullptr;
-  const int32_t* cu_seqlens_k = nullptr;
-  int64_t num_segments = 0;
-
-  int64_t q_rows() const { return batch * q_heads * q_len; }
-  int64_t q_elements() const { return q_rows() * head_dim; }
-  int64_t kv_elements() const { return batch * kv_heads * kv_len * head_dim; }
-};
-
 struct MetricsParams {
-  MetricsShape shape;
+  ProblemShape shape;  // head_dim 16..256, dividing 256
   // Operands, FP32 contiguous (BF16 values are exact in FP32; the FP32
   // backward takes the same copies).
   const float* q = nullptr;  // (B, Hq, N, d)
@@ -115,7 +92,7 @@ Status attention_metrics(const MetricsParams& params, void* workspace, size_t wo
 //   lse_out = float(double(lse) + alpha q_i.b)  where lse is finite, else lse
 // (the exact lse moves by alpha q_i.b; the saved output does not move).
 struct TranslateParams {
-  MetricsShape shape;           // masking fields unused
+  ProblemShape shape;           // masking fields unused
   const float* q = nullptr;     // (B, Hq, N, d) FP32
   const float* k = nullptr;     // (B, Hkv, M, d) FP32
   const float* lse = nullptr;   // (B, Hq, N) FP32 contiguous

@@ -79,6 +79,7 @@ struct GeometryArgs {
   const int32_t* cu_k;
   int num_segments;
   int causal;  // CausalMode
+  AttentionMask mask;
   const float* q;
   const float* k;
   const float* centre;

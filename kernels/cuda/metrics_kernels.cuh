@@ -6,7 +6,8 @@
 //   translate_lse_kernel   one thread/row:  lse_out = float(lse - alpha q.c), FP64 dot in the
 //                                           reference's lane order (bit-identical lse)
 //   geometry_kernel        grid (ceil(N / 16), B * Hq), 16 threads per query row:
-//       pass 1 over key tiles: s' = alpha q.k' (FP32, k' = k - c exact), online max m,
+//       pass 1 over key tiles: s' = alpha q.k' + bias (FP32, k' = k - c exact; bias:
+//         attn_mask's, -inf or a False entry masking the pair out), online max m,
 //         l = sum exp(s' - m), U = sum exp(s' - m) k'  ->  mu' = U / l, p_max = 1 / l
 //       pass 2 over the same tiles: sum_j p_j ||k'_j - mu'||^2 with p_j in FP64 (no
 //         underflow below e^-87), max |s' + alpha q.c|
@@ -29,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cuda/element_bits.cuh"
 #include "kernels/cuda/masking.cuh"
 #include "kernels/cuda/metrics_args.cuh"
 
@@ -38,21 +40,6 @@
 #endif
 
 namespace gaugewatch::gpu::detail {
-
-// --- bit helpers: one memcpy (register moves on the device, the same on the
-// host emulation) instead of an intrinsic per type behind #ifdef ------------
-
-template <class To, class From>
-__device__ __forceinline__ To bit_cast_to(From x) {
-  static_assert(sizeof(To) == sizeof(From), "bit casts keep the size");
-  To y;
-  std::memcpy(&y, &x, sizeof y);
-  return y;
-}
-__device__ __forceinline__ uint64_t double_bits(double x) { return bit_cast_to<uint64_t>(x); }
-__device__ __forceinline__ double bits_double(uint64_t u) { return bit_cast_to<double>(u); }
-__device__ __forceinline__ uint32_t float_bits(float x) { return bit_cast_to<uint32_t>(x); }
-__device__ __forceinline__ float bits_float(uint32_t u) { return bit_cast_to<float>(u); }
 
 // Correctly rounded reciprocals without the division slow-path call (whose
 // calling convention spills the geometry kernel's registers); the host
@@ -70,17 +57,6 @@ __device__ __forceinline__ double recip(double x) {
 #else
   return 1.0 / x;
 #endif
-}
-
-__device__ __forceinline__ bool finite_float(float x) { return (float_bits(x) & 0x7f800000u) != 0x7f800000u; }
-
-// float -> BF16 bits, round to nearest even, NaN kept quiet (reference/bf16.h).
-__device__ __forceinline__ uint16_t bf16_bits_rne(float x) {
-  const uint32_t bits = float_bits(x);
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  }
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 __device__ __forceinline__ double load_element(const void* base, int type, int64_t i) {
@@ -244,6 +220,7 @@ __global__ void __launch_bounds__(kMetricsThreads, 1) geometry_kernel(const Geom
   KeyRange range{0, 0};
   if (row_ok) range = gpu::visible_keys(a.cu_q, a.cu_k, a.num_segments, a.n, a.m, a.causal, n);
   const bool visible = range.end > range.begin;
+  const int64_t mask_row = row_ok ? mask_row_offset(a.mask, b, h, n) : 0;
   const float* kh = a.k + (b * a.hkv + hk) * a.m * d;
   const float* ch = a.centre + (b * a.hkv + hk) * d;
   const int ncols = d / kGeoLanes;
@@ -290,8 +267,11 @@ __global__ void __launch_bounds__(kMetricsThreads, 1) geometry_kernel(const Geom
     for (int bb = 0; bb < kGeoKeysPerLane; ++bb) {
       const int jj = lane + kGeoLanes * bb;
       const int64_t j = j0 + jj;
-      const bool seen = j >= range.begin && j < range.end;
-      s[bb] = seen ? __fmul_rn(a.scale_f, dot_fma(qs + r * ld, ks + jj * ld, d)) : -INFINITY;
+      const bool seen = j >= range.begin && j < range.end && mask_allows(a.mask, mask_row, j);
+      // attn_mask's bias joins the logit (-inf: masked out).
+      s[bb] = seen ? __fadd_rn(__fmul_rn(a.scale_f, dot_fma(qs + r * ld, ks + jj * ld, d)),
+                               mask_bias(a.mask, mask_row, j))
+                   : -INFINITY;
       tile_max = fmaxf(tile_max, s[bb]);
     }
     tile_max = group_max(tile_max);
@@ -345,8 +325,10 @@ __global__ void __launch_bounds__(kMetricsThreads, 1) geometry_kernel(const Geom
     for (int bb = 0; bb < kGeoKeysPerLane; ++bb) {
       const int jj = lane + kGeoLanes * bb;
       const int64_t j = j0 + jj;
-      if (j >= range.begin && j < range.end) {
-        const float sp = __fmul_rn(a.scale_f, dot_fma(qs + r * ld, ks + jj * ld, d));
+      if (j >= range.begin && j < range.end && mask_allows(a.mask, mask_row, j)) {
+        const float sp = __fadd_rn(__fmul_rn(a.scale_f, dot_fma(qs + r * ld, ks + jj * ld, d)),
+                                   mask_bias(a.mask, mask_row, j));
+        if (sp == -INFINITY) continue;  // masked out by a -inf bias
         const double w = exp(static_cast<double>(sp) - static_cast<double>(m_run)) * inv_l_d;
         var_part += w * static_cast<double>(dist2(ks + jj * ld, mus + r * ld, d));
         logit_part = fmax(logit_part, fabs(static_cast<double>(sp) + alpha_qc));

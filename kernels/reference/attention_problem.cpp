@@ -1,6 +1,7 @@
 #include "kernels/reference/attention_problem.h"
 
 #include <algorithm>
+#include <array>
 #include <sstream>
 #include <stdexcept>
 
@@ -77,6 +78,41 @@ void AttentionInputs::validate() const {
     check_offsets(cu_seqlens_k, s.kv_len, "cu_seqlens_k");
   }
   if (!(scale == scale)) throw std::invalid_argument("scale is NaN");
+  if (!bias.empty()) {
+    const std::array<int64_t, 4> full{s.batch, s.q_heads, s.q_len, s.kv_len};
+    int64_t count = 1;
+    for (size_t i = 0; i < 4; ++i) {
+      if (bias.sizes[i] != 1 && bias.sizes[i] != full[i]) {
+        std::ostringstream msg;
+        msg << "attn_mask dimension " << i << " has size " << bias.sizes[i] << ", broadcastable to " << full[i]
+            << " needs 1 or " << full[i];
+        throw std::invalid_argument(msg.str());
+      }
+      count *= bias.sizes[i];
+    }
+    if (static_cast<int64_t>(bias.values.size()) != count) {
+      std::ostringstream msg;
+      msg << "attn_mask has " << bias.values.size() << " elements, its sizes need " << count;
+      throw std::invalid_argument(msg.str());
+    }
+  }
+}
+
+BiasRow AttentionInputs::bias_row(int64_t b, int64_t h, int64_t n) const {
+  if (bias.empty()) return {};
+  const auto& z = bias.sizes;
+  const int64_t bb = z[0] == 1 ? 0 : b, hh = z[1] == 1 ? 0 : h, nn = z[2] == 1 ? 0 : n;
+  const int64_t offset = ((bb * z[1] + hh) * z[2] + nn) * z[3];
+  return BiasRow(&bias.values[static_cast<size_t>(offset)], z[3] == 1 ? 0 : 1);
+}
+
+bool sees_a_key(const AttentionInputs& in, int64_t b, int64_t h, int64_t n) {
+  const KeyRange keys = visible_keys(in, n);
+  const BiasRow bias = in.bias_row(b, h, n);
+  for (int64_t j = keys.begin; j < keys.end; ++j) {
+    if (bias.keeps(j)) return true;
+  }
+  return false;
 }
 
 KeyRange visible_keys(const AttentionInputs& in, int64_t n) {

@@ -13,7 +13,10 @@
 // element; packed inputs normally have B = 1). A query row attends only to
 // keys of its own segment; causal alignment is applied per segment.
 
+#include <array>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +65,34 @@ struct AttentionShape {
   }
 };
 
+// SDPA's attn_mask as an additive bias on the scaled scores alpha q.k: a
+// floating mask as given, a bool mask as 0 (True, takes part) / -inf (False).
+// Any shape broadcastable to (B, Hq, N, M): `sizes` is the mask's shape with
+// leading 1s added, each entry 1 (broadcast) or the full size. A pair whose
+// bias is -inf is masked out; a row whose visible keys are all masked out sees
+// no key (output 0, zero gradients: what SDPA's CPU math and flash paths give).
+struct AttentionBias {
+  std::vector<float> values;  // the mask's own elements, row-major over `sizes`
+  std::array<int64_t, 4> sizes{1, 1, 1, 1};
+
+  bool empty() const { return values.empty(); }
+};
+
+// One query row's bias along M: bias[j] (0 when there is no mask).
+class BiasRow {
+ public:
+  BiasRow() = default;
+  BiasRow(const float* first, int64_t key_stride) : first_(first), key_stride_(key_stride) {}
+  bool empty() const { return first_ == nullptr; }
+  float operator[](int64_t j) const { return first_ == nullptr ? 0.0f : first_[j * key_stride_]; }
+  // Whether key j takes part (its bias is not -inf).
+  bool keeps(int64_t j) const { return first_ == nullptr || first_[j * key_stride_] != -std::numeric_limits<float>::infinity(); }
+
+ private:
+  const float* first_ = nullptr;
+  int64_t key_stride_ = 0;
+};
+
 // The inputs every backend shares. Throws std::invalid_argument from
 // validate() with a message naming the first inconsistency.
 struct AttentionInputs {
@@ -74,9 +105,12 @@ struct AttentionInputs {
   CausalMode causal = CausalMode::kNone;
   std::vector<int64_t> cu_seqlens_q;  // empty, or S + 1 offsets into N
   std::vector<int64_t> cu_seqlens_k;  // empty, or S + 1 offsets into M
+  AttentionBias bias;                 // empty: no attn_mask
 
   void validate() const;
   bool packed() const { return !cu_seqlens_q.empty(); }
+  // The bias of query row n of (batch b, query head h).
+  BiasRow bias_row(int64_t b, int64_t h, int64_t n) const;
 };
 
 // What a fused BF16 forward saves for its backward.
@@ -96,5 +130,9 @@ struct KeyRange {
 // Visible keys of query row n (0-based along N) under the inputs' masking
 // and packing. The single place masking semantics are defined.
 KeyRange visible_keys(const AttentionInputs& in, int64_t n);
+
+// Whether query row n of (b, h) sees at least one key: a visible key whose
+// bias is not -inf.
+bool sees_a_key(const AttentionInputs& in, int64_t b, int64_t h, int64_t n);
 
 }  // namespace gaugewatch::reference

@@ -10,7 +10,7 @@
 //
 // With center_keys, every key/value head's mean key mu (over all M keys) is
 // subtracted first. The exact gradients are invariant to that translation
-// (NUMERICS.md, gauge invariance), and FP32 logits of sink-like inputs
+// (docs/numerics.md, gauge invariance), and FP32 logits of sink-like inputs
 // (|s| up to ~3e4) otherwise limit the result to ~|s| 2^-24 absolute error
 // in P: centering removes most of that floor.
 

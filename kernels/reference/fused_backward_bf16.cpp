@@ -68,7 +68,14 @@ FusedBackward backward_fused_bf16(const AttentionInputs& in, const SavedForward&
 
   auto row = [&](Accumulator& acc, int64_t b, int64_t h, int64_t n) {
     const KeyRange keys = visible_keys(in, n);
-    if (keys.size() == 0) return;
+    if (keys.size() == 0 || !sees_a_key(in, b, h, n)) return;
+    const float lse_log2 = saved.lse[sh.lse_offset(b, h, n)] * kLog2e;
+    const BiasRow bias = in.bias_row(b, h, n);
+    // P_ij = exp2(S_ij alpha log2e + bias_ij log2e - lse_i log2e); without a
+    // mask the bias term is 0 and the exponent is the plain kernels' fma.
+    auto probability = [&](float s, int64_t j) {
+      return std::exp2(std::fma(s, scale_log2, bias.empty() ? -lse_log2 : std::fma(bias[j], kLog2e, -lse_log2)));
+    };
     const int64_t hk = h / sh.group();
     const int64_t qo = sh.q_offset(b, h, n);
     const int64_t ro = sh.lse_offset(b, h, n);
@@ -77,13 +84,12 @@ FusedBackward backward_fused_bf16(const AttentionInputs& in, const SavedForward&
     const float* k0 = &in.k[sh.kv_offset(b, hk, 0)];
     const float* v0 = &in.v[sh.kv_offset(b, hk, 0)];
 
-    const float lse_log2 = saved.lse[ro] * kLog2e;
     float delta = 0.0f;
     if (options.delta_source == DeltaSource::kSavedOutput) {
       delta = dot<float>(du, &saved.out[qo], d);
     } else {
       for (int64_t j = keys.begin; j < keys.end; ++j) {
-        const float p = std::exp2(std::fma(dot<float>(q, k0 + j * d, d), scale_log2, -lse_log2));
+        const float p = probability(dot<float>(q, k0 + j * d, d), j);
         delta += p * dot<float>(du, v0 + j * d, d);
       }
     }
@@ -94,7 +100,7 @@ FusedBackward backward_fused_bf16(const AttentionInputs& in, const SavedForward&
     for (int64_t j = keys.begin; j < keys.end; ++j) {
       const float* kj = k0 + j * d;
       const float s = dot<float>(q, kj, d);
-      const float p = std::exp2(std::fma(s, scale_log2, -lse_log2));
+      const float p = probability(s, j);
       const float dp = dot<float>(du, v0 + j * d, d);
       const float t = round_bf16(p * (dp - delta));
       const float r = round_bf16(p);
@@ -107,7 +113,7 @@ FusedBackward backward_fused_bf16(const AttentionInputs& in, const SavedForward&
         p_max = p;
         pivot = j;
       }
-      logit_max = std::max(logit_max, std::abs(s * alpha));
+      if (bias.keeps(j)) logit_max = std::max(logit_max, std::abs(s * alpha + bias[j]));
       axpy(t, kj, acc.dq.data(), d);         // GEMM 5: t K
       axpy(r, kj, acc.u_r.data(), d);        // GEMM 6: r K (GProj)
       axpy(t, q, &acc.dk[j * d], d);         // GEMM 4: t^T Q

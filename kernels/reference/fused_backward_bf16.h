@@ -1,11 +1,12 @@
 #pragma once
 // Emulation of a fused BF16 attention backward, faithful to the operand
 // order of FlashAttention 2/3, cuDNN and PyTorch's efficient kernel, and the
-// two projections that repair it (NUMERICS.md), all on the same operands.
+// two projections that repair it (docs/numerics.md), all on the same operands.
 //
 // Per query row i and visible key j, in FP32:
 //   S_ij    = q_i.k_j                                   (unscaled)
 //   P_ij    = exp2(S_ij alpha log2e - lse_i log2e)      from the saved lse
+//             (with an attn_mask: exp2(S_ij alpha log2e + (bias_ij log2e - lse_i log2e)))
 //   delta_i = sum_c dO_ic O_ic                          from the saved BF16 out
 //   dP_ij   = dO_i.v_j
 //   t_ij    = bf16(P_ij (dP_ij - delta_i))              the operand "dS"
@@ -19,8 +20,8 @@
 //   pivot:  j*(i) = argmax_j P_ij (ties to the lower j)
 //           dQ'_i = alpha (sum_j t_ij k_j - rho_i k_j*)
 //           dK'_j = alpha (sum_i t_ij q_i - sum_{i: j*(i)=j} rho_i q_i)
-// dV is the same for all three. Rows with no visible key contribute nothing
-// (lambda = 0, j* = -1).
+// dV is the same for all three. Rows with no visible key, or whose visible keys
+// are all masked out, contribute nothing (lambda = 0, j* = -1).
 
 #include <cstdint>
 #include <vector>
@@ -56,7 +57,7 @@ struct FusedBackward {
 enum class DeltaSource {
   // rowsum(dO * O) over the saved BF16 output: FlashAttention, cuDNN and the
   // efficient kernel. The output's rounding then adds row mass of its own
-  // (the "second channel" of NUMERICS.md).
+  // (the "second channel" of docs/numerics.md).
   kSavedOutput,
   // sum_j P_ij dP_ij in FP32: isolates the BF16 rounding of dS.
   kProbabilities,

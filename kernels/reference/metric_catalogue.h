@@ -1,5 +1,5 @@
 #pragma once
-// The per-sample attention metrics of NUMERICS.md, as data: one row per
+// The per-sample attention metrics of docs/numerics.md, as data: one row per
 // metric with its wire name, unit and meaning. The reference, the audit
 // report, the proto and (later) the agent's exporter all name metrics from
 // this table; nothing else spells a metric name.

@@ -34,15 +34,16 @@ std::vector<RowGeometry> row_geometry(const AttentionInputs& in) {
     std::vector<double> p(sh.kv_len), mu(d), diff(d);
     for (int64_t n = 0; n < sh.q_len; ++n) {
       const KeyRange keys = visible_keys(in, n);
-      if (keys.size() == 0) continue;
+      if (keys.size() == 0 || !sees_a_key(in, b, h, n)) continue;
+      const BiasRow bias = in.bias_row(b, h, n);
       const float* q = &in.q[sh.q_offset(b, h, n)];
       RowGeometry& g = rows[sh.lse_offset(b, h, n)];
       g.visible = true;
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t j = keys.begin; j < keys.end; ++j) {
-        p[j] = in.scale * dot<double>(q, k0 + j * d, d);
+        p[j] = in.scale * dot<double>(q, k0 + j * d, d) + static_cast<double>(bias[j]);
         mx = std::max(mx, p[j]);
-        g.logit_abs_max = std::max(g.logit_abs_max, std::abs(p[j]));
+        if (bias.keeps(j)) g.logit_abs_max = std::max(g.logit_abs_max, std::abs(p[j]));
       }
       double l = 0.0;
       for (int64_t j = keys.begin; j < keys.end; ++j) l += (p[j] = std::exp(p[j] - mx));
@@ -54,6 +55,7 @@ std::vector<RowGeometry> row_geometry(const AttentionInputs& in) {
       }
       double var = 0.0;  // centred: sum_j p_j ||k_j - mu||^2
       for (int64_t j = keys.begin; j < keys.end; ++j) {
+        if (p[j] == 0.0) continue;  // masked out (and no weight either way)
         const float* kj = k0 + j * d;
         double sq = 0.0;
         for (int64_t c = 0; c < d; ++c) {

@@ -1,8 +1,10 @@
 #pragma once
-// The NUMERICS.md metrics of one attention call, computed by the reference.
+// The docs/numerics.md metrics of one attention call, computed by the reference.
 //
 // Row mass comes from the emulated fused backward (rho_i, sum_j |t_ij|). Key
-// geometry and sharpness use the FP64 probabilities p_ij:
+// geometry and sharpness use the FP64 probabilities p_ij (with the attn_mask
+// bias, if any; masked pairs have p_ij = 0, rows with every key masked are
+// left out like rows with no key):
 //   mu_k,i = sum_j p_ij k_j,  sigma_k,i = sqrt(sum_j p_ij ||k_j - mu_k,i||^2)
 // (centred form: the uncentred one cancels catastrophically when keys share a
 // large offset). Discrepancies compare a backend with the FP32 recompute.

@@ -2,7 +2,7 @@
 // The unfused attention forward + backward that both the FP64 truth
 // (exact_attention.cpp) and the FP32 recompute (fp32_backward.cpp) are: one
 // template, instantiated in double and in float. Per visible row:
-//   s_j = alpha q.k_j, p = softmax(s) (row max subtracted), a_j = u.v_j,
+//   s_j = alpha q.k_j + bias_j, p = softmax(s) (row max subtracted), a_j = u.v_j,
 //   delta = sum_j p_j a_j (no saved output), g_j = p_j (a_j - delta),
 //   dq += alpha g_j k_j, dk_j += alpha g_j q, dv_j += p_j u, o += p_j v_j.
 // Internal to the reference; callers use attention_fp64() / backward_fp32().
@@ -58,6 +58,7 @@ SoftmaxAttention<T> softmax_attention(const AttentionInputs& in, const std::vect
   auto row = [&](Accumulator& acc, int64_t b, int64_t h, int64_t n) {
     const KeyRange visible = visible_keys(in, n);
     if (visible.size() == 0) return;  // out = 0, lse = +inf, no gradient
+    const BiasRow bias = in.bias_row(b, h, n);
     const int64_t hk = h / sh.group();
     const int64_t qo = sh.q_offset(b, h, n);
     const float* q = &in.q[qo];
@@ -66,9 +67,11 @@ SoftmaxAttention<T> softmax_attention(const AttentionInputs& in, const std::vect
     const float* v0 = &in.v[sh.kv_offset(b, hk, 0)];
     T mx = -std::numeric_limits<T>::infinity();
     for (int64_t j = visible.begin; j < visible.end; ++j) {
-      acc.p[j] = alpha * dot<T>(q, k0 + j * d, d);
+      acc.p[j] = alpha * dot<T>(q, k0 + j * d, d) + static_cast<T>(bias[j]);
       mx = std::max(mx, acc.p[j]);
     }
+    // Every visible key masked out: as no key (SDPA gives 0 output and gradients).
+    if (mx == -std::numeric_limits<T>::infinity()) return;
     T l = T(0);
     for (int64_t j = visible.begin; j < visible.end; ++j) {
       acc.p[j] = std::exp(acc.p[j] - mx);

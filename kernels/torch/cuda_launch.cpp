@@ -6,9 +6,19 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 namespace gaugewatch::torch_ops {
 namespace {
+
+gpu::Bf16KernelPair kernel_pair_from_environment() {
+  const char* env = std::getenv("GAUGEWATCH_BF16_KERNEL");
+  return env != nullptr && std::string_view(env) == "mma_sync" ? gpu::Bf16KernelPair::kMmaSyncBaseline
+                                                                : gpu::Bf16KernelPair::kHopper;
+}
+
+const gpu::Bf16KernelPair kKernelPair = kernel_pair_from_environment();
 
 at::Tensor checked_offsets(const at::Tensor& t, int64_t length, const char* name, const at::Tensor& q) {
   if (t.device().is_cpu()) {
@@ -28,12 +38,12 @@ at::Tensor checked_offsets(const at::Tensor& t, int64_t length, const char* name
 // it is when its rows are contiguous and 16-byte aligned (SDPA's transposed
 // (B, L, H, d) views qualify), otherwise from a contiguous copy. A dimension
 // of size 1 is never stepped along: its stride is irrelevant.
-at::Tensor kernel_operand(const at::Tensor& t, int64_t (&strides)[3]) {
+at::Tensor kernel_operand(const at::Tensor& t, gpu::OperandStrides& strides) {
   auto stride_of = [](const at::Tensor& x, int i) { return x.size(i) > 1 ? x.stride(i) : int64_t{0}; };
   bool usable = (t.size(3) <= 1 || t.stride(3) == 1) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
   for (int i = 0; i < 3; ++i) usable = usable && stride_of(t, i) % 8 == 0;
   const at::Tensor u = usable ? t : t.contiguous();
-  for (int i = 0; i < 3; ++i) strides[i] = stride_of(u, i);
+  strides = gpu::OperandStrides{stride_of(u, 0), stride_of(u, 1), stride_of(u, 2)};
   return u;
 }
 
@@ -41,15 +51,37 @@ at::Tensor workspace_of(const at::Tensor& like, size_t bytes) {
   return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
 }
 
-// The shape, scale, masking and packing fields both parameter blocks share.
-template <class Params>
-void fill_problem(Params& p, const AttentionCall& call, const DeviceOffsets& offsets) {
-  const bool packed = offsets.q.defined();
-  gpu::fill_problem(p, call.shape, call.scale, call.causal, packed ? offsets.q.data_ptr<int32_t>() : nullptr,
-                    packed ? offsets.k.data_ptr<int32_t>() : nullptr, offsets.segments());
+}  // namespace
+
+DeviceMask device_mask(const std::optional<at::Tensor>& attn_mask) {
+  DeviceMask d;
+  if (!attn_mask.has_value()) return d;
+  at::Tensor m = *attn_mask;
+  while (m.dim() < 4) m = m.unsqueeze(0);
+  // One copy of each broadcast row: a dtype conversion then never materializes
+  // the (B, Hq, N, M) broadcast.
+  for (int64_t i = 0; i < 4; ++i) {
+    if (m.size(i) > 1 && m.stride(i) == 0) m = m.narrow(i, 0, 1);
+  }
+  const bool flags = m.scalar_type() == at::kBool;
+  if (!flags && m.scalar_type() != at::kFloat) m = m.to(at::kFloat);
+  d.storage = m;
+  d.view.kind = flags ? gpu::MaskKind::kBool : gpu::MaskKind::kBias;
+  d.view.data = m.data_ptr();
+  for (int64_t i = 0; i < 4; ++i) d.view.strides[i] = m.size(i) > 1 ? m.stride(i) : 0;
+  return d;
 }
 
-}  // namespace
+gpu::ProblemShape problem_shape(const AttentionCall& call, const DeviceOffsets& offsets, const DeviceMask& mask) {
+  const bool packed = offsets.q.defined();
+  gpu::ProblemShape shape =
+      gpu::problem_shape(call.shape, call.scale, call.causal, packed ? offsets.q.data_ptr<int32_t>() : nullptr,
+                         packed ? offsets.k.data_ptr<int32_t>() : nullptr, offsets.segments());
+  shape.mask = mask.view;
+  return shape;
+}
+
+gpu::Bf16KernelPair bf16_kernel_pair() { return kKernelPair; }
 
 DeviceOffsets device_offsets(const AttentionCall& call, const std::optional<at::Tensor>& cu_seqlens_q,
                              const std::optional<at::Tensor>& cu_seqlens_k, const at::Tensor& q) {
@@ -72,8 +104,7 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   const at::Tensor ok = kernel_operand(out, p.out_strides);
   const at::Tensor gk = kernel_operand(grad_out, p.grad_out_strides);
   const at::Tensor lk = lse.stride(2) == 1 ? lse : lse.contiguous();
-  p.lse_strides[0] = lk.stride(0);
-  p.lse_strides[1] = lk.stride(1);
+  p.lse_strides = gpu::LseStrides{lk.stride(0), lk.stride(1)};
   p.q = static_cast<const uint16_t*>(qk.data_ptr());
   p.k = static_cast<const uint16_t*>(kk.data_ptr());
   p.v = static_cast<const uint16_t*>(vk.data_ptr());
@@ -87,8 +118,9 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   p.dq = static_cast<uint16_t*>(dq.data_ptr());
   p.dk = static_cast<uint16_t*>(dk.data_ptr());
   p.dv = static_cast<uint16_t*>(dv.data_ptr());
-  fill_problem(p, call, offsets);
+  p.shape = problem_shape(call, offsets);
   p.projection = projection;
+  p.kernel_pair = kKernelPair;
   p.diagnostics = diag;
   const size_t bytes = gpu::bf16_backward_workspace_bytes(p);
   const at::Tensor workspace = workspace_of(q, bytes);
@@ -99,14 +131,14 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
 
 Grads fused_fp32_backward(const AttentionCall& call, const at::Tensor& grad_out_f32, const at::Tensor& q_f32,
                           const at::Tensor& k_f32, const at::Tensor& v_f32, const DeviceOffsets& offsets,
-                          const std::optional<Fp32Subset>& subset, bool deterministic, bool center_keys,
-                          cudaStream_t stream) {
+                          const DeviceMask& mask, const std::optional<Fp32Subset>& subset, bool deterministic,
+                          bool center_keys, cudaStream_t stream) {
   gpu::Fp32BackwardParams p;
   p.q = q_f32.data_ptr<float>();
   p.k = k_f32.data_ptr<float>();
   p.v = v_f32.data_ptr<float>();
   p.grad_out = grad_out_f32.data_ptr<float>();
-  fill_problem(p, call, offsets);
+  p.shape = problem_shape(call, offsets, mask);
   const auto options = q_f32.options();
   at::Tensor dq;
   if (subset.has_value()) {
@@ -130,6 +162,64 @@ Grads fused_fp32_backward(const AttentionCall& call, const at::Tensor& grad_out_
   const gpu::Status status = gpu::fp32_attention_backward(p, workspace.data_ptr(), bytes, stream);
   TORCH_CHECK(status.ok(), "gaugewatch: CUDA fp32 backward failed: ", status.message);
   return {dq, dk, dv};
+}
+
+namespace {
+
+gpu::ElementType element_type(c10::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16: return gpu::ElementType::kBf16;
+    case at::kHalf: return gpu::ElementType::kFp16;
+    default: return gpu::ElementType::kFp32;
+  }
+}
+
+// Element strides of a (B, H, L, d) tensor whose last dim is contiguous.
+gpu::OperandStrides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+at::Tensor last_dim_contiguous(const at::Tensor& t) {
+  return t.size(3) <= 1 || t.stride(3) == 1 ? t : t.contiguous();
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> centred_keys(const at::Tensor& q_arg, const at::Tensor& k_arg,
+                                                            const at::Tensor& lse, double scale,
+                                                            gpu::CentringPolicy policy, double offset_spread_ratio,
+                                                            cudaStream_t stream) {
+  const at::Tensor q = last_dim_contiguous(q_arg), k = last_dim_contiguous(k_arg);
+  // k's strides where k is dense (SDPA's (B, M, H, d) views stay as they are).
+  at::Tensor k_centred = at::empty_like(k);
+  if (k_centred.stride(3) != 1 && k_centred.size(3) > 1) k_centred = at::empty(k.sizes(), k.options());
+  at::Tensor lse_shifted = at::empty(lse.sizes(), lse.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor kbar = at::empty({k.size(0), k.size(1), k.size(3)}, k.options());
+  gpu::KeyCentringParams p;
+  p.shape.batch = q.size(0);
+  p.shape.q_heads = q.size(1);
+  p.shape.q_len = q.size(2);
+  p.shape.head_dim = q.size(3);
+  p.shape.kv_heads = k.size(1);
+  p.shape.kv_len = k.size(2);
+  p.shape.scale = scale;
+  p.dtype = element_type(k.scalar_type());
+  p.policy = policy;
+  p.offset_spread_ratio = offset_spread_ratio;
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_strides = strides_of(q);
+  p.k_strides = strides_of(k);
+  for (int i = 0; i < 3; ++i) p.lse_strides[i] = lse.stride(i);
+  p.lse_len = lse.size(2);
+  p.k_centred = k_centred.data_ptr();
+  p.k_centred_strides = strides_of(k_centred);
+  p.lse_shifted = lse_shifted.data_ptr<float>();
+  p.kbar = kbar.data_ptr();
+  const size_t bytes = gpu::key_centring_workspace_bytes(p);
+  const at::Tensor workspace = workspace_of(q, bytes);
+  const gpu::Status status = gpu::center_keys(p, workspace.data_ptr(), bytes, stream);
+  TORCH_CHECK(status.ok(), "gaugewatch: CUDA center_keys failed: ", status.message);
+  return {k_centred, lse_shifted, kbar};
 }
 
 }  // namespace gaugewatch::torch_ops

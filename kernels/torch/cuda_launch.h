@@ -12,13 +12,13 @@
 
 #include "kernels/cuda/bf16_backward.h"
 #include "kernels/cuda/fp32_backward.h"
-#include "kernels/cuda/problem_fields.h"
+#include "kernels/cuda/key_centring.h"
+#include "kernels/cuda/reference_problem.h"
 #include "kernels/torch/attention_call.h"
 
 namespace gaugewatch::torch_ops {
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-
 
 // cu_seqlens as int32 on q's device (undefined tensors when not packed).
 // Offsets still on the CPU are checked (0 first, length last, non-decreasing);
@@ -30,6 +30,26 @@ struct DeviceOffsets {
 };
 DeviceOffsets device_offsets(const AttentionCall& call, const std::optional<at::Tensor>& cu_seqlens_q,
                              const std::optional<at::Tensor>& cu_seqlens_k, const at::Tensor& q);
+
+// A checked attn_mask (kernels/torch/attention_mask.h) as the kernels read it:
+// bool storage as is (uint8 0/1) or a float32 bias, with element strides along
+// (B, Hq, N, M), 0 where it broadcasts. A broadcast (stride-0) view is read in
+// place; only a bias of another floating dtype is converted, and then at the
+// mask's own (unbroadcast) size.
+struct DeviceMask {
+  at::Tensor storage;        // keeps the data alive; undefined without a mask
+  gpu::AttentionMask view;
+};
+DeviceMask device_mask(const std::optional<at::Tensor>& attn_mask);
+
+// The problem's shape, scale, causal mode, packing and mask for the kernels.
+gpu::ProblemShape problem_shape(const AttentionCall& call, const DeviceOffsets& offsets,
+                                const DeviceMask& mask = {});
+
+// The kernel pair of the fused BF16 backward, chosen once when the library
+// loads: GAUGEWATCH_BF16_KERNEL=mma_sync selects the mma.sync baseline (for
+// measuring the Hopper pair against it), anything else the Hopper pair.
+gpu::Bf16KernelPair bf16_kernel_pair();
 
 // The fused BF16 backward (BF16 operands, SDPA strides taken as they are when
 // rows are 16-byte aligned); BF16 gradients, contiguous. `diag` only with
@@ -46,7 +66,14 @@ struct Fp32Subset {
 };
 Grads fused_fp32_backward(const AttentionCall& call, const at::Tensor& grad_out_f32, const at::Tensor& q_f32,
                           const at::Tensor& k_f32, const at::Tensor& v_f32, const DeviceOffsets& offsets,
-                          const std::optional<Fp32Subset>& subset, bool deterministic, bool center_keys,
-                          cudaStream_t stream);
+                          const DeviceMask& mask, const std::optional<Fp32Subset>& subset, bool deterministic,
+                          bool center_keys, cudaStream_t stream);
+
+// Key centring (kernels/cuda/key_centring.h): (k_centred, lse_shifted, kbar)
+// of checked operands, k_centred with k's strides where k is dense.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> centred_keys(const at::Tensor& q, const at::Tensor& k,
+                                                            const at::Tensor& lse, double scale,
+                                                            gpu::CentringPolicy policy, double offset_spread_ratio,
+                                                            cudaStream_t stream);
 
 }  // namespace gaugewatch::torch_ops

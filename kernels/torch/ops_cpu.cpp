@@ -3,12 +3,15 @@
 // GPU. Schemas and semantics: kernels/torch/registration.cpp.
 
 #include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -19,8 +22,11 @@
 #include "kernels/reference/exact_attention.h"
 #include "kernels/reference/fp32_backward.h"
 #include "kernels/reference/fused_backward_bf16.h"
+#include "kernels/reference/key_centring.h"
 #include "kernels/reference/metrics.h"
 #include "kernels/torch/attention_call.h"
+#include "kernels/torch/attention_mask.h"
+#include "kernels/torch/center_keys_call.h"
 #include "kernels/torch/registration.h"
 
 namespace gaugewatch::torch_ops {
@@ -60,10 +66,30 @@ void check_cpu(const at::Tensor& q, const std::optional<at::Tensor>& cu_q, const
   }
 }
 
+// attn_mask as the reference's additive bias: bool True / False -> 0 / -inf,
+// a floating mask as float. A broadcast (stride-0) dimension is read once, so
+// an expanded view is not materialized.
+reference::AttentionBias to_bias(const at::Tensor& attn_mask) {
+  at::Tensor m = attn_mask;
+  while (m.dim() < 4) m = m.unsqueeze(0);
+  for (int64_t i = 0; i < 4; ++i) {
+    if (m.size(i) > 1 && m.stride(i) == 0) m = m.narrow(i, 0, 1);
+  }
+  if (m.scalar_type() == at::kBool) {
+    m = at::zeros(m.sizes(), m.options().dtype(at::kFloat)).masked_fill(m.logical_not(),
+                                                                         -std::numeric_limits<float>::infinity());
+  }
+  reference::AttentionBias bias;
+  bias.values = to_floats(m);
+  for (int64_t i = 0; i < 4; ++i) bias.sizes[static_cast<size_t>(i)] = m.size(i);
+  return bias;
+}
+
 reference::AttentionInputs make_inputs(const AttentionCall& call, const at::Tensor& grad_out, const at::Tensor& q,
                                        const at::Tensor& k, const at::Tensor& v,
                                        const std::optional<at::Tensor>& cu_q,
-                                       const std::optional<at::Tensor>& cu_k) {
+                                       const std::optional<at::Tensor>& cu_k,
+                                       const std::optional<at::Tensor>& attn_mask) {
   reference::AttentionInputs in;
   in.shape = call.shape;
   in.causal = call.causal;
@@ -76,6 +102,7 @@ reference::AttentionInputs make_inputs(const AttentionCall& call, const at::Tens
     in.cu_seqlens_q = to_offsets(*cu_q);
     in.cu_seqlens_k = to_offsets(*cu_k);
   }
+  if (attn_mask.has_value()) in.bias = to_bias(*attn_mask);
   guarded([&] {
     in.validate();
     return 0;
@@ -96,17 +123,114 @@ at::Tensor to_tensor(const std::vector<T>& values, at::IntArrayRef sizes, c10::S
   return t.to(dtype);
 }
 
+float round_to_bfloat16(float x) { return static_cast<float>(c10::BFloat16(x)); }
+float round_to_half(float x) { return static_cast<float>(c10::Half(x)); }
+float keep_float(float x) { return x; }
+
+reference::GridRounding grid_of(c10::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16: return &round_to_bfloat16;
+    case at::kHalf: return &round_to_half;
+    default: return &keep_float;
+  }
+}
+
+// kbar from the reference's criterion (kernels/reference/key_centring.h), the
+// centred keys and the shifted lse with ATen ops.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> center_keys_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                               const at::Tensor& lse, std::optional<double> scale,
+                                                               c10::string_view policy) {
+  const CenterKeysCall call = check_center_keys(q, k, lse, scale, policy);
+  TORCH_CHECK(q.device().is_cpu(), "gaugewatch: CPU kernel called with q on ", q.device());
+  const std::vector<float> keys = to_floats(k);
+  const int64_t d = call.head_dim, pairs = call.batch * call.kv_heads;
+  std::vector<float> kbar(static_cast<size_t>(pairs * d));
+  const reference::GridRounding grid = grid_of(k.scalar_type());
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    reference::choose_kbar(&keys[static_cast<size_t>(pair * call.kv_len * d)], call.kv_len, d, call.policy, grid,
+                           &kbar[static_cast<size_t>(pair * d)]);
+  }
+  const int64_t kbar_sizes[] = {call.batch, call.kv_heads, d};
+  const at::Tensor kbar_f = to_tensor(kbar, kbar_sizes, at::kFloat);
+  // Differences of two values of k's grid are exact in float; one rounding back.
+  const at::Tensor k_centred = (k.to(at::kFloat) - kbar_f.unsqueeze(2)).to(k.scalar_type());
+  const at::Tensor kbar_per_q_head = kbar_f.repeat_interleave(call.q_heads / call.kv_heads, 1);
+  const at::Tensor shift = at::mul(at::matmul(q.to(at::kFloat), kbar_per_q_head.unsqueeze(3)).squeeze(3),
+                                   static_cast<float>(call.scale));
+  at::Tensor lse_shifted = lse.clone();
+  lse_shifted.narrow(2, 0, call.q_len).sub_(shift);
+  return {k_centred, lse_shifted, kbar_f.to(k.scalar_type())};
+}
+
+// The visibility a causal alignment or packing imposes, as a bool (N, M) mask,
+// combined with attn_mask; std::nullopt when neither applies. is_causal_native
+// says whether the CPU flash op's own is_causal expresses the causal part.
+struct FlashMasking {
+  std::optional<at::Tensor> mask;
+  bool is_causal = false;
+};
+
+FlashMasking flash_masking(const AttentionCall& call, const at::Tensor& q,
+                           const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+                           const std::optional<at::Tensor>& attn_mask) {
+  const auto& sh = call.shape;
+  const bool structural = call.packed || call.causal != reference::CausalMode::kNone;
+  if (!structural) return {attn_mask, false};
+  if (!call.packed && call.causal == reference::CausalMode::kTopLeft && !attn_mask.has_value()) return {{}, true};
+  // Row n sees keys [begin, end) from the reference's single definition.
+  reference::AttentionInputs layout;
+  layout.shape = sh;
+  layout.causal = call.causal;
+  if (call.packed) {
+    layout.cu_seqlens_q = to_offsets(*cu_seqlens_q);
+    layout.cu_seqlens_k = to_offsets(*cu_seqlens_k);
+  }
+  at::Tensor visible = at::zeros({sh.q_len, sh.kv_len}, q.options().dtype(at::kBool));
+  for (int64_t n = 0; n < sh.q_len; ++n) {
+    const reference::KeyRange keys = reference::visible_keys(layout, n);
+    if (keys.size() > 0) visible[n].narrow(0, keys.begin, keys.size()).fill_(true);
+  }
+  if (!attn_mask.has_value()) return {visible, false};
+  if (attn_mask->scalar_type() == at::kBool) return {at::logical_and(*attn_mask, visible), false};
+  return {attn_mask->masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity()), false};
+}
+
+// backend "center": the CPU flash backward (the stock CPU backward) on the
+// centred keys and the shifted lse. The mask goes to it as an additive bias
+// in q's dtype, as SDPA hands it over (the CPU flash op reads a bool mask as
+// numbers: SDPA converts bool masks to 0 / -inf before calling it).
+Grads center_backward_cpu(const AttentionCall& call, const at::Tensor& grad_out, const at::Tensor& q,
+                          const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                          const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+                          const std::optional<at::Tensor>& attn_mask) {
+  const auto [k_centred, lse_shifted, kbar] = center_keys_cpu(q, k, lse, call.scale, "auto");
+  FlashMasking masking = flash_masking(call, q, cu_seqlens_q, cu_seqlens_k, attn_mask);
+  if (masking.mask.has_value()) {
+    const at::Tensor& m = *masking.mask;
+    masking.mask = m.scalar_type() == at::kBool
+                       ? at::zeros({}, q.options()).masked_fill(m.logical_not(), -std::numeric_limits<float>::infinity())
+                       : m.to(q.scalar_type());
+  }
+  return at::_scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k_centred, v, out, lse_shifted,
+                                                                  /*dropout_p=*/0.0, masking.is_causal, masking.mask,
+                                                                  call.scale);
+}
+
 Grads attention_backward_cpu(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool is_causal,
                              std::optional<double> scale, c10::string_view backend_name_arg,
                              c10::string_view causal_alignment, const std::optional<at::Tensor>& cu_seqlens_q,
                              const std::optional<at::Tensor>& cu_seqlens_k, bool /*deterministic*/,
-                             bool center_keys) {
+                             bool center_keys, const std::optional<at::Tensor>& attn_mask) {
   const AttentionCall call = check_attention_call(grad_out, q, k, v, out, lse, is_causal, scale, causal_alignment,
                                                   cu_seqlens_q, cu_seqlens_k);
   const Backend backend = parse_backend(backend_name_arg);
   check_cpu(q, cu_seqlens_q, cu_seqlens_k);
-  const reference::AttentionInputs in = make_inputs(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k);
+  check_attn_mask(attn_mask, call, q);
+  if (backend == Backend::kCenter) {
+    return center_backward_cpu(call, grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, attn_mask);
+  }
+  const reference::AttentionInputs in = make_inputs(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, attn_mask);
   const c10::ScalarType dtype = backend_dtype(backend);
   // The reference is deterministic already: `deterministic` changes nothing here.
   switch (backend) {
@@ -139,12 +263,13 @@ Grads attention_backward_rows_cpu(const at::Tensor& grad_out, const at::Tensor& 
                                   std::optional<double> scale, c10::string_view causal_alignment,
                                   const std::optional<at::Tensor>& cu_seqlens_q,
                                   const std::optional<at::Tensor>& cu_seqlens_k, bool /*deterministic*/,
-                                  bool center_keys) {
+                                  bool center_keys, const std::optional<at::Tensor>& attn_mask) {
   const AttentionCall call = check_attention_call(grad_out, q, k, v, out, lse, is_causal, scale, causal_alignment,
                                                   cu_seqlens_q, cu_seqlens_k);
   check_cpu(q, cu_seqlens_q, cu_seqlens_k);
+  check_attn_mask(attn_mask, call, q);
   check_row_subset(call, slices, rows, q);
-  reference::AttentionInputs in = make_inputs(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k);
+  reference::AttentionInputs in = make_inputs(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, attn_mask);
   const auto& sh = in.shape;
   const std::vector<int64_t> chosen_slices = to_offsets(slices);
   const std::vector<int64_t> chosen_rows = to_offsets(rows);
@@ -177,11 +302,13 @@ at::Tensor attention_metrics_cpu(const at::Tensor& grad_out, const at::Tensor& q
                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool is_causal,
                                  std::optional<double> scale, c10::string_view causal_alignment,
                                  const std::optional<at::Tensor>& cu_seqlens_q,
-                                 const std::optional<at::Tensor>& cu_seqlens_k) {
+                                 const std::optional<at::Tensor>& cu_seqlens_k,
+                                 const std::optional<at::Tensor>& attn_mask) {
   const AttentionCall call = check_attention_call(grad_out, q, k, v, out, lse, is_causal, scale, causal_alignment,
                                                   cu_seqlens_q, cu_seqlens_k);
   check_cpu(q, cu_seqlens_q, cu_seqlens_k);
-  const reference::AttentionInputs in = make_inputs(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k);
+  check_attn_mask(attn_mask, call, q);
+  const reference::AttentionInputs in = make_inputs(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, attn_mask);
   const reference::SavedForward saved = make_saved(out, lse);
   const reference::AttentionMetrics metrics = guarded([&] {
     const reference::FusedBackward fused = reference::backward_fused_bf16(in, saved);
@@ -199,6 +326,7 @@ void register_cpu_kernels(torch::Library& m) {
   m.impl("attention_backward", &attention_backward_cpu);
   m.impl("attention_backward_rows", &attention_backward_rows_cpu);
   m.impl("attention_metrics", &attention_metrics_cpu);
+  m.impl("center_keys", &center_keys_cpu);
 }
 
 }  // namespace gaugewatch::torch_ops

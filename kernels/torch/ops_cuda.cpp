@@ -1,7 +1,8 @@
 // CUDA implementations of the gaugewatch ops, on the current CUDA stream:
-// backend "fp32" runs the fused FP32 backward (kernels/cuda/fp32_backward.h),
-// backends "gproj", "pivot" and "bf16" the fused BF16 backward
-// (kernels/cuda/bf16_backward.h). attention_metrics: ops_cuda_metrics.cpp.
+// backend "fp32" runs the fused FP32 backward (kernels/cuda/fp32_backward.h,
+// attn_mask included), backends "gproj", "pivot" and "bf16" the fused BF16
+// backward (kernels/cuda/bf16_backward.h; no attn_mask), backend "center" and
+// center_keys: ops_cuda_center.cpp; attention_metrics: ops_cuda_metrics.cpp.
 // Schemas and semantics: kernels/torch/registration.cpp.
 
 #include <ATen/ATen.h>
@@ -16,7 +17,9 @@
 #include <tuple>
 
 #include "kernels/torch/attention_call.h"
+#include "kernels/torch/attention_mask.h"
 #include "kernels/torch/cuda_launch.h"
+#include "kernels/torch/ops_cuda_center.h"
 #include "kernels/torch/registration.h"
 
 namespace gaugewatch::torch_ops {
@@ -35,7 +38,8 @@ gpu::Projection projection_of(Backend backend) {
 Grads run_fp32(const AttentionCall& call, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                const at::Tensor& v, const std::optional<at::Tensor>& cu_seqlens_q,
                const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& slices,
-               const std::optional<at::Tensor>& rows, bool deterministic, bool center_keys) {
+               const std::optional<at::Tensor>& rows, bool deterministic, bool center_keys,
+               const std::optional<at::Tensor>& attn_mask) {
   const auto& sh = call.shape;
   TORCH_CHECK(sh.head_dim == 64 || sh.head_dim == 128 || sh.head_dim == 256,
               "gaugewatch: the CUDA fp32 backward supports head dims 64, 128 and 256, got ", sh.head_dim);
@@ -49,15 +53,16 @@ Grads run_fp32(const AttentionCall& call, const at::Tensor& grad_out, const at::
   if (slices.has_value()) {
     subset = Fp32Subset{slices->to(q.device(), at::kInt).contiguous(), rows->to(q.device(), at::kInt).contiguous()};
   }
-  return fused_fp32_backward(call, gf, qf, kf, vf, device_offsets(call, cu_seqlens_q, cu_seqlens_k, q), subset,
-                             deterministic, center_keys, at::cuda::getCurrentCUDAStream().stream());
+  return fused_fp32_backward(call, gf, qf, kf, vf, device_offsets(call, cu_seqlens_q, cu_seqlens_k, q),
+                             device_mask(attn_mask), subset, deterministic, center_keys,
+                             at::cuda::getCurrentCUDAStream().stream());
 }
 
 Grads run_bf16(const AttentionCall& call, Backend backend, const at::Tensor& grad_out, const at::Tensor& q,
                const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k) {
   TORCH_CHECK(call.shape.head_dim == 64 || call.shape.head_dim == 128, "gaugewatch: the fused BF16 backward (backend '",
-              backend_name(backend), "') supports head dims 64 and 128, got ", call.shape.head_dim,
+              gaugewatch::backend_name(backend), "') supports head dims 64 and 128, got ", call.shape.head_dim,
               "; use backend='fp32' for this head dim");
   const c10::cuda::CUDAGuard guard(q.device());
   return fused_bf16_backward(call, projection_of(backend), grad_out, q, k, v, out, lse,
@@ -69,17 +74,26 @@ Grads attention_backward_cuda(const at::Tensor& grad_out, const at::Tensor& q, c
                               const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool is_causal,
                               std::optional<double> scale, c10::string_view backend_arg,
                               c10::string_view causal_alignment, const std::optional<at::Tensor>& cu_seqlens_q,
-                              const std::optional<at::Tensor>& cu_seqlens_k, bool deterministic, bool center_keys) {
+                              const std::optional<at::Tensor>& cu_seqlens_k, bool deterministic, bool center_keys,
+                              const std::optional<at::Tensor>& attn_mask) {
   const AttentionCall call = check_attention_call(grad_out, q, k, v, out, lse, is_causal, scale, causal_alignment,
                                                   cu_seqlens_q, cu_seqlens_k);
+  check_attn_mask(attn_mask, call, q);
   const Backend backend = parse_backend(backend_arg);
   TORCH_CHECK(backend != Backend::kFp64, "gaugewatch: backend 'fp64' is the CPU reference only; pass CPU tensors");
-  if (backend != Backend::kFp32) {
-    // deterministic: the fused BF16 kernels use no atomics, every run is.
-    return run_bf16(call, backend, grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k);
+  if (backend == Backend::kCenter) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    return center_backward_cuda(call, grad_out, q, k, v, out, lse, attn_mask);
   }
-  return run_fp32(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, std::nullopt, std::nullopt, deterministic,
-                  center_keys);
+  if (backend == Backend::kFp32) {
+    return run_fp32(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, std::nullopt, std::nullopt, deterministic,
+                    center_keys, attn_mask);
+  }
+  TORCH_CHECK(!attn_mask.has_value(), "gaugewatch: backend '", gaugewatch::backend_name(backend),
+              "' (the fused BF16 backward) takes no attn_mask; use backend 'center' (the stock backward on "
+              "centred keys) or 'fp32' for masked calls");
+  // deterministic: the fused BF16 kernels use no atomics, every run is.
+  return run_bf16(call, backend, grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k);
 }
 
 Grads attention_backward_rows_cuda(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
@@ -88,11 +102,13 @@ Grads attention_backward_rows_cuda(const at::Tensor& grad_out, const at::Tensor&
                                    std::optional<double> scale, c10::string_view causal_alignment,
                                    const std::optional<at::Tensor>& cu_seqlens_q,
                                    const std::optional<at::Tensor>& cu_seqlens_k, bool deterministic,
-                                   bool center_keys) {
+                                   bool center_keys, const std::optional<at::Tensor>& attn_mask) {
   const AttentionCall call = check_attention_call(grad_out, q, k, v, out, lse, is_causal, scale, causal_alignment,
                                                   cu_seqlens_q, cu_seqlens_k);
   check_row_subset(call, slices, rows, q);
-  return run_fp32(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, slices, rows, deterministic, center_keys);
+  check_attn_mask(attn_mask, call, q);
+  return run_fp32(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, slices, rows, deterministic, center_keys,
+                  attn_mask);
 }
 
 }  // namespace
@@ -100,6 +116,7 @@ Grads attention_backward_rows_cuda(const at::Tensor& grad_out, const at::Tensor&
 void register_cuda_kernels(torch::Library& m) {
   m.impl("attention_backward", &attention_backward_cuda);
   m.impl("attention_backward_rows", &attention_backward_rows_cuda);
+  register_cuda_center(m);
   register_cuda_metrics(m);
 }
 

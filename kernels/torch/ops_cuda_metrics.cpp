@@ -30,6 +30,7 @@
 #include "kernels/cuda/metrics.h"
 #include "kernels/reference/metric_catalogue.h"
 #include "kernels/torch/attention_call.h"
+#include "kernels/torch/attention_mask.h"
 #include "kernels/torch/cuda_launch.h"
 #include "kernels/torch/registration.h"
 
@@ -47,9 +48,15 @@ at::Tensor attention_metrics_cuda(const at::Tensor& grad_out_arg, const at::Tens
                                   const at::Tensor& v_arg, const at::Tensor& out_arg, const at::Tensor& lse_arg,
                                   bool is_causal, std::optional<double> scale, c10::string_view causal_alignment,
                                   const std::optional<at::Tensor>& cu_seqlens_q,
-                                  const std::optional<at::Tensor>& cu_seqlens_k) {
+                                  const std::optional<at::Tensor>& cu_seqlens_k,
+                                  const std::optional<at::Tensor>& attn_mask) {
   const AttentionCall call = check_attention_call(grad_out_arg, q_arg, k_arg, v_arg, out_arg, lse_arg, is_causal,
                                                   scale, causal_alignment, cu_seqlens_q, cu_seqlens_k);
+  check_attn_mask(attn_mask, call, q_arg);
+  TORCH_CHECK(!attn_mask.has_value(),
+              "gaugewatch: attention_metrics on CUDA takes no attn_mask: its live and gproj runs are the fused BF16 "
+              "kernels, which take none; pass CPU tensors for the masked metrics, and measure a masked call's live "
+              "gradients against attention_backward_rows / attention_backward(backend='fp32', attn_mask=...)");
   const auto& sh = call.shape;
   TORCH_CHECK(sh.head_dim == 64 || sh.head_dim == 128,
               "gaugewatch: attention_metrics on CUDA runs the fused BF16 backward, which supports head dims 64 "
@@ -80,10 +87,10 @@ at::Tensor attention_metrics_cuda(const at::Tensor& grad_out_arg, const at::Tens
   // 3: the FP32 recompute, key-centred as reference::backward_fp32's default;
   // deterministic (no dQ atomics): the metrics are bit-repeatable.
   const auto [ref_dq, ref_dk, ref_dv] =
-      fused_fp32_backward(call, gf, qf, kf, vf, offsets, std::nullopt, true, true, stream);
+      fused_fp32_backward(call, gf, qf, kf, vf, offsets, {}, std::nullopt, true, true, stream);
 
-  gpu::MetricsShape ms;  // not packed here: the translation ignores masking; the reductions get the offsets
-  gpu::fill_problem(ms, sh, call.scale, call.causal);
+  // Not packed here: the translation ignores masking; the reductions get the offsets.
+  const gpu::ProblemShape ms = gpu::problem_shape(sh, call.scale, call.causal);
 
   // 4: translated keys and lse (masking plays no part in the translation).
   const at::Tensor k_shift = at::empty(k.sizes(), k.options());
@@ -113,12 +120,7 @@ at::Tensor attention_metrics_cuda(const at::Tensor& grad_out_arg, const at::Tens
   auto bf16_view = [](const at::Tensor& t) { return gpu::TensorView{t.data_ptr(), ElementType::kBf16}; };
   auto fp32_view = [](const at::Tensor& t) { return gpu::TensorView{t.data_ptr(), ElementType::kFp32}; };
   gpu::MetricsParams mp;
-  mp.shape = ms;
-  if (call.packed) {
-    mp.shape.cu_seqlens_q = offsets.q.data_ptr<int32_t>();
-    mp.shape.cu_seqlens_k = offsets.k.data_ptr<int32_t>();
-    mp.shape.num_segments = offsets.segments();
-  }
+  mp.shape = problem_shape(call, offsets);
   mp.q = qf.data_ptr<float>();
   mp.k = kf.data_ptr<float>();
   mp.row_mass = row_mass.data_ptr<float>();

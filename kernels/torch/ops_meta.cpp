@@ -10,6 +10,8 @@
 
 #include "kernels/reference/metric_catalogue.h"
 #include "kernels/torch/attention_call.h"
+#include "kernels/torch/attention_mask.h"
+#include "kernels/torch/center_keys_call.h"
 #include "kernels/torch/registration.h"
 
 namespace gaugewatch::torch_ops {
@@ -22,8 +24,9 @@ Grads attention_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, c
                               std::optional<double> /*scale*/, c10::string_view backend, c10::string_view causal_alignment,
                               const std::optional<at::Tensor>& cu_seqlens_q,
                               const std::optional<at::Tensor>& cu_seqlens_k, bool /*deterministic*/,
-                              bool /*center_keys*/) {
+                              bool /*center_keys*/, const std::optional<at::Tensor>& attn_mask) {
   check_operands(grad_out, q, k, v, out, lse, causal_alignment, cu_seqlens_q, cu_seqlens_k);
+  check_attn_mask_operand(attn_mask, q);
   const auto options = q.options().dtype(backend_dtype(parse_backend(backend)));
   return {at::empty_symint(q.sym_sizes(), options), at::empty_symint(k.sym_sizes(), options),
           at::empty_symint(k.sym_sizes(), options)};
@@ -35,8 +38,9 @@ Grads attention_backward_rows_meta(const at::Tensor& grad_out, const at::Tensor&
                                    std::optional<double> /*scale*/, c10::string_view causal_alignment,
                                    const std::optional<at::Tensor>& cu_seqlens_q,
                                    const std::optional<at::Tensor>& cu_seqlens_k, bool /*deterministic*/,
-                                   bool /*center_keys*/) {
+                                   bool /*center_keys*/, const std::optional<at::Tensor>& attn_mask) {
   check_operands(grad_out, q, k, v, out, lse, causal_alignment, cu_seqlens_q, cu_seqlens_k);
+  check_attn_mask_operand(attn_mask, q);
   check_row_subset_operands(slices, rows, q);
   const auto options = q.options().dtype(at::kFloat);
   const c10::SymInt dq_sizes[] = {slices.sym_size(0), rows.sym_size(0), q.sym_size(3)};
@@ -48,9 +52,20 @@ at::Tensor attention_metrics_meta(const at::Tensor& grad_out, const at::Tensor& 
                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool /*is_causal*/,
                                   std::optional<double> /*scale*/, c10::string_view causal_alignment,
                                   const std::optional<at::Tensor>& cu_seqlens_q,
-                                  const std::optional<at::Tensor>& cu_seqlens_k) {
+                                  const std::optional<at::Tensor>& cu_seqlens_k,
+                                  const std::optional<at::Tensor>& attn_mask) {
   check_operands(grad_out, q, k, v, out, lse, causal_alignment, cu_seqlens_q, cu_seqlens_k);
+  check_attn_mask_operand(attn_mask, q);
   return at::empty({static_cast<int64_t>(reference::kMetricCount)}, q.options().dtype(at::kDouble));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> center_keys_meta(const at::Tensor& q, const at::Tensor& k,
+                                                                const at::Tensor& lse, std::optional<double> scale,
+                                                                c10::string_view policy) {
+  check_center_keys_operands(q, k, lse, scale, policy);
+  const c10::SymInt kbar_sizes[] = {k.sym_size(0), k.sym_size(1), k.sym_size(3)};
+  return {at::empty_symint(k.sym_sizes(), k.options()), at::empty_symint(lse.sym_sizes(), lse.options()),
+          at::empty_symint(kbar_sizes, k.options())};
 }
 
 }  // namespace
@@ -59,6 +74,7 @@ void register_meta_kernels(torch::Library& m) {
   m.impl("attention_backward", &attention_backward_meta);
   m.impl("attention_backward_rows", &attention_backward_rows_meta);
   m.impl("attention_metrics", &attention_metrics_meta);
+  m.impl("center_keys", &center_keys_meta);
 }
 
 }  // namespace gaugewatch::torch_ops

@@ -14,7 +14,8 @@
 //   offsets into N / M for packed sequences (FlashAttention varlen), applied to
 //   every batch element.
 //   backend: "gproj" | "pivot" | "bf16" (fused BF16 backward with / without a
-//   projection; outputs bfloat16), "fp32" (FP32 recompute from q, k, v, grad_out:
+//   projection; outputs bfloat16), "center" (the stock backward on centred keys,
+//   see center_keys below; outputs bfloat16), "fp32" (FP32 recompute from q, k, v, grad_out:
 //   out and lse are not used; outputs float32; center_keys subtracts each kv
 //   head's mean key first, which leaves the exact gradients unchanged and removes
 //   most of the FP32 floor on offset keys), "fp64" (CPU only, float64 truth).
@@ -28,9 +29,35 @@
 //   chosen row still sees every key the row sees.
 //
 // attention_metrics(grad_out, q, k, v, out, lse, *, ...) -> Tensor
-//   The NUMERICS.md metrics of one call as a float64 vector in the order of
+//   The docs/numerics.md metrics of one call as a float64 vector in the order of
 //   kernels/reference/metric_catalogue.h; "live" is the stock fused BF16 numerics
 //   (backend bf16). metric_names() -> str[] gives the names in the same order.
+//
+// attn_mask (keyword, all three ops): None, or SDPA's attn_mask: bool (True =
+//   the pair takes part) or a floating additive bias added to the scaled scores,
+//   any shape broadcastable to (B, Hq, N, M) (stride-0 views included), on q's
+//   device. Combined with is_causal / cu_seqlens, a pair takes part when both
+//   allow it. A row whose every key is masked (bool False or bias -inf) gives
+//   what SDPA's CPU math and flash paths give: output 0 and zero gradients for
+//   that row (its lse is not read).
+//
+// center_keys(q, k, lse, *, scale=None, policy="auto") -> (k_centred, lse_shifted, kbar)
+//   Key centring (docs/numerics.md, Key centring): q (B, Hq, N, d), k (B, Hkv, M,
+//   d) in bfloat16, float16 or float32 (same dtype); lse (B, Hq, L) float32 with
+//   L >= N (entries >= N are returned unchanged: the efficient op pads lse).
+//   kbar (B, Hkv, d) in k's dtype, on its grid: per (b, kv head) and coordinate
+//   c, with m_c the mean and s_c the RMS deviation of k[b, hk, :, c] over all M
+//   keys, kbar_c = round(m_c) where the policy centres c, else 0:
+//     "auto"    centre c where |m_c| > 2 s_c (the offset dominates the spread:
+//               the leak it removes exceeds the rounding of K - kbar it adds);
+//     "always"  centre every coordinate;  "never"  kbar = 0.
+//   k_centred = round(k - kbar) in k's dtype (exact where the offset dominates);
+//   lse_shifted[b, h, i] = lse[b, h, i] - scale * q[b, h, i] . kbar[b, h / (Hq / Hkv)]
+//   in float32 for i < N. scale defaults to 1 / sqrt(d). The softmax is unchanged,
+//   so any stock backward on (q, k_centred, v, out, lse_shifted) returns the same
+//   gradients mathematically, with the rounded row mass multiplying the centred keys.
+//   backend "center" of attention_backward: the device's stock backward (CPU: the
+//   CPU flash backward) on center_keys' outputs (policy "auto"); outputs bfloat16.
 //
 // A fragment (not TORCH_LIBRARY) so that other gaugewatch libraries, such as
 // the hooks, can add ops of their own to the namespace. Registration is done
@@ -65,16 +92,19 @@ void define_ops(torch::Library& m) {
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, *, "
       "bool is_causal=False, float? scale=None, str backend=\"gproj\", str causal_alignment=\"top_left\", "
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, bool deterministic=False, "
-      "bool center_keys=True) -> (Tensor, Tensor, Tensor)");
+      "bool center_keys=True, Tensor? attn_mask=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "attention_backward_rows(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor slices, Tensor rows, *, bool is_causal=False, float? scale=None, "
       "str causal_alignment=\"top_left\", Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-      "bool deterministic=False, bool center_keys=True) -> (Tensor, Tensor, Tensor)");
+      "bool deterministic=False, bool center_keys=True, Tensor? attn_mask=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "attention_metrics(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, *, "
       "bool is_causal=False, float? scale=None, str causal_alignment=\"top_left\", "
-      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None) -> Tensor");
+      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? attn_mask=None) -> Tensor");
+  m.def(
+      "center_keys(Tensor q, Tensor k, Tensor lse, *, float? scale=None, str policy=\"auto\") "
+      "-> (Tensor k_centred, Tensor lse_shifted, Tensor kbar)");
   // No tensor arguments, so no dispatch key: one kernel for every caller.
   m.def("metric_names() -> str[]", &metric_names);
 }

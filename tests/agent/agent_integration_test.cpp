@@ -147,7 +147,7 @@ TEST(AgentIntegration, ManyConcurrentTrainers) {
   EXPECT_EQ(failures.load(), 0);
   const std::uint64_t expected = std::uint64_t{kTrainers} * kBatches * kLayers;
   ASSERT_TRUE(eventually(
-      [&] { return agent.controller().counters().samples_received_total.load() == expected; }));
+      [&] { return agent.controller().counters().samples_received_total.Value() == expected; }));
 
   // One all-runs decision reaches every trainer exactly once.
   auto admin = v1::AdminService::NewStub(unix_channel(config));
@@ -173,7 +173,7 @@ TEST(AgentIntegration, ManyConcurrentTrainers) {
   EXPECT_NE(text.find("gaugewatch_agent_samples_received_total " + std::to_string(expected) + "\n"),
             std::string::npos);
   for (auto& trainer : trainers) EXPECT_TRUE(trainer->finish().ok());
-  EXPECT_TRUE(eventually([&] { return agent.controller().counters().trainers_connected.load() == 0; }));
+  EXPECT_TRUE(eventually([&] { return agent.controller().counters().trainers_connected.Value() == 0; }));
 }
 
 TEST(AgentIntegration, RestartRestoresDecisionsAndResendsThem) {
@@ -182,6 +182,11 @@ TEST(AgentIntegration, RestartRestoresDecisionsAndResendsThem) {
   std::uint64_t decision_id = 0;
   {
     Agent agent(config);
+    // The run must be known to the agent: its rank 1 connected once and left.
+    SimTrainer earlier(unix_channel(config), SimTrainer::make_hello("run-r", 1, 2, 4));
+    ASSERT_TRUE(earlier.start());
+    EXPECT_TRUE(earlier.finish().ok());
+    ASSERT_TRUE(eventually([&] { return agent.controller().counters().trainers_connected.Value() == 0; }));
     auto admin = v1::AdminService::NewStub(unix_channel(config));
     grpc::ClientContext context;
     v1::SetBackendRequest request;
@@ -193,7 +198,7 @@ TEST(AgentIntegration, RestartRestoresDecisionsAndResendsThem) {
     v1::SetBackendResponse response;
     ASSERT_TRUE(admin->SetBackend(&context, request, &response).ok());
     decision_id = response.decision_id();
-    EXPECT_EQ(response.commands_sent(), 0u);  // nobody connected yet
+    EXPECT_EQ(response.commands_sent(), 0u);  // nobody connected now
     agent.shutdown();
   }
   Agent agent(config);  // same database
@@ -277,7 +282,7 @@ TEST(AgentIntegration, BadInputIsRejectedAndCountedOthersUnaffected) {
   }
   // The good trainer is unaffected.
   ASSERT_TRUE(good.send_batch(batch_of(1, 1, 0.01)));
-  ASSERT_TRUE(eventually([&] { return agent.controller().counters().samples_received_total.load() == 1; }));
+  ASSERT_TRUE(eventually([&] { return agent.controller().counters().samples_received_total.Value() == 1; }));
   const std::string text = scrape(agent);
   EXPECT_NE(text.find("gaugewatch_agent_messages_rejected_total{reason=\"out_of_order\"} 1\n"), std::string::npos);
   EXPECT_NE(text.find("gaugewatch_agent_messages_rejected_total{reason=\"protocol_version\"} 1\n"), std::string::npos);
@@ -313,7 +318,9 @@ TEST(AgentIntegration, SilentRanksExpireAndAreExported) {
   const std::string text = scrape(agent);
   EXPECT_EQ(text.find("gaugewatch_layer_live_dq_discrepancy_ratio{run=\"run-e\""), std::string::npos);
   EXPECT_NE(text.find("gaugewatch_agent_ranks_expired_total 1\n"), std::string::npos);
-  EXPECT_NE(text.find("gaugewatch_agent_series 0\n"), std::string::npos);
+  // Only the expired rank's own series remain.
+  EXPECT_NE(text.find("gaugewatch_agent_series " + std::to_string(RunRegistry::kSeriesPerRank) + "\n"),
+            std::string::npos);
 }
 
 // --- TCP with TLS and a bearer token -----------------------------------------

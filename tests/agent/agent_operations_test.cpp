@@ -108,21 +108,21 @@ TEST(AgentRateLimit, FloodingTrainerIsShedNormalTrainerUnaffected) {
   const auto& shed = counters.samples_shed_total[static_cast<std::size_t>(ShedReason::kRateLimit)];
   // Every flood sample is either applied or shed; every calm sample is applied.
   ASSERT_TRUE(eventually([&] {
-    return rank_samples(*admin, "run-flood") + shed.load() == kFloodSamples &&
+    return rank_samples(*admin, "run-flood") + shed->Value() == kFloodSamples &&
            rank_samples(*admin, "run-calm") == kCalmSamples;
-  })) << "flood applied " << rank_samples(*admin, "run-flood") << " shed " << shed.load()
+  })) << "flood applied " << rank_samples(*admin, "run-flood") << " shed " << shed->Value()
       << ", calm applied " << rank_samples(*admin, "run-calm");
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 
   const std::uint64_t applied = rank_samples(*admin, "run-flood");
-  const std::uint64_t dropped = shed.load();
+  const auto dropped = static_cast<std::uint64_t>(shed->Value());
   // The burst is granted; beyond it no more than the rate over the stream's life.
   EXPECT_GE(applied, 2000u);
   EXPECT_LE(static_cast<double>(applied), 2000.0 + 1000.0 * elapsed + 1.0)
       << "elapsed " << elapsed << " s";
   EXPECT_GT(dropped, 0u);
-  EXPECT_EQ(counters.samples_received_total.load(), applied + kCalmSamples);
+  EXPECT_EQ(counters.samples_received_total.Value(), applied + kCalmSamples);
 
   const std::string text = scrape(agent);
   EXPECT_TRUE(has_line(text, "gaugewatch_agent_samples_shed_total{reason=\"rate_limit\"} " +
@@ -159,7 +159,7 @@ TEST(AgentRateLimit, FloodingTrainerIsShedNormalTrainerUnaffected) {
   std::this_thread::sleep_for(milliseconds(200));
   ASSERT_TRUE(flooder.send_batch(batch(99, 100, kLayers)));
   EXPECT_TRUE(eventually([&] { return rank_samples(*admin, "run-flood") == applied + 100; }));
-  EXPECT_EQ(shed.load(), dropped);
+  EXPECT_EQ(shed->Value(), dropped);
   EXPECT_TRUE(flooder.finish().ok());
   EXPECT_TRUE(calm.finish().ok());
 }
@@ -175,9 +175,9 @@ TEST(AgentRateLimit, ZeroRateMeansUnlimited) {
   ASSERT_TRUE(trainer.start());
   for (int b = 0; b < 20; ++b) ASSERT_TRUE(trainer.send_batch(batch(static_cast<std::uint64_t>(b), 4000, 4)));
   const auto& counters = agent.controller().counters();
-  ASSERT_TRUE(eventually([&] { return counters.samples_received_total.load() == 80000; }))
-      << counters.samples_received_total.load();
-  EXPECT_EQ(counters.samples_shed_total[0].load(), 0u);
+  ASSERT_TRUE(eventually([&] { return counters.samples_received_total.Value() == 80000; }))
+      << counters.samples_received_total.Value();
+  EXPECT_EQ(counters.samples_shed_total[0]->Value(), 0u);
   EXPECT_TRUE(trainer.finish().ok());
 }
 
@@ -243,12 +243,12 @@ TEST(AgentRetention, HousekeepingPrunesAndStateSurvivesRestart) {
     const auto decisions = static_cast<std::size_t>(StoreTable::kDecisions);
     // 13 admin + 13 command_sent + 13 acked audit rows; 13 decisions in 2 scopes.
     ASSERT_TRUE(eventually([&] {
-      return counters.store_rows[audit].load() == 20 && counters.store_rows[decisions].load() == 5 &&
-             counters.store_pruned_rows_total[audit].load() == 39 - 20;
-    })) << "audit rows " << counters.store_rows[audit].load() << " decisions "
-        << counters.store_rows[decisions].load() << " audit pruned "
-        << counters.store_pruned_rows_total[audit].load();
-    EXPECT_EQ(counters.store_pruned_rows_total[decisions].load(), 8u);
+      return counters.store_rows[audit]->Value() == 20 && counters.store_rows[decisions]->Value() == 5 &&
+             counters.store_pruned_rows_total[audit]->Value() == 39 - 20;
+    })) << "audit rows " << counters.store_rows[audit]->Value() << " decisions "
+        << counters.store_rows[decisions]->Value() << " audit pruned "
+        << counters.store_pruned_rows_total[audit]->Value();
+    EXPECT_EQ(counters.store_pruned_rows_total[decisions]->Value(), 8u);
 
     const auto kept = history(*admin);
     ASSERT_EQ(kept.decisions_size(), 5);

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "agent/export/http_server.h"
 #include "agent/rules/promql_poller.h"
@@ -210,7 +211,7 @@ TEST(AgentPrometheus, RealPrometheusScrapesAndDrivesFleetRule) {
                         dir.path() + "/prometheus.log");
   ASSERT_TRUE(prometheus.started());
 
-  // Prometheus scraped the agent (OpenMetrics negotiated) and stored the value.
+  // Prometheus scraped the agent (text format 0.0.4) and stored the value.
   ASSERT_TRUE(eventually(
       [&] {
         auto result = query(prom_port, "gaugewatch_layer_live_dq_discrepancy_ratio{run=\"run-fleet\",layer=\"1\"}");
@@ -248,12 +249,69 @@ TEST(AgentPrometheus, RealPrometheusScrapesAndDrivesFleetRule) {
   ASSERT_EQ(history.decisions_size(), 1);
   EXPECT_EQ(history.decisions(0).source(), v1::DECISION_SOURCE_PROMQL_RULE);
   EXPECT_TRUE(history.decisions(0).target().all_runs());
-  EXPECT_GE(agent_b.controller().counters().promql_queries_total.load(), 2u);
+  EXPECT_GE(agent_b.controller().counters().promql_queries_total.Value(), 2u);
 
   EXPECT_TRUE(trainer_a.finish().ok());
   EXPECT_TRUE(trainer_b.finish().ok());
   const auto code = prometheus.stop(SIGTERM, seconds(15));
   EXPECT_TRUE(code.has_value());
+}
+
+}  // namespace
+}  // namespace gaugewatch::agent
+
+namespace gaugewatch::agent {
+namespace {
+
+// An operator follows an incident through the log alone: the connection,
+// the rule firing, the decision, the command and its ack, the disconnection,
+// each a JSON object per line with --log-format json.
+TEST(AgentProcess, EventLogFollowsAnIncidentAsJson) {
+  TempDir dir;
+  const std::string socket = dir.path() + "/agent.sock";
+  Subprocess agent({GAUGEWATCH_AGENT_BIN, "--grpc-socket", socket, "--http-listen", "127.0.0.1:0",
+                    "--database", dir.path() + "/agent.db", "--log-format", "json"},
+                   dir.path() + "/agent.log");
+  ASSERT_TRUE(agent.started());
+  ASSERT_TRUE(eventually([&] { return agent.log().find("\"msg\":\"ready") != std::string::npos; }, seconds(20)))
+      << agent.log();
+  AgentConfig config;
+  config.grpc_socket = socket;
+  {
+    SimTrainer trainer(unix_channel(config), SimTrainer::make_hello("run-log", 0, 1, 2));
+    ASSERT_TRUE(trainer.start());
+    for (std::uint64_t step = 1; step <= 3; ++step) {
+      v1::SampleBatch batch;
+      *batch.add_samples() = SimTrainer::make_sample(step, 1, 0.4);
+      ASSERT_TRUE(trainer.send_batch(batch));
+    }
+    const auto commands = trainer.wait_commands(1, seconds(10));
+    ASSERT_EQ(commands.size(), 1u);
+    ASSERT_TRUE(trainer.ack(commands[0].command_id(), true, 4));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_TRUE(trainer.finish().ok());
+  }
+  ASSERT_TRUE(eventually([&] { return agent.log().find("trainer disconnected") != std::string::npos; }))
+      << agent.log();
+  const std::regex json_line(
+      R"(\{"time":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z","level":"[a-z]+","logger":"gaugewatch-agent","msg":"([^"\\]|\\.)*"\})");
+  std::istringstream lines(agent.log());
+  std::string line;
+  std::size_t events = 0;
+  std::string all;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    ++events;
+    EXPECT_TRUE(std::regex_match(line, json_line)) << line;
+    all += line + "\n";
+  }
+  EXPECT_GE(events, 6u);
+  for (const char* what : {"trainer connected: run=run-log rank=0", "rule fired: run=run-log rank=0 layer=1",
+                           "decision 1:", "command sent: run=run-log", "command applied: run=run-log",
+                           "trainer disconnected: run=run-log"}) {
+    EXPECT_NE(all.find(what), std::string::npos) << what << "\n" << all;
+  }
+  agent.stop(SIGTERM, seconds(10));
 }
 
 }  // namespace

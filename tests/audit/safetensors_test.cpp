@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cmath>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -76,6 +79,41 @@ TEST_F(CaptureFiles, RoundTripIsExact) {
   EXPECT_EQ(back.inputs.causal, reference::CausalMode::kBottomRight);
   EXPECT_DOUBLE_EQ(back.inputs.scale, 0.2);
   EXPECT_EQ(back.inputs.shape.kv_heads, 2);
+}
+
+// attn_mask: a key padding bias round-trips; a BOOL mask (as torch writes a
+// bool tensor) loads as 0 / -inf; a mask that does not broadcast is refused.
+TEST_F(CaptureFiles, AttnMaskRoundTripsAndLoadsFromBool) {
+  audit::ScenarioSpec spec;
+  spec.shape = {2, 2, 2, 6, 8, 64};
+  spec.valid_keys = {8, 3};
+  spec.left_padded = true;
+  audit::CapturedOperands ops;
+  ops.inputs = audit::make_inputs(spec);
+  ops.saved = reference::forward_fused_bf16(ops.inputs);
+  audit::save_operands(path("masked.safetensors"), ops);
+  const auto back = audit::load_operands(path("masked.safetensors"));
+  EXPECT_EQ(back.inputs.bias.values, ops.inputs.bias.values);
+  EXPECT_EQ(back.inputs.bias.sizes, ops.inputs.bias.sizes);
+
+  auto file = audit::read_safetensors(path("masked.safetensors"));
+  audit::SafetensorsTensor bool_mask;
+  bool_mask.dtype = "BOOL";
+  bool_mask.shape = {8};
+  bool_mask.bytes = {0, 0, 1, 1, 1, 1, 1, 1};
+  file.tensors["attn_mask"] = bool_mask;
+  audit::write_safetensors(path("bool.safetensors"), file);
+  const auto loaded = audit::load_operands(path("bool.safetensors"));
+  const std::array<int64_t, 4> keys_only{1, 1, 1, 8};
+  EXPECT_EQ(loaded.inputs.bias.sizes, keys_only);
+  EXPECT_TRUE(std::isinf(loaded.inputs.bias.values[1]) && loaded.inputs.bias.values[1] < 0);
+  EXPECT_EQ(loaded.inputs.bias.values[2], 0.0f);
+
+  bool_mask.shape = {7};
+  bool_mask.bytes.resize(7);
+  file.tensors["attn_mask"] = bool_mask;
+  audit::write_safetensors(path("bad_mask.safetensors"), file);
+  expect_error(path("bad_mask.safetensors"), "attn_mask dimension 3");
 }
 
 TEST_F(CaptureFiles, MissingTensorIsNamed) {

@@ -49,7 +49,6 @@ using Bf16Case = testing_cuda::KernelCase;
 using testing_cuda::from_bf16_bits;
 using testing_cuda::make_inputs;
 using testing_cuda::to_bf16_bits;
-using testing_cuda::fill_problem;
 using testing_cuda::to_int32;
 
 struct KernelRun {
@@ -59,7 +58,8 @@ struct KernelRun {
   std::vector<int32_t> pivot;
 };
 
-KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& saved, gpu::Projection projection) {
+KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& saved, gpu::Projection projection,
+                     gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper) {
   const auto& sh = in.shape;
   DeviceBuffer<uint16_t> q(to_bf16_bits(in.q)), k(to_bf16_bits(in.k)), v(to_bf16_bits(in.v)), go(to_bf16_bits(in.grad_out));
   DeviceBuffer<uint16_t> out(to_bf16_bits(saved.out));
@@ -83,8 +83,9 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   p.dq = dq.get();
   p.dk = dk.get();
   p.dv = dv.get();
-  fill_problem(p, in, cu_q.get(), cu_k.get());
+  p.shape = testing_cuda::problem_shape(in, cu_q.get(), cu_k.get());
   p.projection = projection;
+  p.kernel_pair = pair;
   p.set_contiguous_strides();
   if (projection == gpu::Projection::kNone) {
     p.diagnostics.row_mass = row_mass.get();
@@ -218,7 +219,7 @@ std::vector<Bf16Case> cases() {
 INSTANTIATE_TEST_SUITE_P(Shapes, Bf16BackwardCase, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Bf16Case>& param) { return param.param.name; });
 
-// The four-key witness of NUMERICS.md: bf16 gives -24 in the offset
+// The four-key witness of docs/numerics.md: bf16 gives -24 in the offset
 // coordinate, gproj and pivot exactly 0 (the truth).
 TEST(Bf16Backward, FourKeyWitness) {
   SKIP_WITHOUT_GPU();
@@ -289,42 +290,11 @@ TEST(Bf16Backward, PivotFixupWithLargeRowMass) {
   }
 }
 
-// Selects a kernel pair through GAUGEWATCH_BF16_KERNEL for one scope and
-// restores what the environment held.
-class KernelPairScope {
- public:
-  explicit KernelPairScope(const char* value) {
-    const char* before = std::getenv(kName);
-    had_ = before != nullptr;
-    if (had_) saved_ = before;
-    if (value != nullptr) {
-      setenv(kName, value, 1);
-    } else {
-      unsetenv(kName);
-    }
-  }
-  ~KernelPairScope() {
-    if (had_) {
-      setenv(kName, saved_.c_str(), 1);
-    } else {
-      unsetenv(kName);
-    }
-  }
-  KernelPairScope(const KernelPairScope&) = delete;
-  KernelPairScope& operator=(const KernelPairScope&) = delete;
-
- private:
-  static constexpr const char* kName = "GAUGEWATCH_BF16_KERNEL";
-  bool had_ = false;
-  std::string saved_;
-};
-
-// The mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync), kept as the Hopper
+// The mma.sync pair (Bf16KernelPair::kMmaSyncBaseline), kept as the Hopper
 // pair's measured baseline, still computes the same gradients: against the
 // reference on multi-tile causal, packed and sink-like inputs, and the witness.
 TEST(Bf16Backward, MmaSyncPairMatchesReference) {
   SKIP_WITHOUT_GPU();
-  const KernelPairScope scope("mma_sync");
   Bf16Case multi = make_case("mma_sync_multi_tile_d128", {1, 2, 1, 150, 140, 128}, ref::CausalMode::kBottomRight);
   multi.q_gain = 3.0f;
   Bf16Case packed = make_case("mma_sync_packed_d64", {1, 2, 2, 100, 90, 64}, ref::CausalMode::kTopLeft);
@@ -340,7 +310,7 @@ TEST(Bf16Backward, MmaSyncPairMatchesReference) {
     const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
     for (const auto projection : {gpu::Projection::kGproj, gpu::Projection::kPivot}) {
       SCOPED_TRACE(name_of(projection));
-      const KernelRun got = run_kernel(in, saved, projection);
+      const KernelRun got = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kMmaSyncBaseline);
       ASSERT_TRUE(got.status.ok()) << got.status.message;
       const ref::Gradients& expect = reference_of(want, projection);
       EXPECT_LE(relative(got.grads.dq, expect.dq), 2e-2);
@@ -352,13 +322,16 @@ TEST(Bf16Backward, MmaSyncPairMatchesReference) {
 
 TEST(Bf16Backward, RejectsUnsupportedInputsWithReasons) {
   gpu::Bf16BackwardParams p;
-  p.head_dim = 96;
+  p.shape.head_dim = 96;
   EXPECT_NE(gpu::validate(p).message.find("head_dim 96"), std::string::npos);
-  p.head_dim = 64;
-  p.q_heads = 3;
-  p.kv_heads = 2;
+  p.shape.head_dim = 64;
+  p.shape.q_heads = 3;
+  p.shape.kv_heads = 2;
   EXPECT_NE(gpu::validate(p).message.find("does not divide"), std::string::npos);
-  p.q_heads = p.kv_heads = 1;
+  p.shape.q_heads = p.shape.kv_heads = 1;
+  p.shape.mask.kind = gpu::MaskKind::kBool;
+  EXPECT_NE(gpu::validate(p).message.find("takes no attn_mask"), std::string::npos);
+  p.shape.mask = {};
   float sink = 0.0f;
   p.diagnostics.p_max = &sink;
   p.projection = gpu::Projection::kGproj;

@@ -12,11 +12,13 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -50,9 +52,21 @@ struct GpuResult {
   ref::Gradients grads;
 };
 
+// An attn_mask on the host: kind, element strides along (B, Hq, N, M) (0:
+// broadcast) and the elements (bool masks as 0/1 floats).
+struct HostMask {
+  gpu::MaskKind kind = gpu::MaskKind::kNone;
+  int64_t strides[4] = {0, 0, 0, 0};
+  std::vector<float> values;
+  int64_t offset(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return b * strides[0] + h * strides[1] + i * strides[2] + j * strides[3];
+  }
+};
+
 // Runs the kernel; `slices`/`rows` empty means the full mode.
 GpuResult run_gpu(const ref::AttentionInputs& in, bool center_keys, bool deterministic,
-                  const std::vector<int32_t>& slices = {}, const std::vector<int32_t>& rows = {}) {
+                  const std::vector<int32_t>& slices = {}, const std::vector<int32_t>& rows = {},
+                  const HostMask& mask = {}) {
   const ref::AttentionShape& sh = in.shape;
   DeviceBuffer<float> q(in.q), k(in.k), v(in.v), dout(in.grad_out);
   const bool subset = !slices.empty() || !rows.empty();
@@ -64,6 +78,10 @@ GpuResult run_gpu(const ref::AttentionInputs& in, bool center_keys, bool determi
   dv.poison();
   DeviceBuffer<int32_t> cu_q(to_int32(in.cu_seqlens_q)), cu_k(to_int32(in.cu_seqlens_k));
   DeviceBuffer<int32_t> slices_d(slices), rows_d(rows);
+  std::vector<uint8_t> flags;
+  for (float x : mask.values) flags.push_back(x != 0.0f ? 1 : 0);
+  DeviceBuffer<uint8_t> mask_flags(mask.kind == gpu::MaskKind::kBool ? flags : std::vector<uint8_t>{});
+  DeviceBuffer<float> mask_bias(mask.kind == gpu::MaskKind::kBias ? mask.values : std::vector<float>{});
 
   gpu::Fp32BackwardParams p;
   p.q = q.get();
@@ -73,7 +91,13 @@ GpuResult run_gpu(const ref::AttentionInputs& in, bool center_keys, bool determi
   p.dq = dq.get();
   p.dk = dk.get();
   p.dv = dv.get();
-  testing_cuda::fill_problem(p, in, cu_q.get(), cu_k.get());
+  p.shape = testing_cuda::problem_shape(in, cu_q.get(), cu_k.get());
+  if (mask.kind != gpu::MaskKind::kNone) {
+    p.shape.mask.kind = mask.kind;
+    p.shape.mask.data = mask.kind == gpu::MaskKind::kBool ? static_cast<const void*>(mask_flags.get())
+                                                          : static_cast<const void*>(mask_bias.get());
+    for (int i = 0; i < 4; ++i) p.shape.mask.strides[i] = mask.strides[i];
+  }
   if (subset) {
     p.slices = slices_d.get();
     p.num_slices = static_cast<int64_t>(slices.size());
@@ -333,23 +357,166 @@ TEST(Fp32Backward, KeyCenteringRemovesOffsetFloor) {
   }
 }
 
+// The masked truth in FP64: s_ij = alpha q_i.k_j + bias_ij on the pairs that
+// visible_keys() and the mask allow, softmax, and the gradients of the rows
+// chosen (every row when `rows` is empty): dq of those rows (slice-major), dk
+// and dv from those rows only. Rows with no allowed key contribute nothing.
+ref::ExactAttention masked_truth(const ref::AttentionInputs& in, const HostMask& mask,
+                                 const std::vector<int32_t>& slices = {}, const std::vector<int32_t>& rows = {}) {
+  const auto& sh = in.shape;
+  const int64_t d = sh.head_dim, group = sh.q_heads / sh.kv_heads;
+  std::vector<int32_t> all_slices = slices, all_rows = rows;
+  if (slices.empty()) {
+    for (int32_t f = 0; f < sh.batch * sh.q_heads; ++f) all_slices.push_back(f);
+    for (int32_t n = 0; n < sh.q_len; ++n) all_rows.push_back(n);
+  }
+  ref::ExactAttention out;
+  out.dq.assign(all_slices.size() * all_rows.size() * static_cast<size_t>(d), 0.0);
+  out.dk.assign(static_cast<size_t>(sh.kv_elements()), 0.0);
+  out.dv.assign(static_cast<size_t>(sh.kv_elements()), 0.0);
+  std::vector<double> p(static_cast<size_t>(sh.kv_len)), a(static_cast<size_t>(sh.kv_len));
+  for (size_t si = 0; si < all_slices.size(); ++si) {
+    const int64_t b = all_slices[si] / sh.q_heads, h = all_slices[si] % sh.q_heads, hk = h / group;
+    const float* kh = &in.k[static_cast<size_t>(sh.kv_offset(b, hk, 0))];
+    const float* vh = &in.v[static_cast<size_t>(sh.kv_offset(b, hk, 0))];
+    for (size_t ri = 0; ri < all_rows.size(); ++ri) {
+      const int64_t n = all_rows[ri];
+      const float* q = &in.q[static_cast<size_t>(sh.q_offset(b, h, n))];
+      const float* u = &in.grad_out[static_cast<size_t>(sh.q_offset(b, h, n))];
+      const ref::KeyRange keys = ref::visible_keys(in, n);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < sh.kv_len; ++j) {
+        double s = -INFINITY;
+        const bool allowed = mask.kind != gpu::MaskKind::kBool || mask.values[mask.offset(b, h, n, j)] != 0.0f;
+        if (j >= keys.begin && j < keys.end && allowed) {
+          s = 0.0;
+          for (int64_t c = 0; c < d; ++c) s += static_cast<double>(q[c]) * kh[j * d + c];
+          s *= in.scale;
+          if (mask.kind == gpu::MaskKind::kBias) s += mask.values[mask.offset(b, h, n, j)];
+        }
+        p[j] = s;
+        mx = std::max(mx, s);
+      }
+      if (mx == -INFINITY) continue;
+      double sum = 0.0, delta = 0.0;
+      for (int64_t j = 0; j < sh.kv_len; ++j) {
+        p[j] = p[j] == -INFINITY ? 0.0 : std::exp(p[j] - mx);
+        sum += p[j];
+      }
+      for (int64_t j = 0; j < sh.kv_len; ++j) {
+        p[j] /= sum;
+        a[j] = 0.0;
+        for (int64_t c = 0; c < d; ++c) a[j] += static_cast<double>(u[c]) * vh[j * d + c];
+        delta += p[j] * a[j];
+      }
+      double* dq = &out.dq[(si * all_rows.size() + ri) * static_cast<size_t>(d)];
+      for (int64_t j = 0; j < sh.kv_len; ++j) {
+        if (p[j] == 0.0) continue;
+        const double g = p[j] * (a[j] - delta);
+        double* dk = &out.dk[static_cast<size_t>(sh.kv_offset(b, hk, j))];
+        double* dv = &out.dv[static_cast<size_t>(sh.kv_offset(b, hk, j))];
+        for (int64_t c = 0; c < d; ++c) {
+          dq[c] += in.scale * g * kh[j * d + c];
+          dk[c] += in.scale * g * q[c];
+          dv[c] += p[j] * u[c];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void expect_masked(const char* name, const ref::AttentionInputs& in, const HostMask& mask, bool deterministic,
+                   const std::vector<int32_t>& slices = {}, const std::vector<int32_t>& rows = {}) {
+  const ref::ExactAttention want = masked_truth(in, mask, slices, rows);
+  const GpuResult got = run_gpu(in, true, deterministic, slices, rows, mask);
+  ASSERT_TRUE(got.status.ok()) << name << ": " << got.status.message;
+  const double dq = ref::relative_error(got.grads.dq, want.dq);
+  const double dk = ref::relative_error(got.grads.dk, want.dk);
+  const double dv = ref::relative_error(got.grads.dv, want.dv);
+  std::printf("[%s] %s: vs masked fp64 dq %.3e dk %.3e dv %.3e\n", name, describe(in).c_str(), dq, dk, dv);
+  EXPECT_LT(dq, kFp32Tolerance) << name << " dq";
+  EXPECT_LT(dk, kFp32Tolerance) << name << " dk";
+  EXPECT_LT(dv, kFp32Tolerance) << name << " dv";
+}
+
+// Key padding, as trainers pass it: a bool (B, 1, 1, M) mask broadcast over
+// heads and rows (stride 0), right-padded in batch 0 and left- and right-
+// padded in batch 1; with causal top-left the first rows of batch 1 see no
+// allowed key (zero gradients). GQA, tails in both N and M.
+TEST(Fp32Backward, KeyPaddingMaskMatchesMaskedTruth) {
+  SKIP_WITHOUT_GPU();
+  for (const auto causal : {ref::CausalMode::kNone, ref::CausalMode::kTopLeft}) {
+    Case c = make_case("key_padding", shape(2, 4, 2, 70, 83, 64), causal);
+    const ref::AttentionInputs in = make_inputs(c);
+    HostMask mask;
+    mask.kind = gpu::MaskKind::kBool;
+    mask.strides[0] = 83;
+    mask.strides[3] = 1;
+    mask.values.assign(2 * 83, 1.0f);
+    for (int j = 63; j < 83; ++j) mask.values[static_cast<size_t>(j)] = 0.0f;
+    for (int j = 0; j < 5; ++j) mask.values[static_cast<size_t>(83 + j)] = 0.0f;
+    for (int j = 73; j < 83; ++j) mask.values[static_cast<size_t>(83 + j)] = 0.0f;
+    expect_masked(causal == ref::CausalMode::kNone ? "key_padding" : "key_padding_causal", in, mask, false);
+  }
+}
+
+// An additive bias per (head, row, key), broadcast over the batch, with -inf
+// entries (and one row all -inf), at d = 128 in deterministic mode.
+TEST(Fp32Backward, AdditiveBiasMatchesMaskedTruth) {
+  SKIP_WITHOUT_GPU();
+  Case c = make_case("bias", shape(2, 2, 2, 66, 90, 128));
+  const ref::AttentionInputs in = make_inputs(c);
+  HostMask mask;
+  mask.kind = gpu::MaskKind::kBias;
+  mask.strides[1] = 66 * 90;
+  mask.strides[2] = 90;
+  mask.strides[3] = 1;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  mask.values.resize(2 * 66 * 90);
+  for (size_t i = 0; i < mask.values.size(); ++i) mask.values[i] = i % 7 == 3 ? -INFINITY : normal(rng);
+  for (int j = 0; j < 90; ++j) mask.values[static_cast<size_t>(10 * 90 + j)] = -INFINITY;
+  expect_masked("bias_det", in, mask, true);
+  expect_masked("bias", in, mask, false);
+}
+
+// The monitor's sampled rows under a full (B, Hq, N, M) bool mask.
+TEST(Fp32Backward, RowSubsetWithMaskMatchesMaskedTruth) {
+  SKIP_WITHOUT_GPU();
+  Case c = make_case("subset_mask", shape(2, 4, 2, 80, 100, 64), ref::CausalMode::kTopLeft);
+  const ref::AttentionInputs in = make_inputs(c);
+  HostMask mask;
+  mask.kind = gpu::MaskKind::kBool;
+  mask.strides[0] = 4 * 80 * 100;
+  mask.strides[1] = 80 * 100;
+  mask.strides[2] = 100;
+  mask.strides[3] = 1;
+  std::mt19937 rng(9);
+  std::bernoulli_distribution keep(0.7);
+  mask.values.resize(2 * 4 * 80 * 100);
+  for (auto& x : mask.values) x = keep(rng) ? 1.0f : 0.0f;
+  expect_masked("subset_mask", in, mask, false, {1, 4, 7}, {0, 3, 40, 64, 79});
+  expect_masked("subset_mask_det", in, mask, true, {1, 4, 7}, {0, 3, 40, 64, 79});
+}
+
 TEST(Fp32Backward, RejectsUnsupportedInputs) {
   // Validation needs no device.
   gpu::Fp32BackwardParams p;
-  p.head_dim = 96;
+  p.shape.head_dim = 96;
   gpu::Status s = gpu::validate(p);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message.find("head_dim 96"), std::string::npos) << s.message;
-  p.head_dim = 64;
-  p.q_heads = 6;
-  p.kv_heads = 4;
+  p.shape.head_dim = 64;
+  p.shape.q_heads = 6;
+  p.shape.kv_heads = 4;
   s = gpu::validate(p);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message.find("GQA"), std::string::npos) << s.message;
-  p.q_heads = 4;
-  p.kv_heads = 2;
+  p.shape.q_heads = 4;
+  p.shape.kv_heads = 2;
   int32_t dummy = 0;
-  p.cu_seqlens_q = &dummy;
+  p.shape.cu_seqlens_q = &dummy;
   s = gpu::validate(p);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message.find("together"), std::string::npos) << s.message;

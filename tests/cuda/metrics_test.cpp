@@ -143,10 +143,8 @@ Translated reference_translation(const ref::AttentionInputs& in, const ref::Save
   return t;
 }
 
-gpu::MetricsShape metrics_shape(const ref::AttentionInputs& in, const int32_t* cu_q, const int32_t* cu_k) {
-  gpu::MetricsShape s;
-  testing_cuda::fill_problem(s, in, cu_q, cu_k);
-  return s;
+gpu::ProblemShape metrics_shape(const ref::AttentionInputs& in, const int32_t* cu_q, const int32_t* cu_k) {
+  return testing_cuda::problem_shape(in, cu_q, cu_k);
 }
 
 
@@ -187,6 +185,21 @@ struct MetricsResult {
   std::vector<double> values;
 };
 
+// The reference's attn_mask bias as the kernels read it: a float bias with
+// element strides from its (broadcast) sizes, 0 along broadcast dimensions.
+gpu::AttentionMask device_bias(const ref::AttentionBias& bias, const float* data) {
+  gpu::AttentionMask m;
+  if (bias.empty()) return m;
+  m.kind = gpu::MaskKind::kBias;
+  m.data = data;
+  int64_t stride = 1;
+  for (int i = 3; i >= 0; --i) {
+    m.strides[i] = bias.sizes[static_cast<size_t>(i)] > 1 ? stride : 0;
+    stride *= bias.sizes[static_cast<size_t>(i)];
+  }
+  return m;
+}
+
 // The reduction kernels on the reference's operands: live = the emulated
 // fused BF16 backward ("plain"), its row diagnostics, gproj, the FP32
 // recompute, and the translated runs' dQ.
@@ -203,10 +216,12 @@ MetricsResult run_metrics(const ref::AttentionInputs& in, const ref::FusedBackwa
   DeviceBuffer<int32_t> cu_q(to_int32(in.cu_seqlens_q)), cu_k(to_int32(in.cu_seqlens_k));
   DeviceBuffer<double> out(gpu::kMetricCount);
   out.poison();
+  DeviceBuffer<float> bias(in.bias.values);
 
   using gpu::ElementType;
   gpu::MetricsParams p;
   p.shape = metrics_shape(in, cu_q.get(), cu_k.get());
+  p.shape.mask = device_bias(in.bias, bias.get());
   p.q = q.get();
   p.k = k.get();
   p.row_mass = row_mass.get();
@@ -293,6 +308,20 @@ std::vector<Case> all_cases() {
   packed.cu_q = {0, 20, 20, 60};
   packed.cu_k = {0, 25, 30, 70};
   add("single_key_rows_d64", shape(1, 1, 1, 17, 1, 64));
+  // attn_mask: key padding broadcast over heads and rows (batch 1 left-padded:
+  // under top-left causal its first rows see no key and are left out), and an
+  // additive bias per (head, row, key) with -inf entries.
+  Case& padding = add("key_padding_topleft_d64", shape(2, 2, 2, 40, 50, 64), CausalMode::kTopLeft);
+  padding.bias.sizes = {2, 1, 1, 50};
+  padding.bias.values.assign(100, 0.0f);
+  for (int j = 40; j < 50; ++j) padding.bias.values[static_cast<size_t>(j)] = -INFINITY;
+  for (int j = 0; j < 5; ++j) padding.bias.values[static_cast<size_t>(50 + j)] = -INFINITY;
+  Case& biased = add("additive_bias_d128", shape(1, 2, 2, 30, 45, 128));
+  biased.key_offset = 50.0f;
+  biased.bias.sizes = {1, 2, 30, 45};
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int i = 0; i < 2 * 30 * 45; ++i) biased.bias.values.push_back(i % 9 == 4 ? -INFINITY : normal(rng));
   return cases;
 }
 

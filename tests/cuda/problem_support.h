@@ -2,8 +2,8 @@
 // Shared by the CUDA kernel tests: a named attention problem with BF16-valued
 // normal operands (optionally a common key offset and sharper queries: the
 // sink-like regime), and the conversions between the reference's float
-// vectors and the kernels' BF16 bits / int32 offsets (causal modes and the
-// parameter blocks' shared fields: kernels/cuda/problem_fields.h).
+// vectors and the kernels' BF16 bits / int32 offsets (the problem's shape:
+// kernels/cuda/reference_problem.h).
 
 #include <cmath>
 #include <cstdint>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/fp32_backward.h"
-#include "kernels/cuda/problem_fields.h"
+#include "kernels/cuda/problem.h"
+#include "kernels/cuda/reference_problem.h"
 #include "kernels/reference/attention_problem.h"
 #include "kernels/reference/bf16.h"
 
@@ -31,6 +31,7 @@ struct KernelCase {
   float q_gain = 1.0f;              // query scale: sharper attention
   double scale = 0.0;               // softmax scale; 0: 1 / sqrt(d)
   uint64_t seed = 1;
+  ref::AttentionBias bias;          // attn_mask as a bias; empty: none
 };
 
 inline void PrintTo(const KernelCase& c, std::ostream* os) { *os << c.name; }
@@ -68,21 +69,21 @@ inline ref::AttentionInputs make_inputs(const KernelCase& c) {
     for (auto& x : offset) x = c.key_offset * normal(rng);
     for (size_t i = 0; i < in.k.size(); ++i) in.k[i] = ref::round_bf16(in.k[i] + offset[i % offset.size()]);
   }
+  in.bias = c.bias;
   in.validate();
   return in;
 }
 
 using gpu::to_gpu;
 
-// A parameter block's shared fields from a reference problem; cu_q / cu_k
+// A parameter block's ProblemShape from a reference problem; cu_q / cu_k
 // (its offsets on the device) are used only when the problem is packed.
-template <class Params>
-void fill_problem(Params& p, const ref::AttentionInputs& in, const int32_t* cu_q, const int32_t* cu_k) {
+inline gpu::ProblemShape problem_shape(const ref::AttentionInputs& in, const int32_t* cu_q, const int32_t* cu_k) {
   if (in.packed()) {
-    gpu::fill_problem(p, in.shape, in.scale, in.causal, cu_q, cu_k, static_cast<int64_t>(in.cu_seqlens_q.size()) - 1);
-  } else {
-    gpu::fill_problem(p, in.shape, in.scale, in.causal);
+    return gpu::problem_shape(in.shape, in.scale, in.causal, cu_q, cu_k,
+                              static_cast<int64_t>(in.cu_seqlens_q.size()) - 1);
   }
+  return gpu::problem_shape(in.shape, in.scale, in.causal);
 }
 
 // BF16-valued floats to their 16-bit storage (exact) and back.

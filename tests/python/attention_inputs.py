@@ -1,6 +1,7 @@
 """BF16 attention operands shared by the GPU tests (a helper module, not a
-test file): the four-key witness of NUMERICS.md and the random / sink-like
-families the accuracy tests use. All on the CPU; callers move them."""
+test file): the four-key witness (docs/numerics.md, "The four-key witness")
+and the random / sink-like families the accuracy tests use. All on the CPU;
+callers move them."""
 
 import torch
 

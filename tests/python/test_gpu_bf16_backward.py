@@ -188,19 +188,44 @@ def test_fp32_floor_with_and_without_centring(record_line):
     assert max(floors[True]) <= 5e-3
 
 
-@pytest.mark.parametrize("backend", PROJECTED)
-def test_mma_sync_pair_agrees_with_hopper_pair(backend, monkeypatch):
-    """GAUGEWATCH_BF16_KERNEL=mma_sync runs the mma.sync kernel pair that the
-    Hopper (wgmma) pair replaced. The two sum S and the contractions in
-    different FP32 orders, so they agree to the BF16 error both carry, not
-    bitwise; each is also repeatable bitwise (test_bitwise_repeatable_and_strides)."""
-    for name in ("multi_tile_noncausal_d128", "multi_tile_packed_d128"):
+_MMA_SYNC_CASES = ("multi_tile_noncausal_d128", "multi_tile_packed_d128")
+
+_MMA_SYNC_CHILD = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from test_gpu_bf16_backward import GPU_CASES, PROJECTED, _MMA_SYNC_CASES
+from test_ops import Problem, ops
+grads = {}
+for name in _MMA_SYNC_CASES:
+    for backend in PROJECTED:
         p = Problem(**GPU_CASES[name], device="cuda")
-        hopper = ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
-        monkeypatch.setenv("GAUGEWATCH_BF16_KERNEL", "mma_sync")
-        mma_sync = ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
-        monkeypatch.delenv("GAUGEWATCH_BF16_KERNEL")
+        grads[name, backend] = [t.cpu() for t in ops.attention_backward(*p.args(), **p.kwargs(backend=backend))]
+torch.save(grads, sys.argv[2])
+"""
+
+
+def test_mma_sync_pair_agrees_with_hopper_pair(tmp_path):
+    """GAUGEWATCH_BF16_KERNEL=mma_sync (read once, when the library loads: a
+    child process) runs the mma.sync kernel pair that the Hopper (wgmma) pair
+    replaced. The two sum S and the contractions in different FP32 orders, so
+    they agree to the BF16 error both carry, not bitwise; each is also
+    repeatable bitwise (test_bitwise_repeatable_and_strides)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    saved = tmp_path / "mma_sync.pt"
+    env = dict(os.environ, GAUGEWATCH_BF16_KERNEL="mma_sync")
+    here = str(Path(__file__).resolve().parent)
+    subprocess.run([sys.executable, "-c", _MMA_SYNC_CHILD, here, str(saved)], env=env, check=True, timeout=600)
+    mma_sync = torch.load(saved)
+    for name in _MMA_SYNC_CASES:
         exact = Problem(**GPU_CASES[name]).exact()
-        for label, x, y, truth in zip("qkv", hopper, mma_sync, exact):
-            assert rel(x, y) <= 2e-2, f"{name} d{label}: Hopper vs mma.sync pair"
-            assert rel(x, truth) <= 1.5 * rel(y, truth) + 4e-3, f"{name} d{label}: Hopper pair error vs FP64"
+        for backend in PROJECTED:
+            p = Problem(**GPU_CASES[name], device="cuda")
+            hopper = ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
+            for label, x, y, truth in zip("qkv", hopper, mma_sync[name, backend], exact):
+                x = x.cpu()
+                assert rel(x, y) <= 2e-2, f"{name} {backend} d{label}: Hopper vs mma.sync pair"
+                assert rel(x, truth) <= 1.5 * rel(y, truth) + 4e-3, f"{name} {backend} d{label}: Hopper error vs FP64"

@@ -202,7 +202,7 @@ def test_projected_backends_within_bf16_tolerance(name):
 
 def test_gproj_repairs_common_key_offset():
     # Keys sharing a large offset: the plain BF16 backward leaks the mean key into
-    # dq (NUMERICS.md); GProj and pivot keep the conservation law.
+    # dq (docs/numerics.md); GProj and pivot keep the conservation law.
     p = Problem(N=64, M=64, causal=True, key_offset=200.0, q_gain=1.0, seed=3)
     want = p.exact()
     errs = {b: rel(ops.attention_backward(*p.args(), **p.kwargs(backend=b))[0], want[0])

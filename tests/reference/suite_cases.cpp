@@ -167,6 +167,18 @@ std::vector<SuiteCase> suite_cases() {
                             CausalMode::kTopLeft, ++seed));
   cases.push_back(make_case("clusters_d128_full", CaseFamily::kGeometry, "clusters", {1, 2, 2, 384, 384, 128},
                             CausalMode::kNone, ++seed));
+  // Key padding as an attn_mask, right and left padded.
+  SuiteCase padded_random = make_case("padded_right_random_d64", CaseFamily::kStructure, "random",
+                                      {2, 2, 2, 256, 256, 64}, CausalMode::kNone, ++seed);
+  padded_random.spec.valid_keys = {256, 150};
+  cases.push_back(padded_random);
+  SuiteCase padded_sink = make_case("padded_left_sink_d64", CaseFamily::kSinkLike, "sink", {2, 2, 2, 256, 256, 64},
+                                    CausalMode::kNone, ++seed);
+  padded_sink.spec.valid_keys = {256, 97};
+  padded_sink.spec.left_padded = true;
+  padded_sink.spec.query_gain = 20.0;
+  padded_sink.spec.key_offset_rms = 200.0;
+  cases.push_back(padded_sink);
   return cases;
 }
 

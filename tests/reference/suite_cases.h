@@ -1,7 +1,7 @@
 #pragma once
 // The synthetic audit suite: >= 60 named cases covering packing, both causal
 // alignments and their boundaries, singleton rows, N != M, long sequences,
-// GQA/MQA, every head dim, and sink-like inputs (large common key and query
+// GQA/MQA, every head dim, key padding masks, and sink-like inputs (large common key and query
 // offsets, sharp queries). Shared by the suite test and the suite report.
 
 #include <string>

@@ -5,9 +5,11 @@
 // emulation's, every output rounded to BF16 as a BF16 kernel delivers it
 // (measured 1.3-1.5x: pivot's error is sum_j e_ij (k_j - k_j*), ~sqrt(2)
 // GProj's on diffuse rows). The report also lists pivot's FP32-accumulated
-// error against the plain BF16 output, NUMERICS.md's way of comparing.
+// error against the plain BF16 output, docs/numerics.md's way of comparing.
 // At the end it prints pivot's error relative to GProj's over the suite, and
 // writes that table as markdown to $GAUGEWATCH_SUITE_REPORT when set.
+// center (the plain emulation on centred keys, policy auto) is <= 2% dQ on
+// every sink-like case and identical to plain on random ones (nothing centred).
 
 #include <gtest/gtest.h>
 
@@ -22,6 +24,7 @@
 #include "kernels/reference/exact_attention.h"
 #include "kernels/reference/fused_backward_bf16.h"
 #include "kernels/reference/fused_forward_bf16.h"
+#include "kernels/reference/key_centring.h"
 #include "tests/reference/suite_cases.h"
 
 namespace gaugewatch::testing {
@@ -32,6 +35,7 @@ struct CaseErrors {
   CaseFamily family;
   double plain_dq, plain_dk, gproj_dq, gproj_dk, pivot_dq, pivot_dk;
   double pivot_fp32_dq = 0.0;  // before the final BF16 rounding
+  double center_dq = 0.0, center_dk = 0.0;
 };
 
 std::vector<CaseErrors>& results() {
@@ -67,6 +71,9 @@ TEST_P(SyntheticSuite, ProjectionsAgainstFp64) {
                      relative_error(fused.pivot.dq, exact.dq),
                      relative_error(fused.pivot.dk, exact.dk)};
   CaseErrors recorded = e;
+  const reference::Gradients center = reference::backward_center_bf16(in, saved);
+  recorded.center_dq = relative_error(center.dq, exact.dq);
+  recorded.center_dk = relative_error(center.dk, exact.dk);
   reference::FusedBackwardOptions fp32_outputs;
   fp32_outputs.round_outputs = false;
   recorded.pivot_fp32_dq = relative_error(reference::backward_fused_bf16(in, saved, fp32_outputs).pivot.dq, exact.dq);
@@ -89,6 +96,18 @@ TEST_P(SyntheticSuite, ProjectionsAgainstFp64) {
     EXPECT_LE(e.pivot_dq, 0.01);
     EXPECT_LE(e.pivot_dk, 0.01);
   }
+  // center: the stock backward on centred keys. Sink-like cases (plain 50% to
+  // several 100% off) come down to the percent level; on random inputs the
+  // "auto" policy centres nothing (kbar = 0), so it is the stock result.
+  if (c.family == CaseFamily::kSinkLike) {
+    EXPECT_LE(recorded.center_dq, 0.02) << "center dQ on a sink-like case";
+    EXPECT_LE(recorded.center_dk, 2.0 * e.plain_dk + 0.01) << "center dK on a sink-like case";
+  }
+  if (c.family == CaseFamily::kRandom) {
+    EXPECT_EQ(recorded.center_dq, e.plain_dq) << "auto centres nothing on random keys";
+    EXPECT_EQ(recorded.center_dk, e.plain_dk);
+  }
+  RecordProperty("center_dq", std::to_string(recorded.center_dq));
   if (c.family == CaseFamily::kRandom) {
     EXPECT_LE(e.pivot_dq, 1.6 * e.plain_dq) << "pivot dQ vs plain on random inputs, both BF16";
     EXPECT_LE(e.pivot_dk, 1.6 * e.plain_dk) << "pivot dK vs plain on random inputs, both BF16";
@@ -114,19 +133,20 @@ class SuiteReport : public ::testing::Environment {
     auto& all = results();
     if (all.empty()) return;
     std::string table =
-        "| case | family | plain dQ | plain dK | GProj dQ | GProj dK | pivot dQ | pivot dK | pivot/GProj dQ | "
-        "pivot/GProj dK | pivot FP32 dQ / plain dQ |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "| case | family | plain dQ | plain dK | GProj dQ | GProj dK | pivot dQ | pivot dK | center dQ | center dK | "
+        "pivot/GProj dQ | pivot/GProj dK | pivot FP32 dQ / plain dQ |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     std::vector<double> ratios;
     for (const auto& e : all) {
       const double rq = e.gproj_dq > 0 ? e.pivot_dq / e.gproj_dq : 1.0;
       const double rk = e.gproj_dk > 0 ? e.pivot_dk / e.gproj_dk : 1.0;
       ratios.push_back(rq);
-      char line[640];
+      char line[768];
       std::snprintf(line, sizeof line,
-                    "| %s | %s | %.3g%% | %.3g%% | %.3g%% | %.3g%% | %.3g%% | %.3g%% | %.2f | %.2f | %.2f |\n",
+                    "| %s | %s | %.3g%% | %.3g%% | %.3g%% | %.3g%% | %.3g%% | %.3g%% | %.3g%% | %.3g%% | %.2f | %.2f | "
+                    "%.2f |\n",
                     e.name.c_str(), family_name(e.family), 100 * e.plain_dq, 100 * e.plain_dk, 100 * e.gproj_dq,
-                    100 * e.gproj_dk, 100 * e.pivot_dq, 100 * e.pivot_dk, rq, rk,
+                    100 * e.gproj_dk, 100 * e.pivot_dq, 100 * e.pivot_dk, 100 * e.center_dq, 100 * e.center_dk, rq, rk,
                     e.plain_dq > 0 ? e.pivot_fp32_dq / e.plain_dq : 1.0);
       table += line;
     }

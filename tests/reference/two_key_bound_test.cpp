@@ -1,4 +1,4 @@
-// The two-key bound of NUMERICS.md. With weights 1 - eps, eps the injected
+// The two-key bound of docs/numerics.md. With weights 1 - eps, eps the injected
 // term alpha rho_i mu_k,i relative to the true dq_i is at most
 // 2 u_b ||mu_k,i|| / ||k_1 - k_2||, independent of eps (sharpness). The
 // bound is about the BF16 rounding of dS, so delta is taken from P dP (the

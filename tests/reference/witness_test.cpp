@@ -1,4 +1,4 @@
-// The four-key witness of NUMERICS.md: every input and the saved output are
+// The four-key witness of docs/numerics.md: every input and the saved output are
 // exactly representable, attention is uniform, the true dq[0] is exactly 0;
 // the plain fused BF16 backward returns -24 there, GProj and pivot 0.
 

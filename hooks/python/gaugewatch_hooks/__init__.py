@@ -22,6 +22,10 @@ Steps: once the library is active through the helper, a step is an
 library, so gradient accumulation's micro-batches make one step and
 ``GAUGEWATCH_SAMPLE_EVERY`` counts optimizer steps. ``step()`` does the same by
 hand (an optimizer that is not a torch.optim.Optimizer).
+
+Install with ``pip install ./hooks/python``; ``python -m gaugewatch_hooks
+--check`` says which library it finds, what is loaded and what would be
+monitored on this machine.
 """
 
 from __future__ import annotations
@@ -33,26 +37,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["load", "loaded", "watch", "stats", "layer_names", "flush", "library_path", "step"]
+from gaugewatch_hooks import _library
+from gaugewatch_hooks._library import LibraryNotFound
+
+__all__ = ["load", "loaded", "watch", "stats", "layer_names", "flush", "library_path", "step",
+           "LibraryNotFound"]
 
 
 def library_path() -> pathlib.Path:
-    """The libgaugewatch_hooks.so to load: $GAUGEWATCH_HOOKS_LIB, else the
-    build tree next to this package (<repo>/build/lib), else the install
-    prefix (<prefix>/lib)."""
-    env = os.environ.get("GAUGEWATCH_HOOKS_LIB")
-    if env:
-        return pathlib.Path(env)
-    here = pathlib.Path(__file__).resolve()
-    candidates = [
-        pathlib.Path(os.environ.get("GAUGEWATCH_BUILD_DIR", here.parents[3] / "build")) / "lib",
-        here.parents[3] / "lib",
-    ]
-    for directory in candidates:
-        path = directory / "libgaugewatch_hooks.so"
-        if path.exists():
-            return path
-    return candidates[0] / "libgaugewatch_hooks.so"
+    """The libgaugewatch_hooks.so to load: $GAUGEWATCH_HOOKS_LIB, else
+    $GAUGEWATCH_BUILD_DIR/lib, else the source checkout's build/lib, else an
+    installed prefix (gaugewatch_hooks/_library.py). Raises LibraryNotFound,
+    whose message says where it looked and what to set."""
+    return _library.find().path
 
 
 def loaded() -> bool:
@@ -87,7 +84,11 @@ def load(path: str | os.PathLike | None = None) -> bool:
     Returns whether the library is active; a failure to load is reported,
     never raised: training goes on unmonitored."""
     if not loaded():
-        target = pathlib.Path(path) if path is not None else library_path()
+        try:
+            target = pathlib.Path(path) if path is not None else library_path()
+        except LibraryNotFound as error:
+            print(f"[gaugewatch-hooks] {error}; training continues unmonitored")
+            return False
         try:
             torch.ops.load_library(str(target))
         except OSError as error:  # missing file, missing dependency
@@ -117,20 +118,28 @@ class _Watch:
             self.handles[full] = [module.register_forward_pre_hook(self._enter(full)),
                                   module.register_forward_hook(self._exit(full))]
         self.root_handle = model.register_forward_pre_hook(self._begin)
+        # torch.compile traces these hooks instead of running them: the
+        # compiled graph carries the names instead (compile.py).
+        from . import compile as _compile
+        _compile.install(self.handles)
 
     @staticmethod
     def _enter(name):
         def hook(_module, _args):
-            torch.ops.gaugewatch_hooks.enter_layer(name)
+            if not torch.compiler.is_compiling():
+                torch.ops.gaugewatch_hooks.enter_layer(name)
         return hook
 
     @staticmethod
     def _exit(name):
         def hook(_module, _args, _output):
-            torch.ops.gaugewatch_hooks.exit_layer(name)
+            if not torch.compiler.is_compiling():
+                torch.ops.gaugewatch_hooks.exit_layer(name)
         return hook
 
     def _begin(self, _module, _args):
+        if torch.compiler.is_compiling():
+            return
         self._ops.begin_pass()
         if not self.pruned and json.loads(self._ops.stats()).get("frozen"):
             self._prune()

@@ -1,8 +1,9 @@
 // The fused BF16 backward's real host launcher (kernels/cuda/bf16_backward.cu)
 // compiled against the emulated runtime, with the launches that the GPU build
 // makes through <<<>>> (bf16_backward_launch.cuh, bf16_backward_delta.cu)
-// re-expressed as loops over the grid; the kernel pair (Hopper or mma.sync) is
-// chosen by the same use_mma_sync_pair() (bf16_backward_kernel.cuh).
+// re-expressed as loops over the grid; the kernel pair (Hopper or the mma.sync
+// baseline) is the one the parameters name, as on the GPU.
+#include "kernels/cuda/baseline/bf16_mma_sync_kernel.cuh"
 #include "kernels/cuda/bf16_backward.cu"
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bf16_delta_kernel.cuh"
@@ -15,8 +16,10 @@ cudaError_t launch_delta(const DeltaArgs& a, cudaStream_t /*stream*/) {
   return cudaSuccess;
 }
 
-template <int D, Projection P, int BQ, int BKV>
-cudaError_t launch_blocks(const Args& a) {
+template <int D, Projection P, int BQ = mma_sync::DefaultBlocks<D, P>::kDq,
+          int BKV = mma_sync::DefaultBlocks<D, P>::kDkdv>
+cudaError_t launch_mma_sync(const Args& a) {
+  using namespace mma_sync;
   const dim3 dq_grid(static_cast<unsigned>((a.n + kBr - 1) / kBr), static_cast<unsigned>(a.batch * a.hq));
   if (dq_grid.x > 0 && dq_grid.y > 0) {
     gaugewatch_emulation::run_grid(dq_grid, kThreads, DqSmem<D>::kBytes, [&a] { dq_kernel<D, P, BQ>(a); });
@@ -47,16 +50,16 @@ cudaError_t launch_hopper(const Args& a) {
 }
 
 template <int D, Projection P>
-cudaError_t launch(const Args& a, cudaStream_t /*stream*/) {
-  if (use_mma_sync_pair()) return launch_blocks<D, P, DefaultBlocks<D, P>::kDq, DefaultBlocks<D, P>::kDkdv>(a);
+cudaError_t launch(const Args& a, Bf16KernelPair pair, cudaStream_t /*stream*/) {
+  if (pair == Bf16KernelPair::kMmaSyncBaseline) return launch_mma_sync<D, P>(a);
   return launch_hopper<D, P>(a);
 }
 
-template cudaError_t launch<64, Projection::kNone>(const Args&, cudaStream_t);
-template cudaError_t launch<64, Projection::kGproj>(const Args&, cudaStream_t);
-template cudaError_t launch<64, Projection::kPivot>(const Args&, cudaStream_t);
-template cudaError_t launch<128, Projection::kNone>(const Args&, cudaStream_t);
-template cudaError_t launch<128, Projection::kGproj>(const Args&, cudaStream_t);
-template cudaError_t launch<128, Projection::kPivot>(const Args&, cudaStream_t);
+template cudaError_t launch<64, Projection::kNone>(const Args&, Bf16KernelPair, cudaStream_t);
+template cudaError_t launch<64, Projection::kGproj>(const Args&, Bf16KernelPair, cudaStream_t);
+template cudaError_t launch<64, Projection::kPivot>(const Args&, Bf16KernelPair, cudaStream_t);
+template cudaError_t launch<128, Projection::kNone>(const Args&, Bf16KernelPair, cudaStream_t);
+template cudaError_t launch<128, Projection::kGproj>(const Args&, Bf16KernelPair, cudaStream_t);
+template cudaError_t launch<128, Projection::kPivot>(const Args&, Bf16KernelPair, cudaStream_t);
 
 }  // namespace gaugewatch::gpu::bf16

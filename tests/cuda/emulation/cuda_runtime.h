@@ -75,6 +75,7 @@ void __syncthreads();
 int __syncthreads_or(int predicate);
 float __shfl_xor_sync(unsigned mask, float value, int lane_mask);
 int __shfl_xor_sync(unsigned mask, int value, int lane_mask);
+double __shfl_xor_sync(unsigned mask, double value, int lane_mask);
 unsigned __ballot_sync(unsigned mask, int predicate);
 inline int __ffsll(long long x) { return __builtin_ffsll(x); }
 float __int_as_float(int x);
@@ -84,6 +85,8 @@ int atomicMin(int* address, int value);
 int atomicMax(int* address, int value);
 float4 atomicAdd(float4* address, float4 value);
 float __fmul_rn(float a, float b);
+float __fadd_rn(float a, float b);
+float __fsub_rn(float a, float b);
 template <class T>
 T __ldg(const T* ptr) {
   return *ptr;

@@ -121,6 +121,16 @@ int __shfl_xor_sync(unsigned mask, int value, int lane_mask) {
   return __float_as_int(__shfl_xor_sync(mask, __int_as_float(value), lane_mask));
 }
 
+double __shfl_xor_sync(unsigned /*mask*/, double value, int lane_mask) {
+  auto* lanes = static_cast<double*>(gaugewatch_emulation::warp_scratch());
+  const int lane = static_cast<int>(threadIdx.x % gaugewatch_emulation::kWarp);
+  lanes[lane] = value;
+  gaugewatch_emulation::warp_barrier();
+  const double result = lanes[lane ^ lane_mask];
+  gaugewatch_emulation::warp_barrier();
+  return result;
+}
+
 unsigned __ballot_sync(unsigned /*mask*/, int predicate) {
   auto* votes = static_cast<uint64_t*>(gaugewatch_emulation::warp_scratch());
   const int lane = static_cast<int>(threadIdx.x % gaugewatch_emulation::kWarp);
@@ -186,6 +196,16 @@ float4 atomicAdd(float4* address, float4 value) {
 float __fmul_rn(float a, float b) {
   volatile float product = a * b;  // rounded once, never fused
   return product;
+}
+
+float __fadd_rn(float a, float b) {
+  volatile float sum = a + b;  // rounded once, never fused
+  return sum;
+}
+
+float __fsub_rn(float a, float b) {
+  volatile float difference = a - b;  // rounded once, never fused
+  return difference;
 }
 
 const char* cudaGetErrorString(cudaError_t error) { return error == cudaSuccess ? "no error" : "emulated error"; }

@@ -1,8 +1,10 @@
 #pragma once
-// Kernel bodies of the fused BF16 attention backward (math, layouts and the
-// choice of structure: kernels/cuda/bf16_backward.h). Tensor cores through
-// mma.sync m16n8k16 (kernels/cuda/bf16_mma.cuh), cp.async double buffering,
-// XOR-swizzled shared tiles.
+// The mma.sync kernel pair of the fused BF16 backward, kept only as the
+// measured baseline of the Hopper pair (bf16_backward_hopper.cuh; the
+// benchmark times both, Bf16KernelPair::kMmaSyncBaseline selects this one).
+// Math, layouts and the choice of structure: kernels/cuda/bf16_backward.h.
+// Tensor cores through mma.sync m16n8k16 (kernels/cuda/bf16_mma.cuh), cp.async
+// double buffering, XOR-swizzled shared tiles.
 //
 // Both main kernels run 8 warps on a 64-row x 64-key tile pair:
 //   phase 1 ("scores"): warp w takes rows 16 (w % 4).. and keys 32 (w / 4)..,
@@ -13,31 +15,22 @@
 //   phase 2 ("contract"): the dq kernel's warp w owns rows 16 (w % 4).. and
 //     head-dim half w / 4 of dQ (and U = r K for gproj); the dkdv kernel's warp
 //     w owns keys 16 (w % 4).. and head-dim half w / 4 of dK and dV.
-// Build: instantiated in bf16_backward_d{64,128}_{none,gproj,pivot}.cu.
+// Build: launched through baseline/bf16_mma_sync_launch.cuh from the
+// instantiations bf16_backward_d{64,128}_{none,gproj,pivot}.cu.
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
-#include "kernels/cuda/bf16_backward.h"
-#include "kernels/cuda/bf16_mma.cuh"
-#include "kernels/cuda/masking.cuh"
+#include "kernels/cuda/bf16_backward_common.cuh"
 
-namespace gaugewatch::gpu::bf16 {
+namespace gaugewatch::gpu::bf16::mma_sync {
 
-// The block's dynamic shared memory. A macro so that the CPU emulation
-// (tests/cuda/emulation/cuda_runtime.h) can supply its own block storage.
-#ifndef GAUGEWATCH_BF16_SMEM
-#define GAUGEWATCH_BF16_SMEM(name) extern __shared__ __align__(128) uint16_t name[]
-#endif
 
 inline constexpr int kWarps = 8;
 inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kBr = 64;  // query rows per tile
 inline constexpr int kBc = 64;  // keys per tile
-inline constexpr float kLog2e = 1.4426950408889634f;
 // Occupancy configuration of one kernel: B blocks of 8 warps per SM that the
 // register allocation (and shared memory) must allow. Each kernel of the pair
 // takes its own B (dq_kernel<D, P, BQ>, dkdv_kernel<D, P, BKV>). B = 1 keeps
@@ -65,58 +58,6 @@ struct DefaultBlocks {
   static constexpr int kDkdv = kDq;
 };
 
-// Which kernel pair runs: the Hopper pair (bf16_backward_hopper.cuh, warpgroup
-// MMAs) by default; GAUGEWATCH_BF16_KERNEL=mma_sync selects this file's
-// mma.sync pair, kept to compare the two on the GPU (the benchmark times both
-// in one process) and as the measured baseline of the Hopper pair.
-inline bool use_mma_sync_pair() {
-  const char* env = std::getenv("GAUGEWATCH_BF16_KERNEL");
-  return env != nullptr && std::string_view(env) == "mma_sync";
-}
-
-// Device copy of the launch parameters (by value, in the kernel argument).
-struct Args {
-  const uint16_t* q;
-  const uint16_t* k;
-  const uint16_t* v;
-  const uint16_t* grad_out;
-  const float* lse;
-  int64_t qs[3], ks[3], vs[3], gs[3], ls[2];
-  uint16_t* dq;
-  uint16_t* dk;
-  uint16_t* dv;
-  const float* delta;  // (B, Hq, N) workspace
-  float* row_a;        // gproj: lambda; pivot: rho       (B, Hq, N) workspace
-  int32_t* row_b;      // pivot: j*                      (B, Hq, N) workspace
-  uint16_t* neg_lambda_q;  // gproj, Hopper pair: bf16(-lambda_i q_i), (B, Hq, N, d) workspace
-  int batch, hq, hkv, group;
-  int n, m;
-  float scale, scale_log2;
-  int causal;
-  const int32_t* cu_q;
-  const int32_t* cu_k;
-  int num_segments;
-  Bf16RowDiagnostics diag;
-};
-
-struct DeltaArgs {
-  const uint16_t* grad_out;
-  const uint16_t* out;
-  int64_t gs[3], os[3];
-  float* delta;
-  int hq, n, d;
-  int64_t rows;  // B * Hq * N
-};
-
-// Launches delta_kernel (bf16_delta_kernel.cuh) from bf16_backward_delta.cu;
-// the emulation has its own launcher.
-cudaError_t launch_delta(const DeltaArgs& a, cudaStream_t stream);
-
-__device__ __forceinline__ KeyRange row_keys(const Args& a, int row) {
-  if (row >= a.n) return {0, 0};
-  return visible_keys(a.cu_q, a.cu_k, a.num_segments, a.n, a.m, a.causal, row);
-}
-
 // Copies rows [row0, row0 + 64) of a (rows, D) BF16 matrix into a swizzled
 // shared tile; rows past `rows` are zero-filled.
 template <int D>
@@ -130,76 +71,6 @@ __device__ __forceinline__ void load_tile_async(uint16_t* dst, const uint16_t* s
     mma::cp_async_16(dst + mma::swz<D>(r, c), from, valid);
   }
 }
-
-// Per-row inputs of phase 1 for the two rows a thread holds (g and g + 8 of
-// its warp's 16).
-struct RowInputs {
-  float lse_log2[2];
-  float delta[2];
-  int kb[2], ke[2];
-};
-
-// RowInputs of rows first + g and first + g + 8 (this thread's two rows,
-// lane = 4 g + c) of query head slice lp (lse) / row_base (delta).
-__device__ __forceinline__ RowInputs row_inputs(const Args& a, int first, const float* lp, int64_t row_base) {
-  const int g = (threadIdx.x & 31) >> 2;
-  RowInputs in;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int row = first + g + 8 * hh;
-    const KeyRange kr = row_keys(a, row);
-    in.kb[hh] = kr.begin;
-    in.ke[hh] = kr.end;
-    in.lse_log2[hh] = row < a.n && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
-    in.delta[hh] = row < a.n ? a.delta[row_base + row] : 0.0f;
-  }
-  return in;
-}
-
-// Statistics of this thread's two rows over the keys it visited: rho, m, and
-// for the diagnostics and pivot sum |t|, max |alpha s|, max P and its key.
-struct RowStats {
-  float rho[2] = {0, 0}, mass[2] = {0, 0}, abs_rho[2] = {0, 0}, pmax[2] = {-1, -1}, lmax[2] = {0, 0};
-  int parg[2] = {-1, -1};
-
-  // One visited element (keys in increasing j per thread: ties keep the lower).
-  template <bool kDiag, bool kArgmax>
-  __device__ __forceinline__ void add(int hh, int j, bool visible, float p, float t, float r, float scaled_s) {
-    rho[hh] += t;
-    mass[hh] += r;
-    if constexpr (kDiag) {
-      abs_rho[hh] += fabsf(t);
-      if (visible) lmax[hh] = fmaxf(lmax[hh], fabsf(scaled_s));
-    }
-    if constexpr (kArgmax) {
-      if (visible && p > pmax[hh]) {
-        pmax[hh] = p;
-        parg[hh] = j;
-      }
-    }
-  }
-
-  // Combines the 4 lanes of each row (fixed xor order; argmax ties to the
-  // lower key).
-  __device__ __forceinline__ void reduce_quad() {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-      for (int off = 1; off < 4; off <<= 1) {
-        rho[hh] += __shfl_xor_sync(0xffffffffu, rho[hh], off);
-        mass[hh] += __shfl_xor_sync(0xffffffffu, mass[hh], off);
-        abs_rho[hh] += __shfl_xor_sync(0xffffffffu, abs_rho[hh], off);
-        lmax[hh] = fmaxf(lmax[hh], __shfl_xor_sync(0xffffffffu, lmax[hh], off));
-        const float op = __shfl_xor_sync(0xffffffffu, pmax[hh], off);
-        const int oa = __shfl_xor_sync(0xffffffffu, parg[hh], off);
-        if (op > pmax[hh] || (op == pmax[hh] && oa >= 0 && (parg[hh] < 0 || oa < parg[hh]))) {
-          pmax[hh] = op;
-          parg[hh] = oa;
-        }
-      }
-    }
-  }
-};
 
 // Phase 1 on one warp: S and dP for 16 rows x 32 keys (keys key0.. of the
 // tile, absolute index j0 + key0 + ...), then P, t, r; t and r go to the
@@ -359,24 +230,21 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
   const int rg = warp & 3, half = warp >> 2;  // row group; key half (phase 1) / head-dim half (phase 2)
   const int row0 = rg * 16;
 
-  const uint16_t* qp = a.q + b * a.qs[0] + h * a.qs[1];
-  const uint16_t* gp = a.grad_out + b * a.gs[0] + h * a.gs[1];
-  const uint16_t* kp = a.k + b * a.ks[0] + hk * a.ks[1];
-  const uint16_t* vp = a.v + b * a.vs[0] + hk * a.vs[1];
-  const float* lp = a.lse + b * a.ls[0] + h * a.ls[1];
-  const int64_t row_base = static_cast<int64_t>(bh) * a.n;
+  const QueryHead qh = query_head(a, b, h);
+  const KeyHead kh = key_head(a, b, hk);
+  const int64_t row_base = static_cast<int64_t>(bh) * a.n;  // qh.row_base, from blockIdx (no register to keep)
 
-  const RowInputs in = row_inputs(a, i0 + row0, lp, row_base);
+  const RowInputs in = row_inputs(a, i0 + row0, qh.lse, row_base);
   // Key tiles: from the first row's first visible key to the last row's end.
   const int last_row = (i0 + kBr < a.n ? i0 + kBr : a.n) - 1;
   const int j_begin = row_keys(a, i0).begin / kBc * kBc;
   const int j_end = row_keys(a, last_row).end;
 
-  load_tile_async<D>(smem + L::kQ, qp, a.qs[2], i0, a.n);
-  load_tile_async<D>(smem + L::kGo, gp, a.gs[2], i0, a.n);
+  load_tile_async<D>(smem + L::kQ, qh.q, a.q_strides.row, i0, a.n);
+  load_tile_async<D>(smem + L::kGo, qh.grad_out, a.grad_out_strides.row, i0, a.n);
   if (j_begin < j_end) {
-    load_tile_async<D>(smem + L::kK0, kp, a.ks[2], j_begin, a.m);
-    load_tile_async<D>(smem + L::kV0, vp, a.vs[2], j_begin, a.m);
+    load_tile_async<D>(smem + L::kK0, kh.k, a.k_strides.row, j_begin, a.m);
+    load_tile_async<D>(smem + L::kV0, kh.v, a.v_strides.row, j_begin, a.m);
   }
   mma::cp_async_commit();
 
@@ -392,8 +260,8 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
   int buf = 0;
   for (int j0 = j_begin; j0 < j_end; j0 += kBc) {
     if (j0 + kBc < j_end) {
-      load_tile_async<D>(smem + (buf ? L::kK0 : L::kK1), kp, a.ks[2], j0 + kBc, a.m);
-      load_tile_async<D>(smem + (buf ? L::kV0 : L::kV1), vp, a.vs[2], j0 + kBc, a.m);
+      load_tile_async<D>(smem + (buf ? L::kK0 : L::kK1), kh.k, a.k_strides.row, j0 + kBc, a.m);
+      load_tile_async<D>(smem + (buf ? L::kV0 : L::kV1), kh.v, a.v_strides.row, j0 + kBc, a.m);
       mma::cp_async_commit();
       mma::cp_async_wait<1>();
     } else {
@@ -468,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
     if (row >= a.n) continue;
     const int64_t orow = row_base + row;
     uint16_t* out = a.dq + orow * D;
-    const uint16_t* kstar = (P == Projection::kPivot && jstar[hh] >= 0) ? kp + jstar[hh] * a.ks[2] : nullptr;
+    const uint16_t* kstar = (P == Projection::kPivot && jstar[hh] >= 0) ? kh.k + jstar[hh] * a.k_strides.row : nullptr;
 #pragma unroll
     for (int nt = 0; nt < D / 16; ++nt) {
       const int col = d0 + nt * 8 + 2 * c;
@@ -486,10 +354,10 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
     }
     // One thread per row writes the per-row outputs.
     if (half == 0 && c == 0) {
-      if constexpr (P == Projection::kGproj) a.row_a[orow] = lam[hh];
+      if constexpr (P == Projection::kGproj) a.row_factor[orow] = lam[hh];
       if constexpr (P == Projection::kPivot) {
-        a.row_a[orow] = rho_row[hh];
-        a.row_b[orow] = jstar[hh];
+        a.row_factor[orow] = rho_row[hh];
+        a.pivot_key[orow] = jstar[hh];
       }
       if (want_diag) {
         const float* s0 = stats + (row0 + g + 8 * hh) * 8;
@@ -523,8 +391,8 @@ struct DkdvSmem {
 struct RowArrays {
   float* lse_log2;
   float* delta;
-  float* row_a;  // lambda or rho
-  int* row_b;    // j*
+  float* row_factor;  // lambda or rho
+  int* pivot_key;     // j*
   int* kb;
   int* ke;
   unsigned* hits;  // pivot: bit r set when row r's j* is in this key tile (2 words)
@@ -534,16 +402,6 @@ __device__ __forceinline__ RowArrays row_arrays(float* base, int buf) {
   float* p = base + buf * 7 * kBr;
   return {p, p + kBr, p + 2 * kBr, reinterpret_cast<int*>(p + 3 * kBr), reinterpret_cast<int*>(p + 4 * kBr),
           reinterpret_cast<int*>(p + 5 * kBr), reinterpret_cast<unsigned*>(p + 6 * kBr)};
-}
-
-// First row in [lo, hi) for which pred(row) holds, pred monotone (false..true).
-template <class Pred>
-__device__ __forceinline__ int first_row(int lo, int hi, Pred pred) {
-  while (lo < hi) {
-    const int mid = lo + (hi - lo) / 2;
-    if (pred(mid)) hi = mid; else lo = mid + 1;
-  }
-  return lo;
 }
 
 template <int D, Projection P, int B>
@@ -561,8 +419,7 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
   const int rg = warp & 3, half = warp >> 2;
   const int row0 = rg * 16;
 
-  const uint16_t* kp = a.k + b * a.ks[0] + hk * a.ks[1];
-  const uint16_t* vp = a.v + b * a.vs[0] + hk * a.vs[1];
+  const KeyHead kh = key_head(a, b, hk);
   float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
 
   // Query rows that see a key of [j0, j0 + 64): visible ranges are monotone
@@ -574,31 +431,32 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
   const int tiles = t_end - t_begin;
   const int iters = tiles * a.group;
 
-  load_tile_async<D>(smem + L::kK, kp, a.ks[2], j0, a.m);
-  load_tile_async<D>(smem + L::kV, vp, a.vs[2], j0, a.m);
+  load_tile_async<D>(smem + L::kK, kh.k, a.k_strides.row, j0, a.m);
+  load_tile_async<D>(smem + L::kV, kh.v, a.v_strides.row, j0, a.m);
 
   // Issues the loads of iteration `it` (query head, query tile) into buffer `buf`.
   auto stage = [&](int it, int buf) {
     const int h = hk * a.group + it / tiles;
     const int i0 = (t_begin + it % tiles) * kBr;
-    load_tile_async<D>(smem + (buf ? L::kQ1 : L::kQ0), a.q + b * a.qs[0] + h * a.qs[1], a.qs[2], i0, a.n);
-    load_tile_async<D>(smem + (buf ? L::kG1 : L::kG0), a.grad_out + b * a.gs[0] + h * a.gs[1], a.gs[2], i0,
-                       a.n);
+    load_tile_async<D>(smem + (buf ? L::kQ1 : L::kQ0), head_ptr(a.q, a.q_strides, b, h), a.q_strides.row, i0, a.n);
+    load_tile_async<D>(smem + (buf ? L::kG1 : L::kG0), head_ptr(a.grad_out, a.grad_out_strides, b, h),
+                       a.grad_out_strides.row, i0, a.n);
     const RowArrays ra = row_arrays(rows_base, buf);
-    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + h) * a.n;
-    const float* lp = a.lse + b * a.ls[0] + h * a.ls[1];
+    // After the loads: the lse pointer and row base stay out of their registers.
+    const QueryHead qh = query_head(a, b, h);
+    const int64_t row_base = qh.row_base;
     for (int r = threadIdx.x; r < kBr; r += kThreads) {
       const int row = i0 + r;
       const KeyRange kr = row_keys(a, row);
       const bool ok = row < a.n;
       ra.kb[r] = kr.begin;
       ra.ke[r] = kr.end;
-      ra.lse_log2[r] = ok && kr.end > kr.begin ? lp[row] * kLog2e : 0.0f;
+      ra.lse_log2[r] = ok && kr.end > kr.begin ? qh.lse[row] * kLog2e : 0.0f;
       ra.delta[r] = ok ? a.delta[row_base + row] : 0.0f;
-      if constexpr (P != Projection::kNone) ra.row_a[r] = ok ? a.row_a[row_base + row] : 0.0f;
+      if constexpr (P != Projection::kNone) ra.row_factor[r] = ok ? a.row_factor[row_base + row] : 0.0f;
       if constexpr (P == Projection::kPivot) {
-        const int js = ok ? a.row_b[row_base + row] : -1;
-        ra.row_b[r] = js;
+        const int js = ok ? a.pivot_key[row_base + row] : -1;
+        ra.pivot_key[r] = js;
         // Threads 0..63 are warps 0 and 1, whole: one ballot word each.
         const unsigned word = __ballot_sync(0xffffffffu, js >= j0 && js < j0 + kBc);
         if ((threadIdx.x & 31) == 0) ra.hits[threadIdx.x >> 5] = word;
@@ -638,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
       for (int idx = threadIdx.x; idx < kBr * (D / 2); idx += kThreads) {
         const int r = idx / (D / 2), cc = (idx % (D / 2)) * 2;
         const int off = mma::swz<D>(r, cc >> 3) + (cc & 7);
-        const float lam = ra.row_a[r];
+        const float lam = ra.row_factor[r];
         const uint32_t qq = *reinterpret_cast<const uint32_t*>(qs + off);
         const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
         const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
@@ -676,10 +534,10 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
       // attention sink). No FP32 [64][D] shared tile: two blocks fit per SM.
       for (uint64_t left = ra.hits[0] | (static_cast<uint64_t>(ra.hits[1]) << 32); left != 0; left &= left - 1) {
         const int r = __ffsll(static_cast<long long>(left)) - 1;
-        const int js = ra.row_b[r] - j0;
+        const int js = ra.pivot_key[r] - j0;
         if ((js >> 4) != rg || (js & 7) != g) continue;
         const int hh = (js >> 3) & 1;
-        const float neg_rho = -ra.row_a[r];
+        const float neg_rho = -ra.row_factor[r];
 #pragma unroll
         for (int nt = 0; nt < D / 16; ++nt) {
           const int col = half * (D / 2) + nt * 8 + 2 * c;
@@ -721,4 +579,4 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
   }
 }
 
-}  // namespace gaugewatch::gpu::bf16
+}  // namespace gaugewatch::gpu::bf16::mma_sync

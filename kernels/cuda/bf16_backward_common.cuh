@@ -1,0 +1,183 @@
+#pragma once
+// What the two kernel pairs of the fused BF16 backward share (math and
+// layouts: kernels/cuda/bf16_backward.h): the launch arguments, the per-head
+// operand pointers, a row's visible keys and per-row inputs, and the row
+// statistics both dq kernels reduce. The Hopper pair (bf16_backward_hopper.cuh)
+// and the mma.sync baseline (baseline/bf16_mma_sync_kernel.cuh) include this,
+// not each other.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_backward.h"
+#include "kernels/cuda/bf16_mma.cuh"
+#include "kernels/cuda/masking.cuh"
+
+namespace gaugewatch::gpu::bf16 {
+
+// The block's dynamic shared memory. A macro so that the CPU emulation
+// (tests/cuda/emulation/cuda_runtime.h) can supply its own block storage.
+#ifndef GAUGEWATCH_BF16_SMEM
+#define GAUGEWATCH_BF16_SMEM(name) extern __shared__ __align__(128) uint16_t name[]
+#endif
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// Device copy of the launch parameters (by value, in the kernel argument).
+// n, m, hq, hkv: N, M, Hq, Hkv of the math (bf16_backward.h).
+struct Args {
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  const uint16_t* grad_out;
+  const float* lse;
+  OperandStrides q_strides, k_strides, v_strides, grad_out_strides;
+  LseStrides lse_strides;
+  uint16_t* dq;
+  uint16_t* dk;
+  uint16_t* dv;
+  const float* delta;      // (B, Hq, N) workspace
+  float* row_factor;       // gproj: lambda_i; pivot: rho_i     (B, Hq, N) workspace
+  int32_t* pivot_key;      // pivot: j*(i)                     (B, Hq, N) workspace
+  uint16_t* neg_lambda_q;  // gproj, Hopper pair: bf16(-lambda_i q_i), (B, Hq, N, d) workspace
+  int batch, hq, hkv, group;
+  int n, m;
+  float scale, scale_log2;
+  int causal;  // CausalMode
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  int num_segments;
+  Bf16RowDiagnostics diag;
+};
+
+struct DeltaArgs {
+  const uint16_t* grad_out;
+  const uint16_t* out;
+  OperandStrides grad_out_strides, out_strides;
+  float* delta;
+  int hq, n, d;
+  int64_t rows;  // B * Hq * N
+};
+
+// Launches delta_kernel (bf16_delta_kernel.cuh) from bf16_backward_delta.cu;
+// the emulation has its own launcher.
+cudaError_t launch_delta(const DeltaArgs& a, cudaStream_t stream);
+
+// Row 0 of head h of batch element b in a (B, H, L, d) operand.
+template <class T>
+__device__ __forceinline__ T* head_ptr(T* base, const OperandStrides& s, int64_t b, int64_t h) {
+  return base + b * s.batch + h * s.head;
+}
+
+// One query head's operands and the index of its row 0 in the (B, Hq, N)
+// workspace arrays (delta, row_factor, pivot_key) and outputs.
+struct QueryHead {
+  const uint16_t* q;
+  const uint16_t* grad_out;
+  const float* lse;
+  int64_t row_base;
+};
+
+__device__ __forceinline__ QueryHead query_head(const Args& a, int b, int h) {
+  return {head_ptr(a.q, a.q_strides, b, h), head_ptr(a.grad_out, a.grad_out_strides, b, h),
+          a.lse + b * a.lse_strides.batch + h * a.lse_strides.head, (static_cast<int64_t>(b) * a.hq + h) * a.n};
+}
+
+// One key/value head's operands.
+struct KeyHead {
+  const uint16_t* k;
+  const uint16_t* v;
+};
+
+__device__ __forceinline__ KeyHead key_head(const Args& a, int b, int hk) {
+  return {head_ptr(a.k, a.k_strides, b, hk), head_ptr(a.v, a.v_strides, b, hk)};
+}
+
+__device__ __forceinline__ KeyRange row_keys(const Args& a, int row) {
+  if (row >= a.n) return {0, 0};
+  return visible_keys(a.cu_q, a.cu_k, a.num_segments, a.n, a.m, a.causal, row);
+}
+
+// First row in [lo, hi) for which pred(row) holds, pred monotone (false..true).
+template <class Pred>
+__device__ __forceinline__ int first_row(int lo, int hi, Pred pred) {
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (pred(mid)) hi = mid; else lo = mid + 1;
+  }
+  return lo;
+}
+
+// Per-row inputs of phase 1 for the two rows a thread holds (g and g + 8 of
+// its warp's 16).
+struct RowInputs {
+  float lse_log2[2];
+  float delta[2];
+  int kb[2], ke[2];
+};
+
+// RowInputs of rows first + g and first + g + 8 (this thread's two rows,
+// lane = 4 g + c) of one query head (its lse, QueryHead::lse, and row_base,
+// QueryHead::row_base).
+__device__ __forceinline__ RowInputs row_inputs(const Args& a, int first, const float* lse, int64_t row_base) {
+  const int g = (threadIdx.x & 31) >> 2;
+  RowInputs in;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = first + g + 8 * hh;
+    const KeyRange kr = row_keys(a, row);
+    in.kb[hh] = kr.begin;
+    in.ke[hh] = kr.end;
+    in.lse_log2[hh] = row < a.n && kr.end > kr.begin ? lse[row] * kLog2e : 0.0f;
+    in.delta[hh] = row < a.n ? a.delta[row_base + row] : 0.0f;
+  }
+  return in;
+}
+
+// Statistics of this thread's two rows over the keys it visited: rho, m, and
+// for the diagnostics and pivot sum |t|, max |alpha s|, max P and its key.
+struct RowStats {
+  float rho[2] = {0, 0}, mass[2] = {0, 0}, abs_rho[2] = {0, 0}, pmax[2] = {-1, -1}, lmax[2] = {0, 0};
+  int parg[2] = {-1, -1};
+
+  // One visited element (keys in increasing j per thread: ties keep the lower).
+  template <bool kDiag, bool kArgmax>
+  __device__ __forceinline__ void add(int hh, int j, bool visible, float p, float t, float r, float scaled_s) {
+    rho[hh] += t;
+    mass[hh] += r;
+    if constexpr (kDiag) {
+      abs_rho[hh] += fabsf(t);
+      if (visible) lmax[hh] = fmaxf(lmax[hh], fabsf(scaled_s));
+    }
+    if constexpr (kArgmax) {
+      if (visible && p > pmax[hh]) {
+        pmax[hh] = p;
+        parg[hh] = j;
+      }
+    }
+  }
+
+  // Combines the 4 lanes of each row (fixed xor order; argmax ties to the
+  // lower key).
+  __device__ __forceinline__ void reduce_quad() {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) {
+        rho[hh] += __shfl_xor_sync(0xffffffffu, rho[hh], off);
+        mass[hh] += __shfl_xor_sync(0xffffffffu, mass[hh], off);
+        abs_rho[hh] += __shfl_xor_sync(0xffffffffu, abs_rho[hh], off);
+        lmax[hh] = fmaxf(lmax[hh], __shfl_xor_sync(0xffffffffu, lmax[hh], off));
+        const float op = __shfl_xor_sync(0xffffffffu, pmax[hh], off);
+        const int oa = __shfl_xor_sync(0xffffffffu, parg[hh], off);
+        if (op > pmax[hh] || (op == pmax[hh] && oa >= 0 && (parg[hh] < 0 || oa < parg[hh]))) {
+          pmax[hh] = op;
+          parg[hh] = oa;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace gaugewatch::gpu::bf16

@@ -1,0 +1,72 @@
+#pragma once
+// Key centring on the GPU (sm_90): the operands of backend "center", for any
+// stock backward (docs/numerics.md, Key centring). Plain C++ API over raw
+// device pointers, so the tests and the torch op call the same launcher.
+//
+// Math, per batch element b and key/value head hk (alpha = scale):
+//   m_c  = (1/M) sum_j k_jc,   s_c = sqrt((1/M) sum_j (k_jc - m_c)^2)   (FP64)
+//   kbar_c = round(float(m_c)) on k's grid where the policy centres c, else 0:
+//            always; auto: |m_c| > offset_spread_ratio * s_c; never: no c
+//   k_centred_jc = round(k_jc - kbar_c)   (the difference is exact in FP32;
+//                  the one rounding, to k's grid, is exact where the offset
+//                  dominates)
+//   lse_shifted_i = lse_i - float(alpha) * float(q_i . kbar)   (dot in FP64),
+//                  for rows i < N whose lse is finite; every other entry of
+//                  the (B, Hq, L) lse, L >= N, is copied unchanged.
+// The softmax is unchanged, so a stock backward on (q, k_centred, v, out,
+// lse_shifted) returns the same gradients mathematically.
+//
+// Passes: (1) per (b, hk) and key split, FP64 column sums of k and of (k - k_0)^2
+// (k_0: the head's first key, so the squares do not cancel when the offset
+// dominates); (2) per (b, hk) and split, the splits' sums in a fixed order give
+// kbar, then the split's keys are centred and its share of the group's query
+// rows shifted. K is read twice (the second read from L2), Q once. The split
+// count depends on the shape only: results are bit-identical run to run.
+//
+// Layouts: q (B, Hq, N, d), k and k_centred (B, Hkv, M, d), any batch/head/row
+// strides, last dim contiguous; lse (B, Hq, L) FP32 with strides, lse_shifted
+// (B, Hq, L) FP32 contiguous; kbar (B, Hkv, d) contiguous. q, k, k_centred and
+// kbar share one element type (BF16, FP16 or FP32). head_dim <= 256.
+//
+// Build: target gaugewatch_cuda (key_centring.cu, key_centring_launch.cu).
+// Tests: tests/cuda/key_centring_test.cpp (GPU and CPU emulation).
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/problem.h"
+
+namespace gaugewatch::gpu {
+
+enum class CentringPolicy : int {
+  kAuto = 0,    // centre a coordinate where the offset dominates the spread
+  kAlways = 1,
+  kNever = 2,
+};
+
+struct KeyCentringParams {
+  ProblemShape shape;  // batch, heads, lengths, head_dim, scale (masking unused)
+  ElementType dtype = ElementType::kBf16;
+  CentringPolicy policy = CentringPolicy::kAuto;
+  double offset_spread_ratio = 2.0;  // "auto": centre c where |m_c| > ratio * s_c
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const float* lse = nullptr;
+  OperandStrides q_strides, k_strides;
+  int64_t lse_strides[3] = {0, 0, 1};  // batch, head, row
+  int64_t lse_len = 0;                 // L >= N
+  void* k_centred = nullptr;
+  OperandStrides k_centred_strides;
+  float* lse_shifted = nullptr;  // (B, Hq, L) contiguous
+  void* kbar = nullptr;          // (B, Hkv, d) contiguous
+};
+
+Status validate(const KeyCentringParams& params);
+size_t key_centring_workspace_bytes(const KeyCentringParams& params);
+
+// Enqueues both passes on `stream`; never synchronizes, never aborts.
+Status center_keys(const KeyCentringParams& params, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace gaugewatch::gpu
