@@ -124,6 +124,14 @@ int run_run_command(const RunOptions& options) {
     if (!value.empty()) values[variable] = value;
   }
   if (options.no_agent) values["GAUGEWATCH_SOCKET"] = "none";
+  // Without a run id, one unique to this launch, shared by every process it
+  // starts (torchrun's or Slurm's id still comes first in the hooks).
+  if (values.count("GAUGEWATCH_RUN_ID") == 0) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    values["GAUGEWATCH_LAUNCH_ID"] =
+        hooks::sanitize_run_id("run-" + hooks::unique_launch_suffix(host, static_cast<std::uint32_t>(::getpid())));
+  }
   if (const std::string problem = check_values(values); !problem.empty()) return usage_error(problem);
 
   for (const auto& [name, value] : values) ::setenv(name.c_str(), value.c_str(), 1);

@@ -27,6 +27,33 @@ struct SampleData {
   std::string dtype;
   double backward_us = 0.0, audit_us = 0.0, queue_us = 0.0;
   std::int64_t unix_time_ns = 0;
+  std::vector<Backend> correcting_backends;  // of its layer's calls so far (set by the runtime)
+};
+
+// Coverage (coverage.h). What the interceptor decided about one call.
+struct CallVerdict {
+  bool monitored = true;
+  std::string reason;               // "" when monitored
+  std::vector<Backend> correcting;  // correcting backends whose kernels take this call
+};
+
+struct AttentionCallCount {
+  bool monitored = true;
+  std::string reason;
+  std::uint64_t calls = 0;
+};
+
+struct LayerStatus {
+  std::uint32_t layer = 0;
+  bool monitored = true;
+  std::string reason;
+  std::vector<Backend> correcting_backends;
+};
+
+struct CoverageReport {
+  std::uint64_t version = 0;
+  std::vector<AttentionCallCount> calls;  // totals so far
+  std::vector<LayerStatus> layers;        // changed since the version asked about
 };
 
 // Whether a metric value can be reported (the agent takes finite values >= 0 only).
@@ -75,6 +102,9 @@ struct Command {
   std::variant<std::monostate, SwitchBackend, SamplingPolicy, CaptureOperands> action;
   std::string reason;
   std::uint64_t decision_id = 0;  // the agent's decision (a re-issue of it replaces a waiting switch)
+  // Received on the process's first connection right after the agent's
+  // HelloAck: a decision the agent held for this run id already (a restore).
+  bool restored = false;
   // Set by the transport for a command it could not read (e.g. an unknown
   // backend number): the runtime rejects it with this detail.
   std::string malformed;

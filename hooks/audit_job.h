@@ -25,6 +25,7 @@ namespace gaugewatch::hooks {
 // side stream) for a CUDA call; a whole call's operands for a capture.
 struct Operands {
   at::Tensor grad_out, q, k, v, out, lse;  // (S, 1, R, d) ... as in SDPA layout
+  at::Tensor mask;                         // (S, 1, R, M) of the call's mask / bias; undefined: none
 };
 
 struct Job {

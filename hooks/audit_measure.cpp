@@ -64,16 +64,18 @@ at::Tensor finite_flag(const Operands& o) {
 // [finite, metrics..., dq terms, (dk terms, dv terms)].
 at::Tensor audit_vector(const Job& job) {
   const Operands& s = job.slice;
+  // Passed only when the call had one (an older libgaugewatch_ops takes no attn_mask).
+  const c10::IValue mask = s.mask.defined() ? c10::IValue(s.mask) : c10::IValue();
   const at::Tensor values =
       call_op("attention_metrics", {{"grad_out", s.grad_out}, {"q", s.q}, {"k", s.k}, {"v", s.v}, {"out", s.out},
                                     {"lse", s.lse}, {"is_causal", job.is_causal}, {"scale", job.scale},
-                                    {"causal_alignment", job.alignment}})
+                                    {"causal_alignment", job.alignment}, {"attn_mask", mask}})
           .toTensor();
   const auto [dq, dk, dv] =
       grads_of(call_op("attention_backward", {{"grad_out", s.grad_out}, {"q", s.q}, {"k", s.k}, {"v", s.v},
                                               {"out", s.out}, {"lse", s.lse}, {"is_causal", job.is_causal},
                                               {"scale", job.scale}, {"backend", std::string("fp32")},
-                                              {"causal_alignment", job.alignment}}));
+                                              {"causal_alignment", job.alignment}, {"attn_mask", mask}}));
   std::vector<at::Tensor> parts{finite_flag(s).to(at::kDouble).reshape({1}), values.to(at::kDouble).reshape({-1}),
                                 error_terms(job.live_dq, dq)};
   if (job.compare_dkdv) {
@@ -154,7 +156,7 @@ std::optional<AuditNumbers> audit_on_gpu(Job& job) {
     log_once("gpu-audit:" + job.op, "the CUDA audit does not take this call (" + short_what(e) +
                                         "): its samples are measured on CPU copies of the slice (logged once)");
     for (at::Tensor* t : {&job.slice.grad_out, &job.slice.q, &job.slice.k, &job.slice.v, &job.slice.out,
-                          &job.slice.lse, &job.live_dq, &job.live_dk, &job.live_dv}) {
+                          &job.slice.lse, &job.slice.mask, &job.live_dq, &job.live_dk, &job.live_dv}) {
       if (t->defined()) *t = t->to(at::kCPU);
     }
     return audit_on_cpu(job);

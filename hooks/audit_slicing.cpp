@@ -66,6 +66,14 @@ void fill_job(Job& job, const AuditCall& c, const BackwardPlan& plan) {
   job.slice.lse = take_lse(c.lse, sel.q_index, sel.row0, sel.rows);
   job.slice.k = take(c.k, sel.kv_index, 0, -1);
   job.slice.v = take(c.v, sel.kv_index, 0, -1);
+  if (c.mask.defined()) {
+    // The mask broadcast to (B, Hq, N, M) as a view; only the audited
+    // (batch, head) slices and rows are gathered.
+    const std::int64_t Hq = c.q.size(1);
+    const at::Tensor full = c.mask.expand({c.q.size(0), Hq, c.q.size(2), c.k.size(2)});
+    const at::Tensor b = sel.q_index.div(Hq, "floor"), h = sel.q_index.remainder(Hq);
+    job.slice.mask = full.index({b, h}).narrow(1, sel.row0, sel.rows).unsqueeze(1).contiguous();
+  }
   job.live_dq = take(c.dq, sel.q_index, sel.row0, sel.rows);
   if (job.compare_dkdv) {
     job.live_dk = take(c.dk, sel.kv_index, 0, -1);
@@ -85,10 +93,12 @@ void fill_shape(SampleData& s, const AuditCall& c) {
 }
 
 std::uint64_t slice_bytes(const AuditCall& c, const BackwardPlan& plan) {
-  // Slices of q, grad_out, out, the live dq: max_rows rows each; of k, v, the live dk, dv: every key.
+  // Slices of q, grad_out, out, the live dq: max_rows rows each; of k, v, the live dk, dv: every key;
+  // of the mask: max_rows rows of every key.
   const std::int64_t S = std::min<std::int64_t>(plan.max_heads, c.q.size(0) * c.q.size(1));
   const std::int64_t R = std::min<std::int64_t>(plan.max_rows, c.q.size(2));
-  return static_cast<std::uint64_t>(S * (4 * R + 4 * c.k.size(2)) * c.q.size(3) * 2);
+  const std::int64_t mask = c.mask.defined() ? S * R * c.k.size(2) * static_cast<std::int64_t>(c.mask.element_size()) : 0;
+  return static_cast<std::uint64_t>(S * (4 * R + 4 * c.k.size(2)) * c.q.size(3) * 2 + mask);
 }
 
 }  // namespace gaugewatch::hooks

@@ -31,6 +31,7 @@
 #include "hooks/audit_measure.h"
 #include "hooks/audit_slicing.h"
 #include "hooks/cupti_timing.h"
+#include "hooks/gaugewatch_ops.h"
 #include "hooks/log.h"
 #include "hooks/torch_errors.h"
 
@@ -232,6 +233,16 @@ void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, do
       runtime().count_audit_skipped("kv heads do not divide query heads");
       return;
     }
+    // Never a number from different math than the trainer ran: a call whose
+    // operands the recompute cannot reproduce is not audited.
+    if (c.dropout_p != 0.0) {
+      runtime().count_audit_skipped("dropout (the audit cannot regenerate the dropout mask)");
+      return;
+    }
+    if (c.mask.defined() && !op_takes("attention_metrics", "attn_mask")) {
+      runtime().count_audit_skipped("attention mask (the loaded libgaugewatch_ops takes no attn_mask)");
+      return;
+    }
     Job job;
     job.plan = plan;
     job.ran = ran;
@@ -250,11 +261,15 @@ void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, do
       job.sample = false;
     }
     if (!job.sample && !job.capture) return;
+    if (job.capture && c.mask.defined()) {
+      log_once("capture-mask", "captures of masked calls hold no mask (the operand file has no field for it): "
+                               "replaying them runs unmasked attention (logged once)");
+    }
     job.timing = c.timing;
     if (c.q.device().is_cpu()) {
       if (job.sample) fill_job(job, c, plan);
       if (job.capture) job.whole = Operands{c.grad_out.clone(), c.q.clone(), c.k.clone(), c.v.clone(),
-                                            c.out.clone(), c.lse.clone()};
+                                            c.out.clone(), c.lse.clone(), at::Tensor()};
     } else {
 #if defined(GAUGEWATCH_HOOKS_CUDA)
       const c10::cuda::CUDAGuard guard(c.q.device());
@@ -283,6 +298,9 @@ void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, do
         for (const at::Tensor* t : {&c.grad_out, &c.q, &c.k, &c.v, &c.out, &c.lse, &c.dq, &c.dk, &c.dv}) {
           if (t->defined() && t->is_cuda()) t->record_stream(side);
         }
+        if (c.mask.defined() && c.mask.is_cuda()) {
+          c.mask.record_stream(side);
+        }
         // The slices stay on the GPU, made on (and owned by) the side stream:
         // the auditor runs the CUDA ops on them there.
         if (job.sample) {
@@ -290,7 +308,7 @@ void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, do
           job.side = side;
         }
         if (job.capture) {
-          job.whole = Operands{c.grad_out, c.q, c.k, c.v, c.out, c.lse};
+          job.whole = Operands{c.grad_out, c.q, c.k, c.v, c.out, c.lse, at::Tensor()};
           to_pinned(job.whole);
         }
         job.copied = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);

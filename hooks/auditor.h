@@ -51,6 +51,8 @@ struct AuditCall {
   std::optional<double> scale;
   const char* op = "";                     // intercepted op, for the logs
   std::shared_ptr<CudaTiming> timing;      // from start_backward_timing, or nullptr
+  at::Tensor mask;                         // attn_mask / attn_bias, broadcastable to (B, Hq, N, M); undefined: none
+  double dropout_p = 0.0;                  // > 0: not audited (the dropout mask cannot be regenerated)
 };
 
 // Queues the audit and / or capture of `call` (plan.sample / plan.capture);

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <cmath>
 #include <cstdlib>
@@ -93,6 +94,15 @@ std::string layer_backend_names() {
 
 }  // namespace
 
+std::string unique_launch_suffix(const std::string& host, std::uint32_t pid) {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char stamp[32] = {};
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
+  return host + "-" + stamp + "-" + std::to_string(pid);
+}
+
 std::string sanitize_run_id(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -163,18 +173,25 @@ HookConfig load_config(const EnvLookup& env, std::vector<std::string>* warnings)
   }
   if (c.local_rank >= c.world_size) c.local_rank = 0;
 
-  // Run id: explicit, then torchrun's rendezvous id, then the Slurm job, then
-  // this process (one run per process tree when nothing names it).
+  // Run id (config.h): explicit, then torchrun's rendezvous id, then the
+  // Slurm job, then the launch, then this process.
   if (const char* v = env("GAUGEWATCH_RUN_ID"); v != nullptr && *v != '\0') {
     c.run_id = v;
+    c.run_id_source = "GAUGEWATCH_RUN_ID";
   } else if (const char* t = env("TORCHELASTIC_RUN_ID"); t != nullptr && *t != '\0' &&
                                                          std::string_view(t) != "none") {
     c.run_id = std::string("torchrun-") + t;
+    c.run_id_source = "torchrun";
   } else if (const char* s = env("SLURM_JOB_ID"); s != nullptr && *s != '\0') {
     c.run_id = std::string("slurm-") + s;
     if (const char* step = env("SLURM_STEP_ID"); step != nullptr && *step != '\0') c.run_id += std::string(".") + step;
+    c.run_id_source = "slurm";
+  } else if (const char* l = env("GAUGEWATCH_LAUNCH_ID"); l != nullptr && *l != '\0') {
+    c.run_id = l;
+    c.run_id_source = "launcher";
   } else {
-    c.run_id = "local-" + c.host + "-" + std::to_string(::getppid());
+    c.run_id = "local-" + unique_launch_suffix(c.host, c.pid);
+    c.run_id_source = "process";
   }
   const std::string clean = sanitize_run_id(c.run_id);
   if (clean != c.run_id && warnings != nullptr) {

@@ -18,7 +18,12 @@ inline constexpr const char* kDefaultSocket = "/run/gaugewatch/agent.sock";  // 
 struct HookConfig {
   bool disabled = false;                 // GAUGEWATCH_DISABLE=1: stay inert
   std::string socket = kDefaultSocket;   // GAUGEWATCH_SOCKET; "" or "none": no agent
-  std::string run_id;                    // GAUGEWATCH_RUN_ID (else torchrun / Slurm / local)
+  // GAUGEWATCH_RUN_ID, else torchrun's rendezvous id, else the Slurm job
+  // (step), else GAUGEWATCH_LAUNCH_ID (`gaugewatch run` sets one per launch),
+  // else this process: local-<host>-<start time>-<pid>. Unique per launch
+  // unless given: another run's decisions are restored only on purpose.
+  std::string run_id;
+  std::string run_id_source;             // "GAUGEWATCH_RUN_ID", "torchrun", "slurm", "launcher", "process"
   std::uint32_t rank = 0;                // GAUGEWATCH_RANK, RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK
   std::uint32_t local_rank = 0;          // LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK
   std::uint32_t world_size = 1;          // WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE
@@ -61,6 +66,9 @@ HookConfig load_config(const EnvLookup& env, std::vector<std::string>* warnings)
 // it and renamed over it), else what is wrong. An empty path is fine.
 std::string check_log_file(const std::string& path);
 std::string check_stats_file(const std::string& path);
+
+// "<host>-<UTC start time>-<pid>": a run id part unique per launch.
+std::string unique_launch_suffix(const std::string& host, std::uint32_t pid);
 
 // Keeps [A-Za-z0-9_.:-], replaces anything else by '-', at most 128 chars.
 std::string sanitize_run_id(const std::string& text);

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "hooks/center_backend.h"
 #include "hooks/log.h"
 #include "hooks/torch_errors.h"
 
@@ -75,51 +76,22 @@ std::optional<std::string> cuda_backend_refusal(Backend backend, const Tensor& l
   return why;
 }
 
-// The op's gradients as SDPA's backward returns them: the input's dtype and
-// the stock backward's layout (torch 2.11). The CPU flash and the CUDA
-// efficient backwards always allocate (B, N, H, d) and return it transposed,
-// whatever the input's strides (efficient too for q, k, v sliced from one
-// fused qkv buffer: the packed (B, N, 3, H, d) gradient of the lower-level
-// _efficient_attention_backward is not what SDPA's op returns; measured on
-// the H200, and its meta registration says the same); the CUDA flash and
-// cuDNN ops allocate in the input's stride order (flash: empty_like of the
-// (B, N, H, d)-transposed operand; cuDNN: alloc_with_matching_layout), so an
-// SDPA-strided q,
-// transposed from (B, N, H, d) or sliced from a fused qkv projection, gets a
-// (B, N, H, d) transposed gradient and a contiguous q a contiguous one. The
-// op returns contiguous tensors: copied only when the layouts differ.
-Tensor like_input(const Tensor& grad, const Tensor& input, OpKind kind) {
-  const std::int64_t dims = input.dim();
-  std::vector<std::int64_t> order(static_cast<std::size_t>(dims));
-  for (std::int64_t i = 0; i < dims; ++i) order[static_cast<std::size_t>(i)] = i;
-  if ((kind == OpKind::kCpuFlash || kind == OpKind::kEfficient) && dims == 4) {
-    order = {0, 2, 1, 3};
-  } else {
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::int64_t a, std::int64_t b) { return input.stride(a) > input.stride(b); });
-  }
-  std::vector<std::int64_t> sizes(order.size()), inverse(order.size());
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    sizes[i] = input.size(order[i]);
-    inverse[static_cast<std::size_t>(order[i])] = static_cast<std::int64_t>(i);
-  }
-  Tensor target = at::empty(sizes, grad.options().dtype(input.scalar_type())).permute(inverse);
-  if (grad.scalar_type() == input.scalar_type() && grad.strides() == target.strides()) return grad;
-  target.copy_(grad);
-  return target;
-}
-
 }  // namespace
 
-std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, const Tensor& grad_out,
-                                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                         const Tensor& lse) {
+std::optional<std::array<Tensor, 4>> gaugewatch_backward(const CallInfo& info, Backend backend,
+                                                         const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                                         const Tensor& v, const Tensor& out, const Tensor& lse) {
   const std::string b(backend_name(backend));
-  auto refuse = [&](const std::string& why) -> std::optional<Grads> {
+  auto refuse = [&](const std::string& why) -> std::optional<std::array<Tensor, 4>> {
     log_once("refuse:" + b + ":" + why, "backend " + b + " cannot run for " + op_name(info.kind) + " (" + why +
                                             "): stock backward instead (logged once)");
     return std::nullopt;
   };
+  if (backend == Backend::kCenter) {
+    std::string why;
+    if (auto g = center_backward(info, grad_out, q, k, v, out, lse, &why)) return g;
+    return refuse(why);
+  }
   // The op computes in the training dtype: bfloat16. A trainer that runs its
   // attention in float16 or float32 gets stock numerics from the backends'
   // point of view, so they do not apply (no cast: that would change numerics).
@@ -168,7 +140,8 @@ std::optional<Grads> gaugewatch_backward(const CallInfo& info, Backend backend, 
                           at::isfinite(dv).all().item<bool>();
       if (!finite) return refuse("non-finite gradient");
     }
-    return Grads{like_input(dq, q, info.kind), like_input(dk, k, info.kind), like_input(dv, v, info.kind)};
+    return std::array<Tensor, 4>{stock_grad_layout(dq, q, info.kind), stock_grad_layout(dk, k, info.kind),
+                                 stock_grad_layout(dv, v, info.kind), Tensor()};
   } catch (const std::exception& e) {
     return refuse(std::string("error: ") + short_what(e));
   }

@@ -16,7 +16,9 @@ std::optional<c10::OperatorHandle> find(std::string_view op) {
 }  // namespace
 
 std::string op_unavailable(std::string_view op) {
-  return find(op) ? "" : "gaugewatch::" + std::string(op) + " is not registered (libgaugewatch_ops is not loaded)";
+  return find(op) ? ""
+                  : "gaugewatch::" + std::string(op) +
+                        " is not registered (libgaugewatch_ops is not loaded, or is a version without it)";
 }
 
 bool op_takes(std::string_view op, std::string_view name) {

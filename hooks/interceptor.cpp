@@ -36,11 +36,13 @@
 
 #include "hooks/auditor.h"
 #include "hooks/backward_timing.h"
+#include "hooks/call_coverage.h"
 #include "hooks/compile_ops.h"
 #include "hooks/cuda_versions.h"
 #include "hooks/gaugewatch_backends.h"
 #include "hooks/interception.h"
 #include "hooks/log.h"
+#include "hooks/math_path.h"
 #include "hooks/python_ops.h"
 #include "hooks/runtime.h"
 #include "hooks/sdpa_ops.h"
@@ -79,7 +81,7 @@ std::array<Tensor, 4> intercepted_backward(const CallInfo& info, const Tensor& g
   std::array<Tensor, 4> g;
   if (plan.backend != Backend::kStock) {
     if (auto r = gaugewatch_backward(info, plan.backend, grad_out, q, k, v, out, lse)) {
-      std::tie(g[0], g[1], g[2]) = *r;
+      g = *r;
       ran = plan.backend;
     } else {
       runtime().count_fallback();
@@ -92,7 +94,7 @@ std::array<Tensor, 4> intercepted_backward(const CallInfo& info, const Tensor& g
     runtime().record_backward(plan.layer, plan.step, ran);
     if ((plan.sample || plan.capture) && plan.layer >= 0) {
       AuditCall call{grad_out, q, k, v, out, lse, g[0], g[1], g[2], info.is_causal, info.scale,
-                     op_name(info.kind), timing};
+                     op_name(info.kind), timing, info.mask(), info.dropout_p};
       audit_call(call, plan, ran, backward_us);
     }
   } catch (const std::exception& e) {
@@ -176,11 +178,23 @@ c10::intrusive_ptr<CallInfo> new_call(OpKind kind, double dropout_p, bool is_cau
 
 namespace {
 
+// A training call (a gradient is needed) in the coverage; a recompute of
+// checkpointing is the same call again and is not counted.
+void count(const CallInfo& info, const Tensor& q, const Tensor& k) {
+  if (info.plan.recompute) return;
+  try {
+    runtime().count_call(info.plan.layer, classify(info, q, k));
+  } catch (const std::exception& e) {
+    log_once("count-call", std::string("counting an attention call failed (logged once): ") + short_what(e));
+  }
+}
+
 // The stock forward: through the autograd Function when a gradient is
 // needed, else directly (below autograd).
 std::tuple<Tensor, Tensor> run(const c10::intrusive_ptr<CallInfo>& info, const Tensor& q, const Tensor& k,
                                const Tensor& v, bool grad) {
   if (!grad) return stock_forward(*info, q, k, v, Tensor());
+  count(*info, q, k);
   auto outs = AttentionFunction::apply(q, k, v, info);
   return {outs[0], outs[1]};
 }
@@ -256,6 +270,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient(const Tensor& q, const Tens
   info->grad_mask = {q.requires_grad(), k.requires_grad(), v.requires_grad(), bias_grad};
   std::tuple<Tensor, Tensor> outs;
   if (bias_grad) {
+    info->attn_bias = *attn_bias;  // for the coverage's verdict; the Function sets it again from its input
+    count(*info, q, k);
     auto o = AttentionBiasFunction::apply(q, k, v, *attn_bias, info);
     outs = {o[0], o[1]};
   } else {
@@ -293,6 +309,7 @@ struct Registration {
       cuda->impl("_scaled_dot_product_flash_attention", TORCH_FN(cuda_flash));
       cuda->impl("_scaled_dot_product_cudnn_attention", TORCH_FN(cudnn));
       cuda->impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient));
+      register_math_path(*cpu, *cuda);
     } catch (const std::exception& e) {
       log_line(std::string("registration failed, SDPA is not intercepted: ") + short_what(e));
       cuda.reset();

@@ -65,6 +65,10 @@ void Runtime::shutdown() {
     reporter->flush(1.5);
     reporter->stop(1.0);
   }
+  {
+    std::lock_guard lock(mu_);
+    if (coverage_.total_calls() > 0 && !forked_child_) log_line("exit: " + coverage_.summary());
+  }
   write_stats_file();
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (s > 0.5) log_line("exit: threads stopped in " + std::to_string(s).substr(0, 5) + " s");

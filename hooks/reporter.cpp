@@ -22,6 +22,7 @@ namespace {
 constexpr std::size_t kMaxBatch = 256;
 constexpr std::size_t kMaxAcks = 4096;
 constexpr auto kHeartbeat = std::chrono::seconds(1);
+constexpr auto kRestoreWindow = std::chrono::seconds(1);
 }  // namespace
 
 // One connection: the stream, its context, and the reader thread.
@@ -31,6 +32,12 @@ struct Reporter::Impl {
   std::thread reader;
   std::atomic<bool> ended{false};
   std::atomic<bool> got_hello_ack{false};
+  // The agent sends the decisions it holds for the run id right after its
+  // HelloAck: commands read on the process's first connection within
+  // kRestoreWindow of the HelloAck are taken as such restores (a rule's
+  // decision needs this process's samples first).
+  bool first_connection = false;
+  std::chrono::steady_clock::time_point restore_until{};
 };
 
 Reporter::Reporter(const HookConfig& config, Source* source) : config_(config), source_(source) {
@@ -121,7 +128,9 @@ void Reporter::run() {
       if (stopping_) break;
     }
     auto impl = std::make_shared<Impl>();
+    impl->first_connection = connects_.load() == 0;
     const std::uint64_t version = source_->layers_version();
+    std::uint64_t coverage_sent = 0;  // per connection: a new agent session gets every layer's status
     if (ok) {
       auto stub = v1::HookService::NewStub(channel);
       impl->stream = stub->Connect(&impl->context);
@@ -140,10 +149,13 @@ void Reporter::run() {
           while (impl->stream->Read(&message)) {
             if (message.has_hello_ack()) {
               impl->got_hello_ack = true;
+              impl->restore_until = std::chrono::steady_clock::now() + kRestoreWindow;
               source_->on_sampling(from_wire(message.hello_ack().sampling()));
             } else if (message.has_command()) {
               commands_.fetch_add(1);
-              source_->on_command(from_wire(message.command()));
+              Command command = from_wire(message.command());
+              command.restored = impl->first_connection && std::chrono::steady_clock::now() < impl->restore_until;
+              source_->on_command(std::move(command));
             }
           }
           impl->ended = true;
@@ -192,6 +204,10 @@ void Reporter::run() {
         batch_message.mutable_samples()->set_current_step(step);
         const auto now = std::chrono::steady_clock::now();
         const bool heartbeat = step != 0 && step != reported_step && now - last_batch >= kHeartbeat;
+        // Coverage rides on every batch, and a change of it makes a batch of its own.
+        const CoverageReport coverage = source_->coverage(coverage_sent);
+        const bool coverage_changed = coverage.version != coverage_sent;
+        add_coverage(coverage, *batch_message.mutable_samples());
         bool wrote = true;
         for (const auto& ack : acks) {
           v1::TrainerMessage m;
@@ -202,11 +218,12 @@ void Reporter::run() {
           }
         }
         const auto n = static_cast<std::uint64_t>(batch.size());
-        if (wrote && (n > 0 || heartbeat)) {
+        if (wrote && (n > 0 || heartbeat || coverage_changed)) {
           wrote = impl->stream->Write(batch_message);
           if (wrote) {
             reported_step = step;
             last_batch = now;
+            coverage_sent = coverage.version;
           }
         }
         std::lock_guard lock(mu_);

@@ -38,6 +38,8 @@ class Reporter {
     virtual std::uint64_t layers_version() = 0;
     // The step the process is running (SampleBatch.current_step).
     virtual std::uint64_t current_step() = 0;
+    // Coverage totals and the layers changed after version `since` (0: all).
+    virtual CoverageReport coverage(std::uint64_t since) = 0;
     virtual void on_command(Command command) = 0;
     virtual void on_sampling(const SamplingPolicy& policy) = 0;
   };

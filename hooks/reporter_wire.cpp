@@ -40,7 +40,24 @@ v1::Sample to_wire(const SampleData& d) {
   t->set_audit_us(non_negative(d.audit_us));
   t->set_queue_us(non_negative(d.queue_us));
   sample.set_unix_time_ns(d.unix_time_ns);
+  for (Backend b : d.correcting_backends) sample.add_correcting_backends(agent::to_wire(b));
   return sample;
+}
+
+void add_coverage(const CoverageReport& coverage, v1::SampleBatch& batch) {
+  for (const AttentionCallCount& c : coverage.calls) {
+    auto* count = batch.add_attention_calls();
+    count->set_monitored(c.monitored);
+    count->set_reason(c.reason);
+    count->set_calls_total(c.calls);
+  }
+  for (const LayerStatus& l : coverage.layers) {
+    auto* status = batch.add_layer_status();
+    status->set_layer(l.layer);
+    status->set_monitored(l.monitored);
+    status->set_reason(l.reason);
+    for (Backend b : l.correcting_backends) status->add_correcting_backends(agent::to_wire(b));
+  }
 }
 
 v1::Hello to_wire(const HelloInfo& h) {

@@ -19,5 +19,7 @@ gaugewatch::v1::SamplingPolicy to_wire(const SamplingPolicy& policy);
 // comes back with `malformed` set or without an action: the runtime rejects it.
 Command from_wire(const gaugewatch::v1::Command& command);
 SamplingPolicy from_wire(const gaugewatch::v1::SamplingPolicy& policy);
+// Coverage into a batch: the call totals and the layer statuses in `coverage`.
+void add_coverage(const CoverageReport& coverage, gaugewatch::v1::SampleBatch& batch);
 
 }  // namespace gaugewatch::hooks

@@ -79,7 +79,8 @@ void Runtime::on_first_backward_locked() {
   frozen_ = true;
   zero_change_count_ = call_index_;
   log_line("first backward: " + std::to_string(layers_.size()) + " attention layer(s), run " + config_.run_id +
-           ", rank " + std::to_string(config_.rank) + "/" + std::to_string(config_.world_size));
+           " (id from " + config_.run_id_source + "), rank " + std::to_string(config_.rank) + "/" +
+           std::to_string(config_.world_size));
   std::string beyond;
   std::size_t within = 0;
   for (std::uint32_t l : config_.layers) {
@@ -98,6 +99,42 @@ void Runtime::on_first_backward_locked() {
   }
   plan_sampling_locked();
   start_reporter_locked();
+  log_coverage_locked();
+}
+
+void Runtime::count_call(std::int64_t layer, const CallVerdict& verdict) {
+  std::lock_guard lock(mu_);
+  coverage_.count(layer, verdict);
+  if (!verdict.monitored) {
+    log_once("not-monitored:" + verdict.reason,
+             "attention calls not monitored: " + verdict.reason + " (counted: stats \"attention_calls\"; logged once)");
+  }
+}
+
+CoverageReport Runtime::coverage(std::uint64_t since) {
+  std::lock_guard lock(mu_);
+  return coverage_.report(since);
+}
+
+// Logs the coverage summary when what is (not) monitored changed since the
+// last time (counts alone do not make a new line).
+void Runtime::log_coverage_locked() {
+  std::string state;
+  const CoverageReport r = coverage_.report(0);
+  for (const AttentionCallCount& c : r.calls) state += (c.monitored ? "+" : "-") + c.reason + ";";
+  for (const LayerStatus& l : r.layers) state += std::to_string(l.layer) + (l.monitored ? "+" : "-") + l.reason + ";";
+  if (state == coverage_logged_) return;
+  coverage_logged_ = state;
+  log_line(coverage_.summary());
+}
+
+void Runtime::warn_if_unmonitored_locked(std::uint64_t steps, const char* what) {
+  if (unmonitored_warned_ || steps < kUnmonitoredWarnSteps || coverage_.monitored_calls() > 0) return;
+  unmonitored_warned_ = true;
+  log_line("WARNING: " + std::to_string(steps) + " " + what + " trained and no attention call monitored (" +
+           coverage_.summary() +
+           "). Attention the hooks never see: nn.MultiheadAttention(need_weights=True) and other attention "
+           "computed with matmul / softmax instead of scaled_dot_product_attention; docs/hooks.md, \"Coverage\"");
 }
 
 BackwardPlan Runtime::on_backward(const ForwardPlan& forward) {
@@ -175,6 +212,7 @@ void Runtime::optimizer_step() {
   }
   ++optimizer_steps_pending_;
   ++optimizer_steps_;
+  warn_if_unmonitored_locked(optimizer_steps_, "optimizer steps");
 }
 
 void Runtime::use_optimizer_steps() {
@@ -238,7 +276,11 @@ void Runtime::start_pass_locked() {
   // (a micro-batch, an eval forward) leaves them pending.
   if (step_boundary || !frozen_) apply_commands_locked();
   plan_sampling_locked();
-  if (step_boundary) write_stats_file_locked();
+  if (step_boundary) {
+    log_coverage_locked();
+    if (!optimizer_mode_) warn_if_unmonitored_locked(step_, "steps");
+    write_stats_file_locked();
+  }
 }
 
 void Runtime::plan_sampling_locked() {
@@ -269,10 +311,16 @@ void Runtime::plan_sampling_locked() {
   ++rotation_;
 }
 
-void Runtime::submit_sample(const SampleData& sample) {
+void Runtime::submit_sample(const SampleData& measured) {
+  SampleData sample = measured;
   Reporter* reporter = nullptr;
   {
     std::lock_guard lock(mu_);
+    if (sample.layer >= 0) {
+      if (const LayerStatus* status = coverage_.layer(static_cast<std::size_t>(sample.layer))) {
+        sample.correcting_backends = status->correcting_backends;
+      }
+    }
     credit_us_ -= sample.audit_us;
     audit_us_total_ += sample.audit_us;
     ++samples_submitted_;
@@ -284,7 +332,7 @@ void Runtime::submit_sample(const SampleData& sample) {
     }
     reporter = reporter_.get();
   }
-  if (reporter != nullptr) reporter->enqueue_sample(sample);
+  if (reporter != nullptr) reporter->enqueue_sample(std::move(sample));
 }
 
 HelloInfo Runtime::hello() {

@@ -21,7 +21,11 @@
 //   highest layer of the pass that has not run its backward yet (backward
 //   visits layers in reverse order), or the module name when one is set.
 //
-// Files: runtime.cpp (layers, passes, steps, sampler), runtime_commands.cpp
+// Coverage: a one-line summary is logged after the first backward and at
+// step boundaries when it changed; kUnmonitoredWarnSteps steps without a
+// monitored attention call log a warning.
+//
+// Files: runtime.cpp (layers, passes, steps, sampler, coverage), runtime_commands.cpp
 // (agent commands and acks), stats_writer.cpp (stats JSON and file),
 // process_runtime.cpp (the process-wide instance: configuration, fork, exit).
 
@@ -39,6 +43,7 @@
 #include "hooks/agent_messages.h"
 #include "hooks/config.h"
 #include "hooks/pending_switches.h"
+#include "hooks/coverage.h"
 #include "hooks/reporter.h"
 #include "kernels/common/backend.h"
 
@@ -96,6 +101,9 @@ class Runtime final : public Reporter::Source {
   void record_backward(std::int64_t layer, std::uint64_t step, Backend ran);
   void count_fallback();
   void count_audit_skipped(const char* why);
+  // One training attention call (coverage.h); `layer` -1: outside the layers
+  // (the math path). Recompute calls of checkpointing are not counted.
+  void count_call(std::int64_t layer, const CallVerdict& verdict);
 
   // --- steps (docs/hooks.md "Layers, passes and steps") ----------------------
   // An optimizer step happened (the helper's global optimizer hook,
@@ -128,6 +136,7 @@ class Runtime final : public Reporter::Source {
   HelloInfo hello() override;
   std::uint64_t layers_version() override;
   std::uint64_t current_step() override;
+  CoverageReport coverage(std::uint64_t since) override;
   void set_versions(std::string torch, std::string cuda, std::string driver);
   // What the one-time probe of gaugewatch::attention_backward found for a
   // backend on CUDA ("available", or "unavailable: <why>"): stats "cuda_backends".
@@ -164,6 +173,8 @@ class Runtime final : public Reporter::Source {
   void apply_capture_locked(const Command& command, const CaptureOperands& capture);
   void apply_sampling_locked(const SamplingPolicy& policy);
   void plan_sampling_locked();
+  void log_coverage_locked();
+  void warn_if_unmonitored_locked(std::uint64_t steps, const char* what);
   void ack_locked(std::uint64_t id, bool applied, const std::string& detail);
   void start_reporter_locked();
   std::string stats_json_locked();
@@ -228,10 +239,18 @@ class Runtime final : public Reporter::Source {
   std::uint64_t commands_rejected_ = 0;
   double audit_us_total_ = 0.0;
 
+  Coverage coverage_;
+  std::string coverage_logged_;  // the (monitored, reason) / layer state last logged
+  bool unmonitored_warned_ = false;
+
   std::unique_ptr<Reporter> reporter_;
   std::vector<std::function<void()>> shutdown_hooks_;
   bool shut_down_ = false;
 };
+
+// Steps (or optimizer steps) trained without a monitored attention call
+// before the hooks say so.
+inline constexpr std::uint64_t kUnmonitoredWarnSteps = 10;
 
 // The process-wide runtime, created (configuration read and checked, atexit
 // registered) on first use and never destroyed (process_runtime.cpp).

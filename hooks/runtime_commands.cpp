@@ -93,6 +93,14 @@ void Runtime::apply_switch_locked(const Command& command, const SwitchBackend& s
   log_line("step " + std::to_string(step_) + ": command " + std::to_string(id) + " switches layer(s) [" + list +
            "] to " + std::string(backend_name(sw.backend)) +
            (command.reason.empty() ? "" : " (" + command.reason + ")"));
+  if (command.restored) {
+    // The agent held this decision for the run id before this process sent anything.
+    log_line(config_.run_id_source == "GAUGEWATCH_RUN_ID"
+                 ? "run id '" + config_.run_id + "' was given (--run-id / GAUGEWATCH_RUN_ID): command " +
+                       std::to_string(id) + " restores an earlier decision of that run"
+                 : "command " + std::to_string(id) + " restores a decision the agent held for run '" + config_.run_id +
+                       "' (id from " + config_.run_id_source + ")");
+  }
   ack_locked(id, true, "");
 }
 

@@ -57,6 +57,18 @@ std::array<at::Tensor, 4> stock_backward(const CallInfo& info, const at::Tensor&
                                          const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                                          const at::Tensor& lse);
 
+// A gradient as SDPA's backward of `kind` returns it for `input`: the
+// input's dtype and the stock backward's layout (torch 2.11). The CPU flash
+// and the CUDA efficient backwards always allocate (B, N, H, d) and return it
+// transposed, whatever the input's strides (efficient too for q, k, v sliced
+// from one fused qkv buffer; measured on the H200, and its meta registration
+// says the same); the CUDA flash and cuDNN ops allocate in the input's stride
+// order, so an SDPA-strided q (transposed from (B, N, H, d) or sliced from a
+// fused qkv projection) gets a (B, N, H, d) transposed gradient and a
+// contiguous q a contiguous one. `grad` is returned as it is when its layout
+// already matches, else copied.
+at::Tensor stock_grad_layout(const at::Tensor& grad, const at::Tensor& input, OpKind kind);
+
 // The log-sum-exp of an intercepted call as (B, H, N), a view: the ops return
 // it in different layouts (torch 2.11, torch/_meta_registrations.py): the CPU
 // and CUDA flash ops (B, H, N); cuDNN (B, H, N, 1); efficient attention

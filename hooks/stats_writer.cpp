@@ -42,6 +42,12 @@ std::string Runtime::stats_json_locked() {
   j["audits_skipped_reasons"] = audits_skipped_reasons_;
   j["audit_us_total"] = audit_us_total_;
   j["audits_by_device"] = audits_by_device_;
+  nlohmann::json attention_calls = nlohmann::json::array();
+  for (const AttentionCallCount& c : coverage_.report(0).calls) {
+    attention_calls.push_back({{"monitored", c.monitored}, {"reason", c.reason}, {"calls", c.calls}});
+  }
+  j["attention_calls"] = attention_calls;
+  j["coverage"] = coverage_.summary();
   j["commands_applied"] = commands_applied_;
   j["commands_rejected"] = commands_rejected_;
   j["sampling"] = {{"every_n_steps", every_n_steps_},
@@ -72,7 +78,14 @@ std::string Runtime::stats_json_locked() {
         if (reportable(l.latest[m])) latest[std::string(catalogue[m].name)] = l.latest[m];
       }
     }
+    nlohmann::json status = nullptr;  // before the layer's first training call
+    if (const LayerStatus* st = coverage_.layer(i)) {
+      nlohmann::json correcting = nlohmann::json::array();
+      for (Backend b : st->correcting_backends) correcting.push_back(std::string(backend_name(b)));
+      status = {{"monitored", st->monitored}, {"reason", st->reason}, {"correcting_backends", correcting}};
+    }
     layers.push_back({{"index", i},
+                      {"coverage", status},
                       {"name", l.name},
                       {"backend", std::string(backend_name(l.backend))},
                       {"cuda", l.cuda},
@@ -97,10 +110,12 @@ void Runtime::write_stats_file() {
 }
 
 void Runtime::write_stats_file_locked() {
-  // A process that never made an attention call writes nothing: under
-  // LD_PRELOAD every program the trainer starts (a shell, a tool, the test
-  // watchdog) loads the library, and must not overwrite the trainer's file.
-  if (config_.stats_file.empty() || forked_child_ || !started_) return;
+  // A process that never made a training attention call writes nothing:
+  // under LD_PRELOAD every program the trainer starts (a shell, a tool, the
+  // test watchdog) loads the library, and must not overwrite the trainer's
+  // file. Calls the hooks do not monitor (the math path) count: their
+  // coverage is what the file then shows.
+  if (config_.stats_file.empty() || forked_child_ || (!started_ && coverage_.total_calls() == 0)) return;
   const std::string tmp = config_.stats_file + ".tmp";
   {
     std::ofstream out(tmp);

@@ -60,7 +60,7 @@ inline constexpr std::array<BackendSpec, 7> kBackends{{
     {Backend::kPivot, "pivot", 3, Backend::kPivot, Projection::kPivot, OutputDtype::kBfloat16, true, true, true},
     {Backend::kFp32, "fp32", 4, Backend::kFp32, Projection::kNone, OutputDtype::kFloat32, true, true, true},
     {Backend::kBf16, "bf16", 0, Backend::kStock, Projection::kNone, OutputDtype::kBfloat16, true, true, false},
-    {Backend::kCenter, "center", 5, Backend::kCenter, Projection::kNone, OutputDtype::kBfloat16, true, false, true},
+    {Backend::kCenter, "center", 5, Backend::kCenter, Projection::kNone, OutputDtype::kBfloat16, true, true, true},
     {Backend::kFp64, "fp64", 0, Backend::kFp64, Projection::kNone, OutputDtype::kFloat64, true, false, false},
 }};
 
