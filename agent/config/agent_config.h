@@ -112,7 +112,7 @@ struct AgentConfig {
   std::string config_file;  // where the YAML came from (empty: none)
 };
 
-// The embedded default rule (NUMERICS.md / issue 4): live dQ discrepancy > 5%
+// The embedded default rule (docs/agent.md, Rules): live dQ discrepancy > 5%
 // for 3 consecutive samples of a layer -> switch that layer to gproj.
 ThresholdRule default_dq_rule();
 

@@ -97,7 +97,7 @@ TEST(AgentProcess, RunsWithoutConfigServesCtlPromtoolAndStopsOnSigterm) {
     const std::string file = write_file(dir.path() + "/metrics.txt", metrics);
     std::tie(rc, out) = run_command(std::string(kPromtool) + " check metrics < " + file);
     // Exit 3 means lint findings only (parse errors exit 1). The one finding
-    // allowed: NUMERICS.md's "gauge violation" (gauge invariance) contains
+    // allowed: docs/numerics.md's "gauge violation" (gauge invariance) contains
     // the word gauge, which promtool's naming lint flags; every other
     // finding fails the test.
     EXPECT_TRUE(rc == 0 || rc == 3) << "promtool check metrics:\n" << out;

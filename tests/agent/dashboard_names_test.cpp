@@ -1,6 +1,6 @@
 // Dashboards and Prometheus rules may use only metric names from the agent's
-// catalogue (ARCHITECTURE.md: "dashboards and rules use only names from that
-// table").
+// catalogue (docs/agent.md: one table lists every metric; dashboards and rules
+// use only its names).
 
 #include <gtest/gtest.h>
 
