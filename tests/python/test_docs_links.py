@@ -59,7 +59,9 @@ def test_no_reference_points_outside_the_repository():
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
     if files.returncode != 0:
         pytest.skip("not a git checkout")
-    outside = re.compile(r"\b(NUMERICS|FINDINGS|ARCHITECTURE)\.md\b|shared/spec")  # noqa: this line
+    # The names are assembled so that this test's own source does not match.
+    names = "|".join(n + "S" for n in ("NUMERIC", "FINDING")) + "|ARCHITECTURE"
+    outside = re.compile(rf"\b({names})\.md\b|shared" + "/spec")
     hits = []
     for name in files.stdout.split():
         path = ROOT / name
@@ -69,6 +71,5 @@ def test_no_reference_points_outside_the_repository():
             text = path.read_text()
         except UnicodeDecodeError:
             continue
-        hits += [f"{name}:{i}" for i, line in enumerate(text.splitlines(), 1)
-                 if outside.search(line) and "noqa: this line" not in line]
+        hits += [f"{name}:{i}" for i, line in enumerate(text.splitlines(), 1) if outside.search(line)]
     assert not hits, "references outside the repository: " + ", ".join(hits)
