@@ -72,6 +72,7 @@ struct HelloInfo {
   std::string host;
   std::uint32_t pid = 0;
   std::string torch_version, cuda_version, driver_version, hook_version;
+  std::string gpu_uuid, pci_bus_id;  // "" on CPU (hooks/cuda_versions.h)
   std::vector<LayerInfo> layers;
 };
 

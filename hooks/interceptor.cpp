@@ -30,6 +30,7 @@
 #include <array>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -169,6 +170,13 @@ c10::intrusive_ptr<CallInfo> new_call(OpKind kind, double dropout_p, bool is_cau
   info->is_causal = is_causal;
   info->scale = scale;
   try {
+    if (cuda) {
+      static std::once_flag identified;
+      std::call_once(identified, [] {
+        GpuIdentity id = current_gpu_identity();
+        runtime().set_gpu_identity(std::move(id.uuid), std::move(id.pci_bus_id));
+      });
+    }
     info->plan = runtime().on_forward(in_backward(), cuda);
   } catch (const std::exception& e) {
     log_once("forward-plan", std::string("forward planning failed, layer unknown (logged once): ") + short_what(e));

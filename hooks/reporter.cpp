@@ -92,10 +92,20 @@ void Reporter::stop(double timeout_s) {
     impl = impl_;
     cv_.notify_all();
   }
-  if (impl) impl->context.TryCancel();
-  if (!thread_.joinable()) return;
+  if (!thread_.joinable()) {
+    if (impl) impl->context.TryCancel();
+    return;
+  }
   std::unique_lock lock(mu_);
-  if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return exited_; })) {
+  // A connected reporter ends its stream with a Goodbye (say_goodbye); past
+  // half the time, or with no stream, the stream is cancelled.
+  const auto grace = std::chrono::duration<double>(timeout_s / 2);
+  if (!cv_.wait_for(lock, grace, [this] { return exited_; }) && impl) {
+    lock.unlock();
+    impl->context.TryCancel();
+    lock.lock();
+  }
+  if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s / 2), [this] { return exited_; })) {
     lock.unlock();
     thread_.join();
   } else {
@@ -103,6 +113,17 @@ void Reporter::stop(double timeout_s) {
     log_line("reporter did not stop in time; leaving it");
     thread_.detach();
   }
+}
+
+void Reporter::say_goodbye(Impl& impl) {
+  v1::TrainerMessage message;
+  message.mutable_goodbye()->set_last_step(source_->current_step());
+  message.mutable_goodbye()->set_reason("exit");
+  if (!impl.stream->Write(message) || !impl.stream->WritesDone()) return;
+  // The agent ends the stream once it has read the goodbye; wait for that
+  // (bounded by stop()'s cancel) so that the teardown's cancel cannot drop it.
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, 500ms, [&] { return impl.ended.load(); });
 }
 
 void Reporter::run() {
@@ -174,6 +195,7 @@ void Reporter::run() {
       // --- stream -------------------------------------------------------------
       std::uint64_t reported_step = std::numeric_limits<std::uint64_t>::max();  // none yet on this stream
       auto last_batch = std::chrono::steady_clock::now() - kHeartbeat;
+      bool goodbye = false;  // stopping with everything written: tell the agent this rank finished
       for (;;) {
         std::vector<CommandAck> acks;
         std::vector<SampleData> batch;
@@ -181,7 +203,11 @@ void Reporter::run() {
         {
           std::unique_lock lock(mu_);
           cv_.wait_for(lock, 200ms, [&] { return stopping_ || impl->ended || !samples_.empty() || !acks_.empty(); });
-          if (impl->ended || (stopping_ && samples_.empty() && acks_.empty())) break;
+          if (impl->ended) break;
+          if (stopping_ && samples_.empty() && acks_.empty()) {
+            goodbye = impl->got_hello_ack.load();
+            break;
+          }
           acks.assign(acks_.begin(), acks_.end());
           acks_.clear();
           while (!samples_.empty() && batch.size() < kMaxBatch) {
@@ -243,6 +269,7 @@ void Reporter::run() {
         sent_.fetch_add(n);
         cv_.notify_all();
       }
+      if (goodbye) say_goodbye(*impl);
       connected_ = false;
     }
     // --- tear down ---------------------------------------------------------------

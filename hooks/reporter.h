@@ -65,6 +65,7 @@ class Reporter {
  private:
   struct Impl;
   void run();
+  void say_goodbye(Impl& impl);  // the last message of a clean stop
 
   HookConfig config_;
   Source* source_;

@@ -73,6 +73,8 @@ v1::Hello to_wire(const HelloInfo& h) {
   hello.set_cuda_version(h.cuda_version);
   hello.set_driver_version(h.driver_version);
   hello.set_hook_version(h.hook_version);
+  hello.set_gpu_uuid(h.gpu_uuid);
+  hello.set_pci_bus_id(h.pci_bus_id);
   for (const LayerInfo& l : h.layers) {
     auto* layer = hello.add_layers();
     layer->set_index(l.index);

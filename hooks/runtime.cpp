@@ -348,6 +348,8 @@ HelloInfo Runtime::hello() {
   hello.cuda_version = cuda_version_;
   hello.driver_version = driver_version_;
   hello.hook_version = GAUGEWATCH_HOOKS_VERSION;
+  hello.gpu_uuid = gpu_uuid_;
+  hello.pci_bus_id = pci_bus_id_;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     hello.layers.push_back(LayerInfo{static_cast<std::uint32_t>(i), layers_[i].name, layers_[i].backend});
   }
@@ -369,6 +371,12 @@ void Runtime::set_versions(std::string torch, std::string cuda, std::string driv
   torch_version_ = std::move(torch);
   cuda_version_ = std::move(cuda);
   driver_version_ = std::move(driver);
+}
+
+void Runtime::set_gpu_identity(std::string uuid, std::string pci_bus_id) {
+  std::lock_guard lock(mu_);
+  gpu_uuid_ = std::move(uuid);
+  pci_bus_id_ = std::move(pci_bus_id);
 }
 
 void Runtime::set_backend_status(const std::string& backend, const std::string& status) {

@@ -138,6 +138,8 @@ class Runtime final : public Reporter::Source {
   std::uint64_t current_step() override;
   CoverageReport coverage(std::uint64_t since) override;
   void set_versions(std::string torch, std::string cuda, std::string driver);
+  // The process's GPU for the Hello (set at its first CUDA attention call).
+  void set_gpu_identity(std::string uuid, std::string pci_bus_id);
   // What the one-time probe of gaugewatch::attention_backward found for a
   // backend on CUDA ("available", or "unavailable: <why>"): stats "cuda_backends".
   void set_backend_status(const std::string& backend, const std::string& status);
@@ -227,6 +229,7 @@ class Runtime final : public Reporter::Source {
   std::uint64_t backward_passes_ = 0;  // passes that ran a backward (micro-batches)
   bool forked_child_ = false;
   std::string torch_version_, cuda_version_, driver_version_;
+  std::string gpu_uuid_, pci_bus_id_;
 
   // Counters.
   std::array<std::uint64_t, kBackendCount> backward_calls_{};

@@ -380,3 +380,24 @@ def test_second_copy_stays_inert(binaries, workdir):
     losses, done = parse_output(result.stdout)
     assert "another copy of libgaugewatch_hooks is already loaded" in result.stderr
     assert [layer["backward_calls"] for layer in done["stats"]["layers"]] == [10, 10, 10]
+
+
+def test_clean_exit_says_goodbye_and_the_agent_marks_the_rank_finished(binaries, workdir, agent_factory):
+    """A trainer that ends normally sends Goodbye (the agent marks its rank
+    finished, so no trainer-silent alert); one that is killed does not."""
+    agent = agent_factory()
+    env = trainer_env(binaries[2], workdir, "bye", agent.socket, "plain")
+    run_trainer(env, "--steps", 4)
+    wait_for(lambda: agent.rank("bye").get("finished"), 20, what="rank marked finished")
+    assert not agent.rank("bye").get("connected", False)
+
+    env = trainer_env(binaries[2], workdir, "killed", agent.socket, "plain")
+    proc = subprocess.Popen([sys.executable, str(TRAINER), "--steps", "400"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: agent.layers("killed"), 120, what="the second trainer connected")
+    finally:
+        proc.kill()
+        proc.wait(30)
+    wait_for(lambda: not agent.rank("killed").get("connected", True), 20, what="killed rank disconnected")
+    assert not agent.rank("killed").get("finished", False)
