@@ -329,7 +329,17 @@ Controller::DecisionResult Controller::decide(v1::DecisionSource source, const s
   decision.set_reason(reason);
   store_.add_decision(decision);
   book_.add(decision);
-  const bool run_wide = !target.all_runs() && !target.run_id().empty() && !target.has_rank();
+  // A run of several processes switches at one common step on every rank; a
+  // single-process run (world size 1) switches at its next step boundary.
+  const bool run_target = !target.all_runs() && !target.run_id().empty() && !target.has_rank();
+  bool multi_rank = false;
+  if (run_target) {
+    for (const auto& entry : registry_.ranks()) {
+      std::lock_guard lock(entry->mu);
+      if (entry->run_id == target.run_id() && entry->hello.world_size() > 1) multi_rank = true;
+    }
+  }
+  const bool run_wide = run_target && (multi_rank || (effective_step && *effective_step != 0));
   std::uint64_t step = 0;
   if (run_wide) {
     step = effective_step ? run_steps_.record_decision(decision.decision_id(), *effective_step)
