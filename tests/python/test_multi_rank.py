@@ -17,6 +17,7 @@ import time
 import pytest
 
 from conftest import ROOT, build_dir
+from test_hooks import Agent as HooksAgent
 
 TRAINER = ROOT / "tests" / "python" / "trainers" / "ddp_tiny.py"
 TORCHRUN = pathlib.Path(sys.executable).parent / "torchrun"
@@ -39,8 +40,9 @@ def workdir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-class Agent:
-    """A real gaugewatch-agent process on a unix socket."""
+class Agent(HooksAgent):
+    """A real gaugewatch-agent process on a unix socket, named, with extra
+    flags (stop and ctl_json as test_hooks' agent)."""
 
     def __init__(self, workdir, name="agent", extra_yaml="", extra_args=()):
         b = build_dir() / "bin"
@@ -59,21 +61,6 @@ class Agent:
         self.proc = subprocess.Popen(self.args, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         wait_for(lambda: "ready" in self.log.read_text() or self.proc.poll() is not None, 20, "agent ready")
         assert self.proc.poll() is None, self.log.read_text()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def ctl_json(self, *args):
-        out = subprocess.run([str(self.ctl), "--socket", self.socket, "--json", *args], capture_output=True,
-                             text=True, timeout=30)
-        assert out.returncode == 0, out.stdout + out.stderr
-        return json.loads(out.stdout)
 
     def ranks(self, run_id):
         runs = self.ctl_json("layers", "--run", run_id).get("runs", [])

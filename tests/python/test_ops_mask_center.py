@@ -14,38 +14,12 @@ Run:  GAUGEWATCH_BUILD_DIR=build .venv/bin/python -m pytest tests/python/test_op
 """
 
 import math
-import os
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _find_library():
-    env = os.environ.get("GAUGEWATCH_OPS_LIB")
-    if env:
-        return env if Path(env).is_file() else None
-    build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
-    for path in (build / "lib" / "libgaugewatch_ops.so", build / "kernels" / "torch" / "libgaugewatch_ops.so"):
-        if path.is_file():
-            return str(path)
-    return None
-
-
-_LIB = _find_library()
-if _LIB is None:
-    pytest.skip("libgaugewatch_ops.so is not built (set GAUGEWATCH_OPS_LIB, or build target gaugewatch_ops)",
-                allow_module_level=True)
-torch.ops.load_library(_LIB)
-ops = torch.ops.gaugewatch
-
-
-def rel(x, ref):
-    x, ref = x.detach().double(), ref.detach().double()
-    return ((x - ref).norm() / ref.norm()).item()
+from test_ops import ops, rel  # the ops library, loaded once (skips the module when it is not built)
 
 
 def operands(B=2, Hq=2, Hkv=2, N=24, M=32, d=64, key_offset=0.0, q_gain=1.0, seed=0):
