@@ -399,6 +399,8 @@ std::uint32_t Controller::send_command(const v1::Target& target, const v1::Comma
 
 bool Controller::send_to(Session& session, v1::Command command, const std::string& what) {
   const std::uint64_t id = next_command_id_.fetch_add(1);
+  const std::uint64_t decision_id = command.decision_id();
+  const std::string reason = command.reason();
   command.set_command_id(id);
   {
     std::lock_guard lock(session.pending_mu);
@@ -415,10 +417,10 @@ bool Controller::send_to(Session& session, v1::Command command, const std::strin
     return false;
   }
   counters_.commands_sent_total.Increment();
-  events().info("command sent: run={} rank={} command={} {}", session.run_id, session.rank_index,
-                id, what);
+  events().info("command sent: run={} rank={} command={} decision={} {} ({})", session.run_id,
+                session.rank_index, id, decision_id, what, reason);
   try {
-    audit(v1::AUDIT_KIND_COMMAND_SENT, session.run_id, &session.rank_index, id, 0, what);
+    audit(v1::AUDIT_KIND_COMMAND_SENT, session.run_id, &session.rank_index, id, decision_id, what);
   } catch (const StoreError&) {
     counters_.store_errors_total.Increment();
   }
@@ -428,9 +430,7 @@ bool Controller::send_to(Session& session, v1::Command command, const std::strin
 bool Controller::send_switch(Session& session, std::vector<std::uint32_t> layers,
                              v1::Backend backend, std::uint64_t decision_id,
                              const std::string& reason, std::uint64_t effective_step) {
-  const std::uint64_t id = next_command_id_.fetch_add(1);
   v1::Command command;
-  command.set_command_id(id);
   command.set_decision_id(decision_id);
   command.set_reason(reason);
   auto* sw = command.mutable_switch_backend();
@@ -442,30 +442,8 @@ bool Controller::send_switch(Session& session, std::vector<std::uint32_t> layers
     detail += " " + std::to_string(layer);
   }
   if (effective_step != 0) detail += " at step " + std::to_string(effective_step);
-  {
-    std::lock_guard lock(session.pending_mu);
-    session.pending[id] = command;
-  }
-  v1::AgentMessage message;
-  *message.mutable_command() = std::move(command);
-  if (!session.push(std::move(message))) {
-    counters_.commands_dropped_total.Increment();
-    std::lock_guard lock(session.pending_mu);
-    session.pending.erase(id);
-    events().warn("switch not delivered: run={} rank={} command={} ({}): stream closed or outbox full",
-                  session.run_id, session.rank_index, id, detail);
-    return false;
-  }
-  counters_.commands_sent_total.Increment();
+  if (!send_to(session, std::move(command), detail)) return false;
   counters_.switch_commands_total.Increment();
-  events().info("command sent: run={} rank={} command={} decision={} {} ({})", session.run_id,
-                session.rank_index, id, decision_id, detail, reason);
-  try {
-    audit(v1::AUDIT_KIND_COMMAND_SENT, session.run_id, &session.rank_index, id, decision_id,
-          detail);
-  } catch (const StoreError& e) {
-    counters_.store_errors_total.Increment();
-  }
   return true;
 }
 
