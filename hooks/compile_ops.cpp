@@ -281,7 +281,8 @@ std::tuple<Tensor, Tensor> monitored_attention(c10::string_view op, const Tensor
                                                bool bias_grad, c10::string_view layer) {
   const OpKind kind = parse_kind(op);
   c10::intrusive_ptr<CallInfo> info;
-  if (capturing(q)) {
+  const bool captured = capturing(q);
+  if (captured) {
     log_captured("forward");
     info = bare_call(kind, q, k, dropout_p, is_causal, scale);
   } else if (!layer.empty()) {
@@ -294,6 +295,12 @@ std::tuple<Tensor, Tensor> monitored_attention(c10::string_view op, const Tensor
   }
   set_mask(*info, mask);
   info->grad_mask = {true, true, true, bias_grad};
+  if (backward && captured) {
+    // Seen once, at its capture; its replays run the stock kernels unseen.
+    runtime().count_call(-1, CallVerdict{false, "cudagraphs", {}});
+  } else if (backward) {
+    count_training_call(*info, q, k);
+  }
   auto [out, lse] = stock_forward(*info, q, k, v, Tensor());
   out = conform(out, out_layout(kind, q, v));
   lse = conform(lse, lse_layout(kind, q));

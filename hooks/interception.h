@@ -18,6 +18,11 @@ namespace gaugewatch::hooks {
 c10::intrusive_ptr<CallInfo> new_call(OpKind kind, double dropout_p, bool is_causal, std::optional<double> scale,
                                       bool cuda);
 
+// Counts a training call (one that needs a gradient) in the coverage, with
+// the verdict of call_coverage.h; a recompute of checkpointing is the same
+// call again and is not counted.
+void count_training_call(const CallInfo& info, const at::Tensor& q, const at::Tensor& k);
+
 // The call's backward: the layer's backend (stock when it cannot run),
 // recorded, audited / captured when the runtime samples the call. Returns
 // (dq, dk, dv, dbias) (dbias: efficient attention with a bias gradient).

@@ -184,11 +184,7 @@ c10::intrusive_ptr<CallInfo> new_call(OpKind kind, double dropout_p, bool is_cau
   return info;
 }
 
-namespace {
-
-// A training call (a gradient is needed) in the coverage; a recompute of
-// checkpointing is the same call again and is not counted.
-void count(const CallInfo& info, const Tensor& q, const Tensor& k) {
+void count_training_call(const CallInfo& info, const Tensor& q, const Tensor& k) {
   if (info.plan.recompute) return;
   try {
     runtime().count_call(info.plan.layer, classify(info, q, k));
@@ -197,12 +193,14 @@ void count(const CallInfo& info, const Tensor& q, const Tensor& k) {
   }
 }
 
+namespace {
+
 // The stock forward: through the autograd Function when a gradient is
 // needed, else directly (below autograd).
 std::tuple<Tensor, Tensor> run(const c10::intrusive_ptr<CallInfo>& info, const Tensor& q, const Tensor& k,
                                const Tensor& v, bool grad) {
   if (!grad) return stock_forward(*info, q, k, v, Tensor());
-  count(*info, q, k);
+  count_training_call(*info, q, k);
   auto outs = AttentionFunction::apply(q, k, v, info);
   return {outs[0], outs[1]};
 }
@@ -279,7 +277,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient(const Tensor& q, const Tens
   std::tuple<Tensor, Tensor> outs;
   if (bias_grad) {
     info->attn_bias = *attn_bias;  // for the coverage's verdict; the Function sets it again from its input
-    count(*info, q, k);
+    count_training_call(*info, q, k);
     auto o = AttentionBiasFunction::apply(q, k, v, *attn_bias, info);
     outs = {o[0], o[1]};
   } else {

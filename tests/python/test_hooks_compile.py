@@ -60,6 +60,9 @@ def assert_monitored_like_eager(stats, eager_stats, steps):
     assert [layer["backward_calls"] for layer in eager_stats["layers"]] == [steps] * len(names)
     assert all(layer["samples"] > 0 for layer in stats["layers"]), stats["layers"]
     assert stats["samples_submitted"] >= steps, stats
+    # Every compiled call is in the coverage, as in eager.
+    assert stats["attention_calls"] == eager_stats["attention_calls"], (stats["attention_calls"],
+                                                                         eager_stats["attention_calls"])
 
 
 @pytest.mark.parametrize("mode", ["plain", "helper"])
@@ -250,3 +253,5 @@ def test_call_captured_into_cuda_graph_is_reported(binaries, workdir):  # noqa: 
     # The three warm-up backwards ran through the runtime; the captured one did not.
     assert out["before"]["layers"][0]["backward_calls"] == 3, out["before"]["layers"]
     assert out["after"]["layers"][0]["backward_calls"] == 3, out["after"]["layers"]
+    # ...and the coverage counts it, once (at its capture), as not monitored.
+    assert {"calls": 1, "monitored": False, "reason": "cudagraphs"} in out["after"]["attention_calls"], out["after"]
