@@ -9,6 +9,7 @@
 #include "audit/audit_run.h"
 #include "audit/report.h"
 #include "audit/scenarios.h"
+#include "cli/replay_command.h"
 #include "kernels/reference/fused_forward_bf16.h"
 
 namespace gaugewatch::cli {
@@ -19,6 +20,11 @@ constexpr const char* kUsage = R"(usage:
   gaugewatch audit <scenario> [options]     run the reference on a generated scenario
   gaugewatch audit all [options]            every scenario, then a summary
   gaugewatch audit --input FILE [options]   operands captured to a safetensors file
+  gaugewatch audit --input FILE --device cpu|cuda [--repeat N] [--json]
+                                            replay the captured call through every backward
+                                            this machine has (SDPA flash, cuDNN, efficient,
+                                            math; gaugewatch bf16, gproj, pivot, center, fp32):
+                                            errors against FP64 and times (needs torch)
   gaugewatch audit --list                   list the scenarios
 
 Prints, per backend (fp64, fp32, bf16 = plain fused BF16 emulation, gproj,
@@ -46,7 +52,8 @@ struct UsageError : std::runtime_error {
 
 struct Options {
   std::string target;  // scenario name, "all", or empty with --input
-  std::optional<std::string> input, save_operands, dump_gradients;
+  std::optional<std::string> input, save_operands, dump_gradients, device;
+  std::optional<int64_t> repeat;
   bool json = false, list = false;
   audit::ScenarioSpec overrides;
   bool has_seed = false, has_causal = false, has_scale = false, has_key_offset = false,
@@ -87,6 +94,13 @@ Options parse(const std::vector<std::string>& args) {
     if (a == "--json") o.json = true;
     else if (a == "--list") o.list = true;
     else if (a == "--input") o.input = value();
+    else if (a == "--device") {
+      o.device = value();
+      if (*o.device != "cpu" && *o.device != "cuda") {
+        throw UsageError("--device takes cpu or cuda, got '" + *o.device + "'");
+      }
+    }
+    else if (a == "--repeat") o.repeat = parse_int(a, value());
     else if (a == "--save-operands") o.save_operands = value();
     else if (a == "--dump-gradients") o.dump_gradients = value();
     else if (a == "--seed") { o.overrides.seed = static_cast<uint64_t>(parse_int(a, value())); o.has_seed = true; }
@@ -112,6 +126,9 @@ Options parse(const std::vector<std::string>& args) {
     else if (!a.empty() && a[0] == '-') throw UsageError("unknown option " + a);
     else if (o.target.empty()) o.target = a;
     else throw UsageError("unexpected argument '" + a + "'");
+  }
+  if ((o.device || o.repeat) && !o.input) {
+    throw UsageError("--device and --repeat replay a captured call: give --input FILE");
   }
   if (!o.list && o.target.empty() && !o.input) throw UsageError("name a scenario, 'all', or --input FILE");
   if (o.input && !o.target.empty()) throw UsageError("give either a scenario or --input, not both");
@@ -185,6 +202,7 @@ int run_audit_command(const std::vector<std::string>& args) {
       }
       return 0;
     }
+    if (o.device) return run_replay({*o.input, *o.device, static_cast<long>(o.repeat.value_or(20)), o.json});
     std::vector<audit::AuditOutcome> outcomes;
     if (o.input) {
       outcomes.push_back(audit::run_audit(*o.input, audit::load_operands(*o.input)));

@@ -4,8 +4,8 @@
 #   sudo ./scripts/run.sh                   (as root: ./scripts/run.sh)
 #   sudo ./scripts/run.sh demo [options]    the same, with options (examples/live_demo.py --help)
 #   sudo ./scripts/run.sh report [options]  plots of any run (tools/gaugewatch_report.py --help)
-#   sudo ./scripts/run.sh replay --input CAPTURE [--device cuda]
-#                                           a captured call through every backward (tools/replay_capture.py)
+#   sudo ./scripts/run.sh audit --input CAPTURE --device cuda
+#                                           a captured call through every backward this machine has
 #   sudo ./scripts/run.sh audit witness     any other gaugewatch arguments: the CLI
 #
 # Without arguments it runs the live monitor demo with embedded defaults and
@@ -28,6 +28,7 @@ BIN="$BUILD_DIR/bin/gaugewatch"
 PY="$ROOT/.venv/bin/python"
 [[ -x "$BIN" ]] || { echo "[run] ERROR: $BIN was not built" >&2; exit 1; }
 export GAUGEWATCH_BUILD_DIR="$(cd "$BUILD_DIR" && pwd)"
+export GAUGEWATCH_PYTHON="${GAUGEWATCH_PYTHON:-$PY}"  # the Python `gaugewatch audit --device` replays with
 if [[ $# -eq 0 ]]; then set -- demo; fi
 case "$1" in
   demo)
@@ -38,10 +39,6 @@ case "$1" in
     shift
     echo "[run] $PY tools/gaugewatch_report.py $*"
     exec "$PY" tools/gaugewatch_report.py --ctl "$GAUGEWATCH_BUILD_DIR/bin/gaugewatchctl" "$@" ;;
-  replay)
-    shift
-    echo "[run] $PY tools/replay_capture.py $*"
-    exec "$PY" tools/replay_capture.py "$@" ;;
   *)
     echo "[run] $BIN $*"
     exec "$BIN" "$@" ;;

@@ -2,7 +2,8 @@
 has and compare each with FP64 on the same operands.
 
     python tools/replay_capture.py --input CAPTURE.safetensors [--device cuda|cpu] [--repeat 20] [--json]
-    ./scripts/run.sh replay --input CAPTURE.safetensors --device cuda
+    gaugewatch audit --input CAPTURE.safetensors --device cuda [--repeat 20] [--json]
+    ./scripts/run.sh audit --input CAPTURE.safetensors --device cuda
 
 The capture (tools/capture_file.py; the hooks' `capture` command,
 bench/experiments/sink_backends.py's configuration b) holds q, k, v, out,

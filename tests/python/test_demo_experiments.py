@@ -51,8 +51,11 @@ def test_sink_backends_tiny(binaries, tmp_path, record_line):
     assert "| e pivot |" in (tmp_path / (report_path.stem + ".md")).read_text()
     # Configuration b captured its sink layer's last call: replay it through every CPU backward.
     [capture] = tmp_path.glob("capture-stock_monitored-layer1-step*.safetensors")
-    replay = json.loads(run("tools/replay_capture.py", "--input", capture, "--device", "cpu", "--repeat", 2,
-                            "--json").stdout)
+    swept = subprocess.run([str(build_dir() / "bin" / "gaugewatch"), "audit", "--input", str(capture), "--device",
+                            "cpu", "--repeat", "2", "--json"], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, GAUGEWATCH_PYTHON=sys.executable))
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    replay = json.loads(swept.stdout)
     replayed = {row["backward"]: row for row in replay["rows"]}
     record_line(f"replay of {capture.name}: " + ", ".join(
         f"{name} dQ {row.get('dq_error')}" for name, row in replayed.items()))
