@@ -67,8 +67,9 @@ std::vector<std::string> layer_names() {
 
 bool flush(double timeout_s) {
   try {
+    const bool flushed = runtime().flush(timeout_s);
     runtime().write_stats_file();
-    return runtime().flush(timeout_s);
+    return flushed;
   } catch (const std::exception& e) {
     log_once("api-flush", e.what());
     return false;

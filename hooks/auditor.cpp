@@ -86,6 +86,14 @@ class Auditor {
     }
   }
 
+  // Waits until every queued audit has run (or timeout_s passed); true when
+  // the queue is empty and no audit is running.
+  bool wait_idle(double timeout_s) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)),
+                        [this] { return exited_ || (queue_.empty() && !running_); });
+  }
+
   // Whether waits should end now (exit: past the drain deadline).
   bool giving_up() {
     std::lock_guard lock(mu_);
@@ -104,8 +112,10 @@ class Auditor {
         queue_.pop_front();
         if (stopping_ && Clock::now() >= give_up_at_) {
           ++abandoned_;
+          cv_.notify_all();
           continue;
         }
+        running_ = true;
       }
       try {
         run(job);
@@ -115,6 +125,11 @@ class Auditor {
                                                             short_what(e));
         runtime().count_audit_skipped("error");
       }
+      {
+        std::lock_guard lock(mu_);
+        running_ = false;
+      }
+      cv_.notify_all();
     }
     std::lock_guard lock(mu_);
     if (abandoned_ > 0) {
@@ -131,6 +146,7 @@ class Auditor {
   std::deque<Job> queue_;
   bool stopping_ = false;
   bool exited_ = false;
+  bool running_ = false;  // an audit is being run (wait_idle)
   Clock::time_point give_up_at_ = Clock::time_point::max();
   std::uint64_t abandoned_ = 0;
   std::thread thread_;
@@ -144,6 +160,7 @@ Auditor& auditor() {
   if (g_auditor == nullptr) {
     g_auditor = new Auditor;
     runtime().add_shutdown_hook([] { stop_auditor(); });
+    runtime().set_audit_drain([](double timeout_s) { return drain_auditor(timeout_s); });
   }
   return *g_auditor;
 }
@@ -340,6 +357,15 @@ void stop_auditor() {
   }
   cupti::stop(0.5);  // waits for CUPTI records end now: the samples left are timed with events
   if (a != nullptr) a->stop(3.0);
+}
+
+bool drain_auditor(double timeout_s) {
+  Auditor* a = nullptr;
+  {
+    std::lock_guard lock(g_auditor_mu);
+    a = g_auditor;
+  }
+  return a == nullptr || a->wait_idle(timeout_s);
 }
 
 }  // namespace gaugewatch::hooks

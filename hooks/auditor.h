@@ -59,6 +59,12 @@ struct AuditCall {
 // never throws.
 void audit_call(const AuditCall& call, const BackwardPlan& plan, Backend ran, double backward_us);
 
+// Waits until every audit queued so far has run and submitted its sample
+// (or timeout_s passed; false then). Registered as the runtime's audit drain
+// (flush()): without it, a trainer that flushes finds samples still being
+// measured.
+bool drain_auditor(double timeout_s);
+
 // Drains the queue (bounded), stops the thread: at exit.
 void stop_auditor();
 

@@ -53,7 +53,8 @@ void use_optimizer_steps();
 // counters, as JSON (docs/hooks.md describes the fields).
 std::string stats_json();
 std::vector<std::string> layer_names();
-// Waits until queued samples and acks reached the agent (or timeout_s passed).
+// Waits until the audits of calls made so far have run and their samples and
+// the acks reached the agent (or timeout_s passed: false).
 bool flush(double timeout_s);
 
 }  // namespace gaugewatch::hooks

@@ -24,6 +24,7 @@ void Runtime::after_fork_child() {
   forked_child_ = true;
   (void)reporter_.release();  // its threads are the parent's: leak it, never touch it
   shutdown_hooks_.clear();    // the auditor's thread is the parent's too
+  audit_drain_ = nullptr;
   shut_down_ = true;          // exit: nothing to flush or join here
   sample_layers_.clear();
   capture_arms_.clear();
@@ -37,11 +38,21 @@ bool Runtime::forked_child() {
 
 bool Runtime::flush(double timeout_s) {
   Reporter* reporter = nullptr;
+  std::function<bool(double)> drain;
   {
     std::lock_guard lock(mu_);
     reporter = reporter_.get();
+    drain = audit_drain_;
   }
-  return reporter == nullptr || reporter->flush(timeout_s);
+  const auto start = Clock::now();
+  const bool drained = !drain || drain(timeout_s);
+  const double left = std::max(0.0, timeout_s - std::chrono::duration<double>(Clock::now() - start).count());
+  return (reporter == nullptr || reporter->flush(left)) && drained;
+}
+
+void Runtime::set_audit_drain(std::function<bool(double)> drain) {
+  std::lock_guard lock(mu_);
+  audit_drain_ = std::move(drain);
 }
 
 void Runtime::add_shutdown_hook(std::function<void()> hook) {

@@ -153,7 +153,10 @@ class Runtime final : public Reporter::Source {
   // --- introspection ----------------------------------------------------------
   std::string stats_json();
   std::vector<std::string> layer_names();
+  // Waits for the audits queued so far (the auditor's drain, when one
+  // registered), then for the reporter to send; false when timeout_s passed.
   bool flush(double timeout_s);
+  void set_audit_drain(std::function<bool(double)> drain);
   void write_stats_file();
   // Flushes (bounded), stops the threads, writes the stats file; idempotent.
   // Called at exit, and earlier by an exit handler registered after CUDA /
@@ -248,6 +251,7 @@ class Runtime final : public Reporter::Source {
 
   std::unique_ptr<Reporter> reporter_;
   std::vector<std::function<void()>> shutdown_hooks_;
+  std::function<bool(double)> audit_drain_;
   bool shut_down_ = false;
 };
 

@@ -181,5 +181,6 @@ def layer_names() -> list[str]:
 
 
 def flush(timeout_s: float = 5.0) -> bool:
-    """Waits until queued samples and acks reached the agent."""
+    """Waits until the audits of the calls made so far have run and their
+    samples and the acks reached the agent (False: timeout_s passed first)."""
     return bool(torch.ops.gaugewatch_hooks.flush(timeout_s)) if loaded() else False
