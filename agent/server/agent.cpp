@@ -120,7 +120,7 @@ HttpServer::Response Agent::metrics() {
   const std::int64_t begin = steady_now_ns();
   counters_.scrapes_total.Increment();
   HttpServer::Response response{200, std::string(kExpositionContentType),
-                                render_metrics({&counters_.registry(), state_collector_.get()})};
+                                render_metrics({&counters_.registry()}, *state_collector_)};
   counters_.last_scrape_duration_seconds.Set(static_cast<double>(steady_now_ns() - begin) / 1e9);
   return response;
 }

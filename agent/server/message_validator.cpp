@@ -122,14 +122,13 @@ Verdict validate_sample(const gaugewatch::v1::Sample& sample, std::uint32_t laye
     return reject(RejectReason::kBackend, "sample backend is not a known backend");
   }
   if (Verdict v = check_backends(sample.correcting_backends(), "correcting_backends"); !v.ok()) return v;
-  const auto& fields = metric_fields();
-  const auto* reflection = sample.metrics().GetReflection();
-  for (std::size_t i = 0; i < fields.size(); ++i) {
-    if (!reflection->HasField(sample.metrics(), fields[i])) continue;
-    const double value = reflection->GetDouble(sample.metrics(), fields[i]);
+  const MetricValues metrics = to_values(sample.metrics());
+  for (std::size_t i = 0; i < reference::kMetricCount; ++i) {
+    if (!metrics.present.test(i)) continue;
+    const double value = metrics.value[i];
     if (!std::isfinite(value) || value < 0.0) {
       return reject(RejectReason::kMetric,
-                    "metric " + fields[i]->name() + " must be finite and >= 0");
+                    "metric " + metric_fields()[i]->name() + " must be finite and >= 0");
     }
   }
   const auto& shape = sample.shape();

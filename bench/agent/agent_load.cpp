@@ -9,13 +9,17 @@
 //                        histogram (trainer stamps unix_time_ns just before the
 //                        write; the agent observes now - stamp when it applies
 //                        the sample), interpolated within the bucket
-//   scrape_ms            client-side GET /metrics time (median and max of 5),
-//                        and the agent's own render time
+//   scrape_ms            client-side GET /metrics time with the trainers idle
+//                        (median and max of 5), and the agent's own render time
+//   ingest_scrape_ms     client-side GET /metrics time while the trainers stream
+//                        (median and max; one scrape every --scrape-interval s,
+//                        0 = no scrapes during ingest)
 //   series               gaugewatch_agent_series after the run
 //   agent_rss_mib        VmRSS / VmHWM of the agent process
 //
 // Usage: gaugewatch_agent_load --agent PATH [--trainers 16] [--layers 28]
-//        [--batch 64] [--seconds 10] [--rate samples/s, 0 = flat out] [--label name]
+//        [--batch 64] [--seconds 10] [--rate samples/s, 0 = flat out]
+//        [--scrape-interval 1] [--label name]
 //        (prints one JSON object)
 
 #include <sys/stat.h>
@@ -50,7 +54,15 @@ struct Args {
   double seconds = 10;
   std::string label = "run";
   double rate = 0;  // total samples/s to offer; 0 = as fast as the agent takes them
+  double scrape_interval = 1;  // seconds between scrapes during ingest; 0 = none
 };
+
+// Median and max of a list of times (NAN when empty).
+std::pair<double, double> median_max(std::vector<double> values) {
+  if (values.empty()) return {NAN, NAN};
+  std::sort(values.begin(), values.end());
+  return {values[values.size() / 2], values.back()};
+}
 
 double metric_value(const std::string& text, const std::string& sample) {
   const auto at = text.find("\n" + sample + " ");
@@ -103,6 +115,7 @@ int main(int argc, char** argv) {
     else if (key == "--seconds") args.seconds = std::stod(value);
     else if (key == "--label") args.label = value;
     else if (key == "--rate") args.rate = std::stod(value);
+    else if (key == "--scrape-interval") args.scrape_interval = std::stod(value);
     else {
       std::cerr << "unknown flag " << key << "\n";
       return 2;
@@ -185,7 +198,24 @@ int main(int argc, char** argv) {
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
+  // Scrapes while the trainers stream: what Prometheus sees under full ingest.
+  std::vector<double> ingest_scrape_ms;
+  const auto ingest_end = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(args.seconds));
+  if (args.scrape_interval > 0) {
+    const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(args.scrape_interval));
+    auto next = t0 + interval;
+    while (next < ingest_end) {
+      std::this_thread::sleep_until(next);
+      const auto s0 = std::chrono::steady_clock::now();
+      (void)http_get("127.0.0.1", port, "/metrics");
+      const auto s1 = std::chrono::steady_clock::now();
+      ingest_scrape_ms.push_back(std::chrono::duration<double, std::milli>(s1 - s0).count());
+      next = std::max(next + interval, s1);
+    }
+  }
+  std::this_thread::sleep_until(ingest_end);
   const std::string after = http_get("127.0.0.1", port, "/metrics").body;
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stop = true;
@@ -203,11 +233,17 @@ int main(int argc, char** argv) {
   std::string last;
   for (int i = 0; i < 5; ++i) {
     const auto s0 = std::chrono::steady_clock::now();
-    last = http_get("127.0.0.1", port, "/metrics").body;
+    const auto got = http_get("127.0.0.1", port, "/metrics");
+    last = got.body;
+    if (got.content_length >= 0 && static_cast<std::size_t>(got.content_length) != last.size()) {
+      std::cerr << "scrape body cut short: " << last.size() << " of " << got.content_length << " bytes\n";
+      return 1;
+    }
     scrape_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
     bytes = last.size();
   }
   std::sort(scrape_ms.begin(), scrape_ms.end());
+  const auto [ingest_scrape_median, ingest_scrape_max] = median_max(ingest_scrape_ms);
   const double render_ms = metric_value(last, "gaugewatch_agent_scrape_duration_seconds") * 1000;
   const double series = metric_value(last, "gaugewatch_agent_series");
   const double lines = static_cast<double>(std::count(last.begin(), last.end(), '\n'));
@@ -223,9 +259,11 @@ int main(int argc, char** argv) {
       "\"samples_sent\": %llu, \"samples_received\": %.0f, \"samples_shed\": %.0f, \"samples_per_second\": %.0f, "
       "\"ingest_p50_ms\": %.3f, \"ingest_p99_ms\": %.3f, \"layer_series\": %.0f, "
       "\"exposition_lines\": %.0f, \"exposition_bytes\": %zu, \"scrape_ms_median\": %.1f, "
-      "\"scrape_ms_max\": %.1f, \"render_ms\": %.1f, \"agent_rss_mib\": %.1f, \"agent_peak_rss_mib\": %.1f}\n",
+      "\"scrape_ms_max\": %.1f, \"scrape_interval_s\": %.2f, \"ingest_scrapes\": %zu, "
+      "\"ingest_scrape_ms_median\": %.1f, \"ingest_scrape_ms_max\": %.1f, \"render_ms\": %.1f, \"agent_rss_mib\": %.1f, \"agent_peak_rss_mib\": %.1f}\n",
       args.label.c_str(), args.rate, args.trainers, args.layers, args.batch, elapsed,
       static_cast<unsigned long long>(sent.load()), received, shed, received / elapsed, p50, p99, series, lines,
-      bytes, scrape_ms[2], scrape_ms[4], render_ms, rss, hwm);
+      bytes, scrape_ms[2], scrape_ms[4], args.scrape_interval, ingest_scrape_ms.size(), ingest_scrape_median,
+      ingest_scrape_max, render_ms, rss, hwm);
   return 0;
 }
