@@ -3,6 +3,7 @@
 #include <array>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace gaugewatch::agent {
 
@@ -88,16 +89,29 @@ const MetricFieldTable& metric_fields() {
   return table;
 }
 
+namespace {
+
+// Field I through its accessors; the constant member pointers inline.
+template <std::size_t I>
+void read_field(const LayerMetrics& metrics, MetricValues& out) {
+  if ((metrics.*kFieldAccess[I].has)()) {
+    out.present.set(I);
+    out.value[I] = (metrics.*kFieldAccess[I].get)();
+  }
+}
+
+template <std::size_t... I>
+void read_fields(const LayerMetrics& metrics, MetricValues& out, std::index_sequence<I...>) {
+  (read_field<I>(metrics, out), ...);
+}
+
+}  // namespace
+
 MetricValues to_values(const gaugewatch::v1::LayerMetrics& metrics) {
   static const bool checked = (metric_fields(), true);
   (void)checked;
   MetricValues out;
-  for (std::size_t i = 0; i < kFieldAccess.size(); ++i) {
-    if ((metrics.*kFieldAccess[i].has)()) {
-      out.present.set(i);
-      out.value[i] = (metrics.*kFieldAccess[i].get)();
-    }
-  }
+  read_fields(metrics, out, std::make_index_sequence<reference::kMetricCount>());
   return out;
 }
 
