@@ -57,7 +57,7 @@ Agent::Agent(const AgentConfig& config) : config_(config) {
   controller_ = std::make_unique<Controller>(config_, *store_, counters_);
   hook_service_ = std::make_unique<HookServiceImpl>(*controller_, config_.admin_token);
   admin_service_ = std::make_unique<AdminServiceImpl>(*controller_, config_.admin_token);
-  promql_ = std::make_unique<PromqlPoller>(config_, *controller_);
+  promql_ = std::make_unique<PromqlPoller>(config_, controller_->decisions(), counters_);
   state_collector_ = std::make_unique<StateCollector>(controller_->registry());
 
   if (!config_.grpc_socket.empty()) {

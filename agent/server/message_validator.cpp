@@ -35,16 +35,6 @@ bool known_backend(Backend backend) { return parse_backend(backend_name(backend)
 
 }  // namespace
 
-bool is_label_safe(std::string_view text, std::size_t max_bytes) {
-  if (text.empty() || text.size() > max_bytes) return false;
-  for (unsigned char ch : text) {
-    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                    (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == ':' || ch == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 Verdict validate_hello(const gaugewatch::v1::Hello& hello, const Limits& limits) {
   if (hello.protocol_version() != gaugewatch::v1::PROTOCOL_VERSION_1) {
     return reject(RejectReason::kProtocolVersion,
