@@ -10,6 +10,7 @@
 // per-rank series stay on prometheus-cpp (agent/export/state_collector.h).
 
 #include <string>
+#include <string_view>
 
 #include "agent/state/run_registry.h"
 

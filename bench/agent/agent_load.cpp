@@ -16,6 +16,12 @@
 //                        0 = no scrapes during ingest)
 //   series               gaugewatch_agent_series after the run
 //   agent_rss_mib        VmRSS / VmHWM of the agent process
+//   client_cpu_us_per_sample  the same for this process (the simulated
+//                        trainers and the scraper), which shares the cores
+//   scrape_bodies_short  scrapes whose body ended before its Content-Length
+//   agent_cpu_us_per_sample  the agent's CPU time (user + system, all threads)
+//                        over the ingest window per sample received: what
+//                        ingest costs, independent of how busy the machine is
 //
 // Usage: gaugewatch_agent_load --agent PATH [--trainers 16] [--layers 28]
 //        [--batch 64] [--seconds 10] [--rate samples/s, 0 = flat out]
@@ -23,6 +29,7 @@
 //        (prints one JSON object)
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -101,6 +108,29 @@ double rss_mib(pid_t pid, const char* field) {
   return NAN;
 }
 
+bool cut_short(const HttpResult& result) {
+  return result.content_length >= 0 && static_cast<std::size_t>(result.content_length) != result.body.size();
+}
+
+// User + system CPU seconds of a process, all threads (/proc/PID/stat).
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return NAN;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int i = 3; fields >> field; ++i) {  // field 3 is the state
+    if (i == 14) utime = std::strtod(field.c_str(), nullptr);
+    if (i == 15) {
+      stime = std::strtod(field.c_str(), nullptr);
+      break;
+    }
+  }
+  return (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,6 +198,8 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   const auto t0 = std::chrono::steady_clock::now();
   const std::string before = http_get("127.0.0.1", port, "/metrics").body;
+  const double cpu_before = cpu_seconds(pid);
+  const double client_cpu_before = cpu_seconds(::getpid());
   for (std::uint32_t r = 0; r < args.trainers; ++r) {
     threads.emplace_back([&, r] {
       // One message per trainer, restamped in place for each send (as the
@@ -204,6 +236,7 @@ int main(int argc, char** argv) {
   }
   // Scrapes while the trainers stream: what Prometheus sees under full ingest.
   std::vector<double> ingest_scrape_ms;
+  std::size_t short_bodies = 0;  // scrapes whose body ended before its Content-Length
   const auto ingest_end = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                    std::chrono::duration<double>(args.seconds));
   if (args.scrape_interval > 0) {
@@ -213,7 +246,7 @@ int main(int argc, char** argv) {
     while (next < ingest_end) {
       std::this_thread::sleep_until(next);
       const auto s0 = std::chrono::steady_clock::now();
-      (void)http_get("127.0.0.1", port, "/metrics");
+      if (cut_short(http_get("127.0.0.1", port, "/metrics"))) ++short_bodies;
       const auto s1 = std::chrono::steady_clock::now();
       ingest_scrape_ms.push_back(std::chrono::duration<double, std::milli>(s1 - s0).count());
       next = std::max(next + interval, s1);
@@ -221,6 +254,8 @@ int main(int argc, char** argv) {
   }
   std::this_thread::sleep_until(ingest_end);
   const std::string after = http_get("127.0.0.1", port, "/metrics").body;
+  const double cpu_after = cpu_seconds(pid);
+  const double client_cpu_after = cpu_seconds(::getpid());
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stop = true;
   for (auto& t : threads) t.join();
@@ -239,10 +274,7 @@ int main(int argc, char** argv) {
     const auto s0 = std::chrono::steady_clock::now();
     const auto got = http_get("127.0.0.1", port, "/metrics");
     last = got.body;
-    if (got.content_length >= 0 && static_cast<std::size_t>(got.content_length) != last.size()) {
-      std::cerr << "scrape body cut short: " << last.size() << " of " << got.content_length << " bytes\n";
-      return 1;
-    }
+    if (cut_short(got)) ++short_bodies;
     scrape_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
     bytes = last.size();
   }
@@ -264,10 +296,12 @@ int main(int argc, char** argv) {
       "\"ingest_p50_ms\": %.3f, \"ingest_p99_ms\": %.3f, \"layer_series\": %.0f, "
       "\"exposition_lines\": %.0f, \"exposition_bytes\": %zu, \"scrape_ms_median\": %.1f, "
       "\"scrape_ms_max\": %.1f, \"scrape_interval_s\": %.2f, \"ingest_scrapes\": %zu, "
-      "\"ingest_scrape_ms_median\": %.1f, \"ingest_scrape_ms_max\": %.1f, \"render_ms\": %.1f, \"agent_rss_mib\": %.1f, \"agent_peak_rss_mib\": %.1f}\n",
+      "\"ingest_scrape_ms_median\": %.1f, \"ingest_scrape_ms_max\": %.1f, \"render_ms\": %.1f, \"agent_rss_mib\": %.1f, \"agent_peak_rss_mib\": %.1f, "
+      "\"agent_cpu_us_per_sample\": %.3f, \"client_cpu_us_per_sample\": %.3f, \"scrape_bodies_short\": %zu}\n",
       args.label.c_str(), args.rate, args.trainers, args.layers, args.batch, elapsed,
       static_cast<unsigned long long>(sent.load()), received, shed, received / elapsed, p50, p99, series, lines,
       bytes, scrape_ms[2], scrape_ms[4], args.scrape_interval, ingest_scrape_ms.size(), ingest_scrape_median,
-      ingest_scrape_max, render_ms, rss, hwm);
+      ingest_scrape_max, render_ms, rss, hwm, (cpu_after - cpu_before) * 1e6 / received,
+      (client_cpu_after - client_cpu_before) * 1e6 / received, short_bodies);
   return 0;
 }
