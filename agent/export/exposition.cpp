@@ -4,20 +4,22 @@
 #include <prometheus/text_serializer.h>
 
 #include <iterator>
-#include <sstream>
 
 namespace gaugewatch::agent {
 
-std::string render_metrics(const std::vector<const prometheus::Collectable*>& sources) {
+std::string render_metrics(const std::vector<const prometheus::Collectable*>& sources,
+                           const StateCollector& state) {
   std::vector<prometheus::MetricFamily> families;
-  for (const auto* source : sources) {
-    auto collected = source->Collect();
+  const auto collect = [&](const prometheus::Collectable& source) {
+    auto collected = source.Collect();
     families.insert(families.end(), std::make_move_iterator(collected.begin()),
                     std::make_move_iterator(collected.end()));
-  }
-  std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, families);
-  return std::move(out).str();
+  };
+  for (const auto* source : sources) collect(*source);
+  collect(state);
+  std::string text = prometheus::TextSerializer().Serialize(families);
+  state.append_layer_series(text);
+  return text;
 }
 
 }  // namespace gaugewatch::agent

@@ -61,10 +61,12 @@ HttpServer::HttpServer(const std::string& listen, Options options) {
   const std::string threads = std::to_string(options.worker_threads);
   const std::string timeout = std::to_string(options.request_timeout_ms);
   // keep-alive off: a connection is one request, so an idle client holds a
-  // worker for at most request_timeout_ms.
+  // worker for at most request_timeout_ms. Linger off (-1): close returns at
+  // once and the kernel delivers what is still buffered; a linger of 0 would
+  // reset the connection and cut a large /metrics body short.
   const char* config[] = {"listening_ports",    listen.c_str(),  "num_threads", threads.c_str(),
                           "request_timeout_ms", timeout.c_str(), "enable_keep_alive", "no",
-                          "linger_timeout_ms",  "0",             nullptr};
+                          "linger_timeout_ms",  "-1",            nullptr};
   struct mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof callbacks);
   struct mg_init_data init;

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "agent/common/backend_names.h"
+#include "agent/export/layer_series_text.h"
 #include "agent/export/metric_catalogue.h"
 
 namespace gaugewatch::agent {
@@ -42,15 +42,6 @@ void add(MetricFamily& family, Labels labels, double value) {
   family.metric.push_back(std::move(metric));
 }
 
-struct LayerSnap {
-  Labels labels;  // run, rank, layer
-  std::string name;
-  gaugewatch::v1::Backend backend;
-  gaugewatch::v1::Backend desired;
-  std::uint64_t samples;
-  MetricValues latest;
-};
-
 struct RankSnap {
   Labels labels;  // run, rank
   bool connected;
@@ -69,7 +60,6 @@ struct RankSnap {
 std::vector<MetricFamily> StateCollector::Collect() const {
   // Snapshot first: each rank is locked once, briefly.
   std::vector<RankSnap> ranks;
-  std::vector<LayerSnap> layers;
   std::size_t retained = 0;
   for (const auto& entry : registry_.ranks()) {
     ++retained;
@@ -91,44 +81,11 @@ std::vector<MetricFamily> StateCollector::Collect() const {
     rank.samples_shed = entry->samples_shed;
     rank.step = entry->current_step;
     rank.attention_calls = entry->attention_calls;
-    for (std::size_t i = 0; i < entry->layers.size(); ++i) {
-      const auto& layer = entry->layers[i];
-      if (!layer.exported) continue;
-      LayerSnap snap;
-      snap.labels = rank.labels;
-      snap.labels.push_back({"layer", std::to_string(i)});
-      snap.name = layer.name;
-      snap.backend = layer.backend;
-      snap.desired = layer.desired;
-      snap.samples = layer.samples;
-      snap.latest = layer.latest;
-      layers.push_back(std::move(snap));
-    }
     ranks.push_back(std::move(rank));
   }
 
   std::vector<MetricFamily> out;
-  out.reserve(reference::kMetricCount + 16);
-  for (std::size_t m = 0; m < reference::kMetricCount; ++m) {
-    auto& metric = out.emplace_back(family(layer_metric(static_cast<reference::MetricId>(m))));
-    for (const auto& layer : layers) {
-      if (layer.latest.present.test(m)) add(metric, layer.labels, layer.latest.value[m]);
-    }
-  }
-  {
-    auto& metric = out.emplace_back(family(agent_metric(AgentMetric::kLayerBackendInfo)));
-    for (const auto& layer : layers) {
-      Labels labels = layer.labels;
-      labels.push_back({"name", layer.name});
-      labels.push_back({"backend", std::string(backend_name(layer.backend))});
-      labels.push_back({"desired", std::string(backend_name(layer.desired))});
-      add(metric, std::move(labels), 1);
-    }
-  }
-  {
-    auto& metric = out.emplace_back(family(agent_metric(AgentMetric::kLayerSamples)));
-    for (const auto& layer : layers) add(metric, layer.labels, static_cast<double>(layer.samples));
-  }
+  out.reserve(16);
   const auto per_rank = [&](AgentMetric id, auto value) {
     auto& metric = out.emplace_back(family(agent_metric(id)));
     for (const auto& rank : ranks) add(metric, rank.labels, value(rank));
@@ -166,6 +123,10 @@ std::vector<MetricFamily> StateCollector::Collect() const {
   add(out.emplace_back(family(agent_metric(AgentMetric::kRanksRetained))), {},
       static_cast<double>(retained));
   return out;
+}
+
+void StateCollector::append_layer_series(std::string& out) const {
+  gaugewatch::agent::append_layer_series(registry_, out);
 }
 
 }  // namespace gaugewatch::agent

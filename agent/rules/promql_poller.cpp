@@ -11,8 +11,10 @@
 
 #include "agent/common/backend_names.h"
 #include "agent/common/clock.h"
-#include "agent/rules/effective_step.h"
+#include "agent/common/label_safe.h"
 #include "agent/export/http_server.h"
+#include "agent/rules/effective_step.h"
+#include "agent/store/decision_store.h"
 
 namespace gaugewatch::agent {
 
@@ -87,9 +89,11 @@ std::vector<PromqlSeries> parse_promql_response(const std::string& json) {
   return out;
 }
 
-PromqlPoller::PromqlPoller(const AgentConfig& config, Controller& controller)
+PromqlPoller::PromqlPoller(const AgentConfig& config, DecisionSink& decisions, AgentCounters& counters)
     : rules_(config.promql_rules),
-      controller_(controller),
+      decisions_(decisions),
+      counters_(counters),
+      max_run_id_bytes_(config.limits.max_run_id_bytes),
       states_(config.promql_rules.size()),
       interval_s_(std::max(1.0, std::ceil(config.promql_interval_seconds))) {
   if (rules_.empty()) return;
@@ -123,7 +127,7 @@ std::vector<PromqlSeries> PromqlPoller::query(const std::string& promql, std::in
 }
 
 void PromqlPoller::poll_once() {
-  auto& counters = controller_.counters();
+  auto& counters = counters_;
   const double now_s = static_cast<double>(unix_now_ns()) / 1e9;
   const std::int64_t latest = aligned_instant(now_s, interval_s_, 2.0 * interval_s_);
   for (std::size_t i = 0; i < rules_.size(); ++i) {
@@ -165,7 +169,7 @@ void PromqlPoller::evaluate(const PromqlRule& rule, RuleState& state,
     if (layer_label == series.labels.end() || !parse_u32(layer_label->second, layer)) continue;
     gaugewatch::v1::Target target;
     if (auto run = series.labels.find("run"); run != series.labels.end()) {
-      if (!is_label_safe(run->second, controller_.config().limits.max_run_id_bytes)) continue;
+      if (!is_label_safe(run->second, max_run_id_bytes_)) continue;
       target.set_run_id(run->second);
     } else {
       target.set_all_runs(true);
@@ -186,13 +190,12 @@ void PromqlPoller::evaluate(const PromqlRule& rule, RuleState& state,
     if (!target.run_id().empty() && !target.has_rank()) effective_step = fleet_step(target.run_id(), instant);
     state.fired.insert(key);
     try {
-      controller_.decide(gaugewatch::v1::DECISION_SOURCE_PROMQL_RULE, rule.name, target,
-                         rule.backend,
+      decisions_.decide({gaugewatch::v1::DECISION_SOURCE_PROMQL_RULE, rule.name, target, rule.backend,
                          "PromQL " + rule.query + " = " + std::to_string(series.value) + " at " +
                              std::to_string(instant),
-                         effective_step);
+                         effective_step});
     } catch (const StoreError& e) {
-      controller_.counters().store_errors_total.Increment();
+      counters_.store_errors_total.Increment();
       state.fired.erase(key);
     }
   }

@@ -18,7 +18,8 @@
 #include <vector>
 
 #include "agent/config/agent_config.h"
-#include "agent/server/controller.h"
+#include "agent/rules/rule.h"
+#include "agent/state/agent_counters.h"
 
 namespace gaugewatch::agent {
 
@@ -33,7 +34,8 @@ std::vector<PromqlSeries> parse_promql_response(const std::string& json);
 
 class PromqlPoller {
  public:
-  PromqlPoller(const AgentConfig& config, Controller& controller);
+  // Firings go to `decisions`; queries and their errors are counted in `counters`.
+  PromqlPoller(const AgentConfig& config, DecisionSink& decisions, AgentCounters& counters);
   // Runs every rule once; errors are counted and logged, never thrown.
   void poll_once();
 
@@ -51,7 +53,9 @@ class PromqlPoller {
   std::uint64_t fleet_step(const std::string& run_id, std::int64_t instant);
 
   const std::vector<PromqlRule> rules_;
-  Controller& controller_;
+  DecisionSink& decisions_;
+  AgentCounters& counters_;
+  std::uint32_t max_run_id_bytes_ = 0;
   std::string host_;
   std::uint16_t port_ = 0;
   std::string base_path_;

@@ -57,7 +57,7 @@ Agent::Agent(const AgentConfig& config) : config_(config) {
   controller_ = std::make_unique<Controller>(config_, *store_, counters_);
   hook_service_ = std::make_unique<HookServiceImpl>(*controller_, config_.admin_token);
   admin_service_ = std::make_unique<AdminServiceImpl>(*controller_, config_.admin_token);
-  promql_ = std::make_unique<PromqlPoller>(config_, *controller_);
+  promql_ = std::make_unique<PromqlPoller>(config_, controller_->decisions(), counters_);
   state_collector_ = std::make_unique<StateCollector>(controller_->registry());
 
   if (!config_.grpc_socket.empty()) {
@@ -120,7 +120,7 @@ HttpServer::Response Agent::metrics() {
   const std::int64_t begin = steady_now_ns();
   counters_.scrapes_total.Increment();
   HttpServer::Response response{200, std::string(kExpositionContentType),
-                                render_metrics({&counters_.registry(), state_collector_.get()})};
+                                render_metrics({&counters_.registry()}, *state_collector_)};
   counters_.last_scrape_duration_seconds.Set(static_cast<double>(steady_now_ns() - begin) / 1e9);
   return response;
 }

@@ -1,23 +1,32 @@
 #pragma once
-// The transport-agnostic core of the agent: trainer sessions, sample
-// ingestion with rule evaluation, switch decisions (stored, applied to the
-// state, sent as commands) and the admin queries. The gRPC services and the
-// PromQL poller are thin wrappers around it.
+// The transport-agnostic core of the agent: trainer sessions and the
+// messages they send, dispatched to the parts that act on them, and the
+// entry points of the admin API and the agent's periodic upkeep. The gRPC
+// services are thin wrappers around it.
+//
+//   sample ingestion     agent/server/sample_ingest.h (rules: agent/rules/rule.h)
+//   decisions            agent/server/decision_maker.h
+//   commands to trainers agent/server/command_fanout.h
+//   audit log            agent/server/audit_trail.h
+//   admin queries        agent/server/admin_queries.h
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "agent/common/event_log.h"
 #include "agent/config/agent_config.h"
-#include "agent/rules/escalation.h"
+#include "agent/rules/rule.h"
 #include "agent/rules/run_steps.h"
+#include "agent/server/admin_queries.h"
+#include "agent/server/audit_trail.h"
+#include "agent/server/command_fanout.h"
+#include "agent/server/decision_maker.h"
 #include "agent/server/message_validator.h"
+#include "agent/server/sample_ingest.h"
 #include "agent/server/session.h"
 #include "agent/state/agent_counters.h"
 #include "agent/state/decision_book.h"
@@ -30,13 +39,16 @@ namespace gaugewatch::agent {
 
 class Controller {
  public:
+  using DecisionResult = gaugewatch::agent::DecisionResult;
+
+  // Loads the stored decisions into the book. Throws StoreError.
+  Controller(const AgentConfig& config, DecisionStore& store, AgentCounters& counters);
+
   // Counts a message the transport refused before it was a TrainerMessage
   // (unparseable, too large); returns the verdict for the stream's status.
   Verdict reject_transport(RejectReason reason, std::string detail) {
     return count({reason, std::move(detail)}, 0);
   }
-  // Loads the stored decisions into the book. Throws StoreError.
-  Controller(const AgentConfig& config, DecisionStore& store, AgentCounters& counters);
 
   std::shared_ptr<Session> open_session();
   // Handles one trainer message; a rejected message is counted and its
@@ -45,31 +57,30 @@ class Controller {
                  const gaugewatch::v1::TrainerMessage& message);
   void close_session(Session& session);
 
-  struct DecisionResult {
-    std::uint64_t decision_id = 0;
-    std::uint32_t commands_sent = 0;
-  };
   // Records a switch decision and sends it to every connected trainer it
-  // covers. Throws StoreError if it cannot be stored (nothing is sent then).
-  // A decision for a whole run (run id, no rank) takes effect at one step on
-  // every rank: `effective_step` when given (a fleet decision, the same on
-  // every node), else the step RunSteps picks from this agent's ranks
-  // (docs/scaling.md, "Run-consistent switching").
+  // covers (DecisionMaker::record). Throws StoreError if it cannot be stored.
   DecisionResult decide(gaugewatch::v1::DecisionSource source, const std::string& rule,
                         const gaugewatch::v1::Target& target, gaugewatch::v1::Backend backend,
-                        const std::string& reason, std::optional<std::uint64_t> effective_step = std::nullopt);
+                        const std::string& reason, std::optional<std::uint64_t> effective_step = std::nullopt) {
+    return decisions_.record({source, rule, target, backend, reason, effective_step});
+  }
 
   // Sends a non-switch command (sampling, capture) to every connected trainer
-  // the target's run/rank covers (capture: only where the layer exists).
-  // Audited as an admin action plus one COMMAND_SENT per trainer.
+  // the target's run/rank covers (CommandFanout::send_command).
   std::uint32_t send_command(const gaugewatch::v1::Target& target,
-                             const gaugewatch::v1::Command& command, const std::string& who);
+                             const gaugewatch::v1::Command& command, const std::string& who) {
+    return fanout_.send_command(target, command, who);
+  }
 
-  void status(gaugewatch::v1::GetStatusResponse& out) const;
+  void status(gaugewatch::v1::GetStatusResponse& out) const { queries_.status(out); }
   void list_runs(const gaugewatch::v1::ListRunsRequest& request,
-                 gaugewatch::v1::ListRunsResponse& out) const;
+                 gaugewatch::v1::ListRunsResponse& out) const {
+    queries_.list_runs(request, out);
+  }
   void list_decisions(const gaugewatch::v1::ListDecisionsRequest& request,
-                      gaugewatch::v1::ListDecisionsResponse& out) const;
+                      gaugewatch::v1::ListDecisionsResponse& out) const {
+    queries_.list_decisions(request, out);
+  }
 
   // Expires silent ranks (call periodically).
   void expire_ranks();
@@ -78,6 +89,8 @@ class Controller {
   // counted and logged, and the next pass tries again.
   void enforce_retention();
 
+  // Where timer-driven rules (the PromQL poller) send their decisions.
+  DecisionSink& decisions() { return decisions_; }
   const DecisionBook& book() const { return book_; }
   RunRegistry& registry() { return registry_; }
   const RunRegistry& registry() const { return registry_; }
@@ -86,47 +99,26 @@ class Controller {
   std::size_t rule_count() const { return rules_.size(); }
 
  private:
-  struct Firing {
-    std::size_t rule;
-    std::uint32_t layer;
-    double value;
-    std::uint64_t step;
-    Escalation escalation;  // the backend chosen for this layer, and why
-  };
-
   // Counts (and logs, rate-limited) a rejection; passes the verdict on.
   Verdict count(Verdict verdict, std::size_t samples);
   Verdict on_hello(const std::shared_ptr<Session>& session, const gaugewatch::v1::Hello& hello);
   Verdict on_batch(Session& session, const gaugewatch::v1::SampleBatch& batch);
   Verdict on_ack(Session& session, const gaugewatch::v1::CommandAck& ack);
   Verdict on_goodbye(Session& session, const gaugewatch::v1::Goodbye& goodbye);
-  // Queues a non-switch command on one session (pending until acked); audits it.
-  bool send_to(Session& session, gaugewatch::v1::Command command, const std::string& what);
-  void fire(const Session& session, const Firing& firing);
-  // Queues a switch command; audits it. Returns false if it could not be queued.
-  bool send_switch(Session& session, std::vector<std::uint32_t> layers,
-                   gaugewatch::v1::Backend backend, std::uint64_t decision_id,
-                   const std::string& reason, std::uint64_t effective_step);
-  // A rank rejected a run-wide switch as late: send the decision again, with
-  // a later effective step, to every rank of the run.
-  void reissue_late_switch(const Session& session, const gaugewatch::v1::Command& command,
-                           std::uint64_t rank_step);
-  void audit(gaugewatch::v1::AuditKind kind, const std::string& run_id, const std::uint32_t* rank,
-             std::uint64_t command_id, std::uint64_t decision_id, std::string detail);
-  std::vector<std::shared_ptr<Session>> sessions() const;
 
   const AgentConfig config_;
-  const std::vector<ThresholdRule> rules_;
+  const std::vector<std::unique_ptr<SampleRule>> rules_;
   DecisionStore& store_;
   AgentCounters& counters_;
   RunRegistry registry_;
   DecisionBook book_;
   RunSteps run_steps_;
-  const std::int64_t start_unix_ns_;
+  AuditTrail audit_;
+  CommandFanout fanout_;
+  DecisionMaker decisions_;
+  SampleIngest ingest_;
+  AdminQueries queries_;
   std::atomic<std::uint64_t> next_session_id_{1};
-  std::atomic<std::uint64_t> next_command_id_;
-  mutable std::mutex sessions_mu_;
-  std::unordered_map<std::uint64_t, std::shared_ptr<Session>> sessions_;
   LogRateLimit rejection_log_{5.0};  // rejections logged per second, at most
 };
 

@@ -1,6 +1,7 @@
 #include "agent/server/hook_service.h"
 
 #include <grpcpp/impl/codegen/method_handler.h>
+#include <google/protobuf/arena.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
 
 #include <algorithm>
@@ -18,6 +19,8 @@ namespace v1 = gaugewatch::v1;
 namespace {
 
 constexpr char kConnectMethod[] = "/gaugewatch.v1.HookService/Connect";
+// Parse arena per stream: holds a 64-sample batch without growing.
+constexpr std::size_t kArenaBlockBytes = 128 * 1024;
 
 bool parse(const grpc::ByteBuffer& buffer, v1::TrainerMessage& message) {
   std::vector<grpc::Slice> slices;
@@ -102,9 +105,18 @@ grpc::Status HookServiceImpl::Connect(
   std::thread writer;
   grpc::Status status = grpc::Status::OK;
   grpc::ByteBuffer buffer;
-  v1::TrainerMessage message;
+  // Each message is parsed into an arena that is reset after it is handled:
+  // a batch's samples and their sub-messages cost no malloc or free each.
+  std::vector<char> arena_block(kArenaBlockBytes);
+  google::protobuf::ArenaOptions arena_options;
+  arena_options.initial_block = arena_block.data();
+  arena_options.initial_block_size = arena_block.size();
+  arena_options.max_block_size = kArenaBlockBytes;
+  google::protobuf::Arena arena(arena_options);
   bool waiting_for_hello = true;
   while (stream->Read(&buffer)) {
+    arena.Reset();
+    auto& message = *google::protobuf::Arena::CreateMessage<v1::TrainerMessage>(&arena);
     Verdict verdict;
     if (buffer.Length() > limits.max_message_bytes) {
       verdict = controller_.reject_transport(

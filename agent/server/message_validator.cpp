@@ -35,16 +35,6 @@ bool known_backend(Backend backend) { return parse_backend(backend_name(backend)
 
 }  // namespace
 
-bool is_label_safe(std::string_view text, std::size_t max_bytes) {
-  if (text.empty() || text.size() > max_bytes) return false;
-  for (unsigned char ch : text) {
-    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                    (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == ':' || ch == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 Verdict validate_hello(const gaugewatch::v1::Hello& hello, const Limits& limits) {
   if (hello.protocol_version() != gaugewatch::v1::PROTOCOL_VERSION_1) {
     return reject(RejectReason::kProtocolVersion,
@@ -122,14 +112,13 @@ Verdict validate_sample(const gaugewatch::v1::Sample& sample, std::uint32_t laye
     return reject(RejectReason::kBackend, "sample backend is not a known backend");
   }
   if (Verdict v = check_backends(sample.correcting_backends(), "correcting_backends"); !v.ok()) return v;
-  const auto& fields = metric_fields();
-  const auto* reflection = sample.metrics().GetReflection();
-  for (std::size_t i = 0; i < fields.size(); ++i) {
-    if (!reflection->HasField(sample.metrics(), fields[i])) continue;
-    const double value = reflection->GetDouble(sample.metrics(), fields[i]);
+  const MetricValues metrics = to_values(sample.metrics());
+  for (std::size_t i = 0; i < reference::kMetricCount; ++i) {
+    if (!metrics.present.test(i)) continue;
+    const double value = metrics.value[i];
     if (!std::isfinite(value) || value < 0.0) {
       return reject(RejectReason::kMetric,
-                    "metric " + fields[i]->name() + " must be finite and >= 0");
+                    "metric " + metric_fields()[i]->name() + " must be finite and >= 0");
     }
   }
   const auto& shape = sample.shape();

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "agent/common/label_safe.h"
 #include "agent/common/reject_reason.h"
 #include "agent/config/agent_config.h"
 #include "gaugewatch/v1/hook_service.pb.h"
@@ -19,8 +20,6 @@ struct Verdict {
   bool ok() const { return reason == RejectReason::kNone; }
 };
 
-// [A-Za-z0-9_.:-]{1,max}
-bool is_label_safe(std::string_view text, std::size_t max_bytes);
 
 Verdict validate_hello(const gaugewatch::v1::Hello& hello, const Limits& limits);
 Verdict validate_sample(const gaugewatch::v1::Sample& sample, std::uint32_t layer_count,

@@ -9,16 +9,27 @@
 //                        histogram (trainer stamps unix_time_ns just before the
 //                        write; the agent observes now - stamp when it applies
 //                        the sample), interpolated within the bucket
-//   scrape_ms            client-side GET /metrics time (median and max of 5),
-//                        and the agent's own render time
+//   scrape_ms            client-side GET /metrics time with the trainers idle
+//                        (median and max of 5), and the agent's own render time
+//   ingest_scrape_ms     client-side GET /metrics time while the trainers stream
+//                        (median and max; one scrape every --scrape-interval s,
+//                        0 = no scrapes during ingest)
 //   series               gaugewatch_agent_series after the run
 //   agent_rss_mib        VmRSS / VmHWM of the agent process
+//   client_cpu_us_per_sample  the same for this process (the simulated
+//                        trainers and the scraper), which shares the cores
+//   scrape_bodies_short  scrapes whose body ended before its Content-Length
+//   agent_cpu_us_per_sample  the agent's CPU time (user + system, all threads)
+//                        over the ingest window per sample received: what
+//                        ingest costs, independent of how busy the machine is
 //
 // Usage: gaugewatch_agent_load --agent PATH [--trainers 16] [--layers 28]
-//        [--batch 64] [--seconds 10] [--rate samples/s, 0 = flat out] [--label name]
+//        [--batch 64] [--seconds 10] [--rate samples/s, 0 = flat out]
+//        [--scrape-interval 1] [--label name]
 //        (prints one JSON object)
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -50,7 +61,15 @@ struct Args {
   double seconds = 10;
   std::string label = "run";
   double rate = 0;  // total samples/s to offer; 0 = as fast as the agent takes them
+  double scrape_interval = 1;  // seconds between scrapes during ingest; 0 = none
 };
+
+// Median and max of a list of times (NAN when empty).
+std::pair<double, double> median_max(std::vector<double> values) {
+  if (values.empty()) return {NAN, NAN};
+  std::sort(values.begin(), values.end());
+  return {values[values.size() / 2], values.back()};
+}
 
 double metric_value(const std::string& text, const std::string& sample) {
   const auto at = text.find("\n" + sample + " ");
@@ -89,6 +108,29 @@ double rss_mib(pid_t pid, const char* field) {
   return NAN;
 }
 
+bool cut_short(const HttpResult& result) {
+  return result.content_length >= 0 && static_cast<std::size_t>(result.content_length) != result.body.size();
+}
+
+// User + system CPU seconds of a process, all threads (/proc/PID/stat).
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return NAN;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int i = 3; fields >> field; ++i) {  // field 3 is the state
+    if (i == 14) utime = std::strtod(field.c_str(), nullptr);
+    if (i == 15) {
+      stime = std::strtod(field.c_str(), nullptr);
+      break;
+    }
+  }
+  return (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,6 +145,7 @@ int main(int argc, char** argv) {
     else if (key == "--seconds") args.seconds = std::stod(value);
     else if (key == "--label") args.label = value;
     else if (key == "--rate") args.rate = std::stod(value);
+    else if (key == "--scrape-interval") args.scrape_interval = std::stod(value);
     else {
       std::cerr << "unknown flag " << key << "\n";
       return 2;
@@ -155,9 +198,15 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   const auto t0 = std::chrono::steady_clock::now();
   const std::string before = http_get("127.0.0.1", port, "/metrics").body;
+  const double cpu_before = cpu_seconds(pid);
+  const double client_cpu_before = cpu_seconds(::getpid());
   for (std::uint32_t r = 0; r < args.trainers; ++r) {
     threads.emplace_back([&, r] {
-      v1::SampleBatch batch;
+      // One message per trainer, restamped in place for each send (as the
+      // hooks' reporter reuses its batch): the client spends its share of the
+      // two cores on serializing, not on copying.
+      v1::TrainerMessage message;
+      v1::SampleBatch& batch = *message.mutable_samples();
       for (std::uint32_t i = 0; i < args.batch; ++i) {
         *batch.add_samples() = SimTrainer::make_sample(0, i % args.layers, 0.01);
       }
@@ -180,13 +229,33 @@ int main(int argc, char** argv) {
           next_layer = (next_layer + 1) % args.layers;
           sample.set_unix_time_ns(now);
         }
-        if (!trainers[r]->send_batch(batch)) break;
+        if (!trainers[r]->send(message)) break;
         sent.fetch_add(args.batch, std::memory_order_relaxed);
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::duration<double>(args.seconds));
+  // Scrapes while the trainers stream: what Prometheus sees under full ingest.
+  std::vector<double> ingest_scrape_ms;
+  std::size_t short_bodies = 0;  // scrapes whose body ended before its Content-Length
+  const auto ingest_end = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(args.seconds));
+  if (args.scrape_interval > 0) {
+    const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(args.scrape_interval));
+    auto next = t0 + interval;
+    while (next < ingest_end) {
+      std::this_thread::sleep_until(next);
+      const auto s0 = std::chrono::steady_clock::now();
+      if (cut_short(http_get("127.0.0.1", port, "/metrics"))) ++short_bodies;
+      const auto s1 = std::chrono::steady_clock::now();
+      ingest_scrape_ms.push_back(std::chrono::duration<double, std::milli>(s1 - s0).count());
+      next = std::max(next + interval, s1);
+    }
+  }
+  std::this_thread::sleep_until(ingest_end);
   const std::string after = http_get("127.0.0.1", port, "/metrics").body;
+  const double cpu_after = cpu_seconds(pid);
+  const double client_cpu_after = cpu_seconds(::getpid());
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stop = true;
   for (auto& t : threads) t.join();
@@ -203,11 +272,14 @@ int main(int argc, char** argv) {
   std::string last;
   for (int i = 0; i < 5; ++i) {
     const auto s0 = std::chrono::steady_clock::now();
-    last = http_get("127.0.0.1", port, "/metrics").body;
+    const auto got = http_get("127.0.0.1", port, "/metrics");
+    last = got.body;
+    if (cut_short(got)) ++short_bodies;
     scrape_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
     bytes = last.size();
   }
   std::sort(scrape_ms.begin(), scrape_ms.end());
+  const auto [ingest_scrape_median, ingest_scrape_max] = median_max(ingest_scrape_ms);
   const double render_ms = metric_value(last, "gaugewatch_agent_scrape_duration_seconds") * 1000;
   const double series = metric_value(last, "gaugewatch_agent_series");
   const double lines = static_cast<double>(std::count(last.begin(), last.end(), '\n'));
@@ -223,9 +295,13 @@ int main(int argc, char** argv) {
       "\"samples_sent\": %llu, \"samples_received\": %.0f, \"samples_shed\": %.0f, \"samples_per_second\": %.0f, "
       "\"ingest_p50_ms\": %.3f, \"ingest_p99_ms\": %.3f, \"layer_series\": %.0f, "
       "\"exposition_lines\": %.0f, \"exposition_bytes\": %zu, \"scrape_ms_median\": %.1f, "
-      "\"scrape_ms_max\": %.1f, \"render_ms\": %.1f, \"agent_rss_mib\": %.1f, \"agent_peak_rss_mib\": %.1f}\n",
+      "\"scrape_ms_max\": %.1f, \"scrape_interval_s\": %.2f, \"ingest_scrapes\": %zu, "
+      "\"ingest_scrape_ms_median\": %.1f, \"ingest_scrape_ms_max\": %.1f, \"render_ms\": %.1f, \"agent_rss_mib\": %.1f, \"agent_peak_rss_mib\": %.1f, "
+      "\"agent_cpu_us_per_sample\": %.3f, \"client_cpu_us_per_sample\": %.3f, \"scrape_bodies_short\": %zu}\n",
       args.label.c_str(), args.rate, args.trainers, args.layers, args.batch, elapsed,
       static_cast<unsigned long long>(sent.load()), received, shed, received / elapsed, p50, p99, series, lines,
-      bytes, scrape_ms[2], scrape_ms[4], render_ms, rss, hwm);
+      bytes, scrape_ms[2], scrape_ms[4], args.scrape_interval, ingest_scrape_ms.size(), ingest_scrape_median,
+      ingest_scrape_max, render_ms, rss, hwm, (cpu_after - cpu_before) * 1e6 / received,
+      (client_cpu_after - client_cpu_before) * 1e6 / received, short_bodies);
   return 0;
 }

@@ -161,6 +161,23 @@ TEST(AgentHardening, OtherPartsRegisterPagesOnTheOnePort) {
   EXPECT_EQ(page.body, "<p>status run=a</p>");
 }
 
+// A body larger than the socket buffers (a 100k-series /metrics is ~9 MB)
+// arrives whole: closing the connection must not reset it while the kernel
+// still holds unsent bytes.
+TEST(AgentHardening, LargeBodiesArriveWhole) {
+  TempDir dir;
+  Agent agent(hermetic_config(dir));
+  const std::string body(16 << 20, 'm');
+  agent.http().register_handler("/big", [&body](const HttpServer::Request&) {
+    return HttpServer::Response{200, "text/plain", body};
+  });
+  for (int i = 0; i < 3; ++i) {
+    const auto page = http_get("127.0.0.1", agent.http_port(), "/big");
+    EXPECT_EQ(page.content_length, static_cast<long long>(body.size()));
+    EXPECT_EQ(page.body.size(), body.size());
+  }
+}
+
 // Attack: unparseable protobuf ended the stream with OK, counted nowhere;
 // over-limit messages were counted nowhere.
 TEST(AgentHardening, UnparseableAndOversizedMessagesAreRefusedAndCounted) {

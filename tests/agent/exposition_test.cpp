@@ -42,7 +42,7 @@ void record(RunRegistry& registry, RankEntry& rank, std::size_t layer, double dq
 
 std::string render(const RunRegistry& registry, const AgentCounters& counters) {
   StateCollector state(registry);
-  return render_metrics({&counters.registry(), &state});
+  return render_metrics({&counters.registry()}, state);
 }
 
 TEST(MetricCatalogue, NamesComeFromTheReferenceTable) {
