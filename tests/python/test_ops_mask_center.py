@@ -187,10 +187,12 @@ def test_center_keys_contract_bf16_gqa_padded_lse():
     assert torch.equal(kbar[centred], mean[centred].float().bfloat16())
     assert (kbar[~centred] == 0).all()
     assert torch.equal(k_centred, (k.float() - kbar.float()[:, :, None, :]).bfloat16())
-    # lse - scale q.kbar of the query head's kv head, rows < N only.
-    kv = kbar.float().repeat_interleave(2, 1)
-    want = lse[..., :16] - (q.float() @ kv[..., None]).squeeze(-1) / 8.0
-    assert torch.allclose(lse_shifted[..., :16], want, rtol=1e-6, atol=1e-3)
+    # lse - scale q.kbar of the query head's kv head, rows < N only: the dot in
+    # FP64, then FP32 (the definition the CUDA kernel follows bit for bit).
+    kv = kbar.double().repeat_interleave(2, 1)
+    dot = (q.double() @ kv[..., None]).squeeze(-1).float()
+    want = lse[..., :16] - dot * torch.tensor(1 / 8.0, dtype=torch.float32)
+    assert torch.equal(lse_shifted[..., :16], want)
     assert torch.equal(lse_shifted[..., 16:], lse[..., 16:])
 
 
