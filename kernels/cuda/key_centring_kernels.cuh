@@ -12,8 +12,10 @@
 //     3. its keys written centred, from the stage (rows past resident_rows
 //        are read again, from L2)
 //     4. its lse rows in tiles of up to 256: the chunks of q where kbar is
-//        nonzero staged (coalesced), then one thread per row adds q_c kbar_c
-//        in FP64 in coordinate order, and writes the shifted lse
+//        nonzero staged (coalesced, a batch of loads in flight per thread),
+//        then one thread per row adds q_c kbar_c in FP64 in coordinate order
+//        and writes the shifted lse; where nothing is centred q is not read
+//        and the rows only pass through the same formula with a zero dot
 // Plain CUDA plus two cluster primitives that the CPU emulation also has
 // (tests/cuda/key_centring_test.cpp): one instantiation, the element type a
 // run-time switch (the kernel is memory-bound).
@@ -139,6 +141,22 @@ __device__ __forceinline__ CentringChunk stage_load(const unsigned char* at, con
   return c;
 }
 
+// Row r of a (b, hk) pair's (query head, lse row) pairs: lse as saved (rows
+// past L: 0, the padding of a longer output).
+__device__ __forceinline__ float lse_entry(const CentringArgs& a, int64_t b, int64_t hk, int64_t r) {
+  const int64_t group = a.hq / a.hkv, h = hk * group + r / a.lse_out_len, i = r % a.lse_out_len;
+  return i < a.lse_len ? a.lse[b * a.lse_strides[0] + h * a.lse_strides[1] + i * a.lse_strides[2]] : 0.0f;
+}
+
+// lse - scale * float(dot) for rows i < N with a finite lse, else lse as it is.
+__device__ __forceinline__ void write_lse_shifted(const CentringArgs& a, int64_t b, int64_t hk, int64_t r, float lse,
+                                                  double dot) {
+  const int64_t group = a.hq / a.hkv, h = hk * group + r / a.lse_out_len, i = r % a.lse_out_len;
+  const bool shifted = i < a.n && finite_float(lse);
+  a.lse_shifted[(b * a.hq + h) * a.lse_out_len + i] =
+      shifted ? __fsub_rn(lse, __fmul_rn(a.scale, static_cast<float>(dot))) : lse;
+}
+
 __global__ void __launch_bounds__(kCentringThreads, 1) centring_kernel(const CentringArgs a) {
   GAUGEWATCH_CENTRING_SMEM(smem);
   unsigned char* stage = smem;
@@ -222,11 +240,24 @@ __global__ void __launch_bounds__(kCentringThreads, 1) centring_kernel(const Cen
   if (tid < a.d) {
     float centre = 0.0f;
     if (a.policy != static_cast<int>(CentringPolicy::kNever) && a.m > 0) {
+      // Every rank's totals loaded first (distributed shared memory latency
+      // overlaps), then added in rank order.
+      double peer_sums[kCentringMaxCluster], peer_squares[kCentringMaxCluster];
+#pragma unroll
+      for (int r = 0; r < kCentringMaxCluster; ++r) {
+        if (r < a.cluster) {
+          const double* peer = centring_cluster_peer(totals, r);
+          peer_sums[r] = peer[tid];
+          peer_squares[r] = peer[kCentringMaxHeadDim + tid];
+        }
+      }
       double s = 0.0, q = 0.0;
-      for (int r = 0; r < a.cluster; ++r) {
-        const double* peer = centring_cluster_peer(totals, r);
-        s += peer[tid];
-        q += peer[kCentringMaxHeadDim + tid];
+#pragma unroll
+      for (int r = 0; r < kCentringMaxCluster; ++r) {
+        if (r < a.cluster) {
+          s += peer_sums[r];
+          q += peer_squares[r];
+        }
       }
       const double count = static_cast<double>(a.m);
       const double mean = s / count;
@@ -283,49 +314,70 @@ __global__ void __launch_bounds__(kCentringThreads, 1) centring_kernel(const Cen
   const int64_t per_block = (rows + a.cluster - 1) / a.cluster;
   const int64_t row_first = rank * per_block;
   const int64_t row_last = row_first + per_block < rows ? row_first + per_block : rows;
+  if (needed == 0) {
+    // Nothing centred: the shift is scale * 0; lse rows loaded a batch at a time.
+    for (int64_t r0 = row_first + tid; r0 < row_last; r0 += int64_t{kCentringThreads} * kCentringBatch) {
+      float lse[kCentringBatch];
+#pragma unroll
+      for (int u = 0; u < kCentringBatch; ++u) {
+        const int64_t r = r0 + int64_t{u} * kCentringThreads;
+        if (r < row_last) lse[u] = lse_entry(a, b, hk, r);
+      }
+#pragma unroll
+      for (int u = 0; u < kCentringBatch; ++u) {
+        const int64_t r = r0 + int64_t{u} * kCentringThreads;
+        if (r < row_last) write_lse_shifted(a, b, hk, r, lse[u], 0.0);
+      }
+    }
+    return;
+  }
   const int64_t q_stride = row_bytes + 16;  // padded: the 16-byte reads of 8 threads hit distinct banks
   int64_t tile = a.stage_bytes / q_stride;
   if (tile > kCentringThreads) tile = kCentringThreads;
   for (int64_t base = row_first; base < row_last; base += tile) {
     const int64_t count = base + tile < row_last ? tile : row_last - base;
-    if (needed > 0) {
-      for (int64_t idx = tid; idx < count * cpr; idx += kCentringThreads) {
-        const int64_t r = base + idx / cpr;
-        const int c = static_cast<int>(idx % cpr);
-        const int64_t h = hk * group + r / a.lse_out_len, i = r % a.lse_out_len;
-        if (i >= a.n || !chunk_needed[c]) continue;
-        const int64_t q_row = b * a.q_strides.batch + h * a.q_strides.head + i * a.q_strides.row;
-        stage_store(stage + (idx / cpr) * q_stride + c * chunk_bytes,
-                    load_chunk(a.q, q_row + static_cast<int64_t>(c) * epc, a), a);
-      }
-      __syncthreads();
-    }
-    if (tid < count) {
-      const int64_t r = base + tid;
-      const int64_t h = hk * group + r / a.lse_out_len, i = r % a.lse_out_len;
-      float out = 0.0f;  // rows past L: padding
-      if (i < a.lse_len) {
-        const float lse = a.lse[b * a.lse_strides[0] + h * a.lse_strides[1] + i * a.lse_strides[2]];
-        out = lse;
-        if (i < a.n && finite_float(lse)) {
-          double dot = 0.0;
-          const unsigned char* row = stage + static_cast<int64_t>(tid) * q_stride;
-          for (int c = 0; c < cpr && needed > 0; ++c) {
-            if (!chunk_needed[c]) continue;
-            const CentringChunk chunk = stage_load(row + c * chunk_bytes, a);
+    // The row's lse in flight while the tile's q chunks load.
+    const float lse = tid < count ? lse_entry(a, b, hk, base + tid) : 0.0f;
+    for (int64_t idx0 = tid; idx0 < count * cpr; idx0 += int64_t{kCentringThreads} * kCentringBatch) {
+      CentringChunk batch[kCentringBatch];
+      bool loaded[kCentringBatch];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              if (e < epc) {
-                dot += static_cast<double>(chunk_element(chunk, e, a.dtype)) * static_cast<double>(kbar[c * epc + e]);
-              }
-            }
-          }
-          out = __fsub_rn(lse, __fmul_rn(a.scale, static_cast<float>(dot)));
+      for (int u = 0; u < kCentringBatch; ++u) {
+        const int64_t idx = idx0 + int64_t{u} * kCentringThreads;
+        const int64_t r = base + idx / cpr, h = hk * group + r / a.lse_out_len, i = r % a.lse_out_len;
+        const int c = static_cast<int>(idx % cpr);
+        loaded[u] = idx < count * cpr && i < a.n && chunk_needed[c] != 0;
+        if (loaded[u]) {
+          const int64_t q_row = b * a.q_strides.batch + h * a.q_strides.head + i * a.q_strides.row;
+          batch[u] = load_chunk(a.q, q_row + static_cast<int64_t>(c) * epc, a);
         }
       }
-      a.lse_shifted[(b * a.hq + h) * a.lse_out_len + i] = out;
+#pragma unroll
+      for (int u = 0; u < kCentringBatch; ++u) {
+        const int64_t idx = idx0 + int64_t{u} * kCentringThreads;
+        if (loaded[u]) stage_store(stage + (idx / cpr) * q_stride + (idx % cpr) * chunk_bytes, batch[u], a);
+      }
     }
-    if (needed > 0) __syncthreads();  // the tile is read before the next one overwrites it
+    __syncthreads();
+    if (tid < count) {
+      const int64_t r = base + tid, i = r % a.lse_out_len;
+      double dot = 0.0;
+      if (i < a.n && finite_float(lse)) {
+        const unsigned char* row = stage + static_cast<int64_t>(tid) * q_stride;
+        for (int c = 0; c < cpr; ++c) {
+          if (!chunk_needed[c]) continue;
+          const CentringChunk chunk = stage_load(row + c * chunk_bytes, a);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            if (e < epc) {
+              dot += static_cast<double>(chunk_element(chunk, e, a.dtype)) * static_cast<double>(kbar[c * epc + e]);
+            }
+          }
+        }
+      }
+      write_lse_shifted(a, b, hk, r, lse, dot);
+    }
+    __syncthreads();  // the tile is read before the next one overwrites it
   }
 }
 

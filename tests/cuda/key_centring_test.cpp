@@ -274,7 +274,11 @@ TEST(KeyCentring, GqaHeadDimsAndOddLengths) {
   CentringCase d36 = make("d36_scalar_path", shape(2, 2, 1, 19, 157, 36), 200.0f);
   d36.lse_padding = 13;
   CentringCase random256 = make("random_d256", shape(1, 2, 2, 17, 129, 256), 0.0f);
-  for (const CentringCase& c : {gqa128, gqa256, d36, random256}) run_case(c);
+  // Few keys, many query rows: a small stage, so each block shifts its 400
+  // rows in many query tiles.
+  CentringCase tiles = make("query_tiles_d256", shape(1, 4, 1, 200, 20, 256), 80.0f);
+  tiles.policy = gpu::CentringPolicy::kAlways;
+  for (const CentringCase& c : {gqa128, gqa256, d36, random256, tiles}) run_case(c);
 }
 
 TEST(KeyCentring, MoreKeysThanABlockStages) {
@@ -317,6 +321,9 @@ TEST(KeyCentring, RejectsUnsupportedInputs) {
   p.shape.q_len = 10;
   p.lse_len = 5;
   EXPECT_NE(gpu::validate(p).message.find("L >= N"), std::string::npos);
+  p.lse_len = 12;
+  p.lse_shifted_len = 11;
+  EXPECT_NE(gpu::validate(p).message.find("L_out >= L"), std::string::npos);
 }
 
 }  // namespace
