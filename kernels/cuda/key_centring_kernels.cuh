@@ -294,15 +294,33 @@ __global__ void __launch_bounds__(kCentringThreads, 1) centring_kernel(const Cen
     float centre[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) centre[e] = e < epc ? kbar[cc * epc + e] : 0.0f;
-    for (int64_t j = first + phase; j < last; j += phases) {
-      CentringChunk c = j - first < a.resident_rows
-                            ? stage_load(stage + (j - first) * row_bytes + cc * chunk_bytes, a)
-                            : load_chunk(a.k, k_head + j * a.k_strides.row + static_cast<int64_t>(cc) * epc, a);
+    for (int64_t j0 = first + phase; j0 < last; j0 += static_cast<int64_t>(phases) * kCentringBatch) {
+      // A batch in registers first: rows past the stage come from L2, their
+      // loads in flight together.
+      CentringChunk batch[kCentringBatch];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (e < epc) set_chunk_element(c, e, grid_bits(chunk_element(c, e, a.dtype) - centre[e], a.dtype), a.esize);
+      for (int u = 0; u < kCentringBatch; ++u) {
+        const int64_t j = j0 + static_cast<int64_t>(u) * phases;
+        if (j < last) {
+          batch[u] = j - first < a.resident_rows
+                         ? stage_load(stage + (j - first) * row_bytes + cc * chunk_bytes, a)
+                         : load_chunk(a.k, k_head + j * a.k_strides.row + static_cast<int64_t>(cc) * epc, a);
+        }
       }
-      store_chunk(a.k_centred, out_head + j * a.k_centred_strides.row + static_cast<int64_t>(cc) * epc, c, a);
+#pragma unroll
+      for (int u = 0; u < kCentringBatch; ++u) {
+        const int64_t j = j0 + static_cast<int64_t>(u) * phases;
+        if (j < last) {
+          CentringChunk& c = batch[u];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            if (e < epc) {
+              set_chunk_element(c, e, grid_bits(chunk_element(c, e, a.dtype) - centre[e], a.dtype), a.esize);
+            }
+          }
+          store_chunk(a.k_centred, out_head + j * a.k_centred_strides.row + static_cast<int64_t>(cc) * epc, c, a);
+        }
+      }
     }
   }
   __syncthreads();  // chunk_needed written; the stage is free for query tiles
