@@ -15,11 +15,19 @@ for the flash and cuDNN ops (a shape an op refuses is reported, not timed), on
 random keys (policy auto centres nothing: q is not read) and on keys with a
 common offset (every coordinate centred: q read for q . kbar). Target (issue
 11): center <= 1.08x stock on every shape.
+
+On its own (only this table, bench_bf16_backward.py's shapes):
+  python3 bench/kernels/_center.py [--shapes A,B] [--reps 20] [--rotate 3] [--json F] [--markdown F]
 """
+
+import argparse
+import json
+import sys
+from pathlib import Path
 
 import torch
 
-from _common import time_ms
+from _common import load_ops, time_ms
 
 KEYS = ("random", "offset")
 
@@ -115,3 +123,37 @@ def markdown(cases):
                                  f"{t['stock_ms']:.3f} | {t['center_ms']:.3f} | {t['center_keys_ms']:.3f} | "
                                  f"{t['center_over_stock']:.3f} |")
     return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--rotate", type=int, default=3)
+    parser.add_argument("--shapes", default="", help="comma-separated subset of bench_bf16_backward's shape names")
+    parser.add_argument("--json", default="")
+    parser.add_argument("--markdown", default="")
+    args = parser.parse_args()
+    ops, rc = load_ops("center")
+    if ops is None:
+        return rc
+    from bench_bf16_backward import SHAPES
+
+    wanted = set(filter(None, args.shapes.split(",")))
+    cases = []
+    for name, B, Hq, Hkv, N, d, causal in SHAPES:
+        if wanted and name not in wanted:
+            continue
+        cases.append({"shape": name, "center": time_center(ops, B, Hq, Hkv, N, d, causal, args.reps, args.rotate)})
+        print(json.dumps(cases[-1]), flush=True)
+    props = torch.cuda.get_device_properties(0)
+    text = "\n".join([f"GPU {props.name}, torch {torch.__version__}, median of {args.reps}"] + markdown(cases))
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"gpu": props.name, "cases": cases}, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
