@@ -72,10 +72,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> center_backward_cuda(
               "gaugewatch: backend 'center' on CUDA supports bottom-right causal only with N == M (SDPA's "
               "backwards align causal masks top-left); use gproj, pivot or fp32");
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
-  // Dropout 0: the backwards never read the RNG state; these are what the
-  // stock forwards save then (CPU scalars, no device work).
-  const at::Tensor philox_seed = at::empty({}, at::dtype(at::kLong));
-  const at::Tensor philox_offset = at::empty({}, at::dtype(at::kLong));
+  // Dropout 0: the backwards never read the RNG state (allocated on q's
+  // device, where the ops expect it; never filled: no device work).
+  const at::Tensor philox_seed = at::empty({}, q.options().dtype(at::kLong));
+  const at::Tensor philox_offset = at::empty({}, q.options().dtype(at::kLong));
   if (!attn_mask.has_value() && (!causal || square)) {
     // Flash: lse (B, Hq, N) as given; GQA natively (kv heads as they are,
     // their gradients summed by the op), as SDPA's flash path calls it.

@@ -278,7 +278,9 @@ TEST(KeyCentring, GqaHeadDimsAndOddLengths) {
   // rows in many query tiles.
   CentringCase tiles = make("query_tiles_d256", shape(1, 4, 1, 200, 20, 256), 80.0f);
   tiles.policy = gpu::CentringPolicy::kAlways;
-  for (const CentringCase& c : {gqa128, gqa256, d36, random256, tiles}) run_case(c);
+  // At most 16 keys: a cluster of one block.
+  CentringCase one_block = make("one_block", shape(1, 2, 1, 30, 10, 64), 100.0f);
+  for (const CentringCase& c : {gqa128, gqa256, d36, random256, tiles, one_block}) run_case(c);
 }
 
 TEST(KeyCentring, MoreKeysThanABlockStages) {
