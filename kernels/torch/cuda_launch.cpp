@@ -5,12 +5,11 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
-#include <vector>
+
+#include "kernels/torch/center_keys_call.h"
 
 namespace gaugewatch::torch_ops {
 namespace {
@@ -191,14 +190,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> centred_keys(const at::Tensor& q_
                                                             gpu::CentringPolicy policy, double offset_spread_ratio,
                                                             cudaStream_t stream, int64_t lse_out_len) {
   const at::Tensor q = last_dim_contiguous(q_arg), k = last_dim_contiguous(k_arg);
-  // Dense, in k's dimension order (SDPA's (B, M, H, d) views and slices of a
-  // fused qkv projection keep theirs), d last: the stock backward then lays
-  // out dK as it would for k, so the hooks need no copy to stock's layout.
-  std::array<int64_t, 3> order{0, 1, 2};
-  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return k.stride(x) > k.stride(y); });
-  std::vector<int64_t> sizes{k.size(order[0]), k.size(order[1]), k.size(order[2]), k.size(3)}, inverse(4, 3);
-  for (int64_t i = 0; i < 3; ++i) inverse[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
-  const at::Tensor k_centred = at::empty(sizes, k.options()).permute(inverse);
+  const at::Tensor k_centred = empty_in_key_order(k);
   const int64_t out_len = lse_out_len > lse.size(2) ? lse_out_len : lse.size(2);
   at::Tensor lse_shifted = at::empty({lse.size(0), lse.size(1), out_len}, lse.options());
   at::Tensor kbar = at::empty({k.size(0), k.size(1), k.size(3)}, k.options());
