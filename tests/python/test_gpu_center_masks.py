@@ -100,12 +100,13 @@ def test_fp32_recompute_with_additive_bias_and_rows():
     assert rel(dk, want_rows[1]) < 1e-5 and rel(dv, want_rows[2]) < 1e-5
 
 
-def assert_center_keys_match_cpu(q, k, lse, **kwargs):
+def assert_center_keys_match_cpu(q, k, lse, k_cuda=None, **kwargs):
     """The one-pass CUDA kernel's (k - kbar, lse - scale q.kbar, kbar) against
     the CPU op, bit for bit (both take q . kbar in FP64, exact for BF16 and
-    FP16 operands); returns the fraction of coordinates centred."""
+    FP16 operands); k_cuda: k on the GPU in a layout .cuda() would not keep.
+    Returns the fraction of coordinates centred and the GPU outputs."""
     cpu = ops.center_keys(q, k, lse, **kwargs)
-    gpu = ops.center_keys(q.cuda(), k.cuda(), lse.cuda(), **kwargs)
+    gpu = ops.center_keys(q.cuda(), k.cuda() if k_cuda is None else k_cuda, lse.cuda(), **kwargs)
     k_c, lse_c, kbar = (t.cpu() for t in gpu)
     assert torch.equal(kbar, cpu[2]), "kbar"
     assert torch.equal(k_c, cpu[0]), "k - kbar"
@@ -150,9 +151,10 @@ def test_center_keys_cuda_matches_cpu_at_scale(kind):
     assert assert_center_keys_match_cpu(q, k, lse, policy="never", scale=0.1)[0] == 0.0
     # A slice of a fused (B, N, 3, H, d) projection (not dense): k - kbar dense in k's dimension order.
     qkv = torch.randn(B, N, 3, Hkv, d, generator=g).bfloat16()
-    k_slice = (qkv[:, :, 1] + (300.0 if kind == "sink" else 0.0)).bfloat16()
-    k_slice = qkv[:, :, 1].copy_(k_slice).transpose(1, 2)
-    _, (k_centred, _, _) = assert_center_keys_match_cpu(q, k_slice, lse)
+    qkv[:, :, 1] += 300.0 if kind == "sink" else 0.0
+    k_slice = qkv.cuda()[:, :, 1].transpose(1, 2)
+    assert not k_slice.is_contiguous() and k_slice.stride(2) == 3 * Hkv * d
+    _, (k_centred, _, _) = assert_center_keys_match_cpu(q, k_slice.cpu(), lse, k_cuda=k_slice)
     assert k_centred.stride() == (N * Hkv * d, d, Hkv * d, 1)
 
 
