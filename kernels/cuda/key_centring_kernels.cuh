@@ -10,7 +10,7 @@
 //     2. the cluster meets: every block adds the blocks' column totals in
 //        rank order (distributed shared memory) and chooses the same kbar
 //     3. its keys written centred, from the stage (rows past resident_rows
-//        are read again, from L2)
+//        are read again, a batch of loads in flight per thread)
 //     4. its lse rows in tiles of up to 256: the chunks of q where kbar is
 //        nonzero staged (coalesced, a batch of loads in flight per thread),
 //        then one thread per row adds q_c kbar_c in FP64 in coordinate order
