@@ -191,12 +191,22 @@ __global__ void __launch_bounds__(kCentringThreads, 1) centring_kernel(const Cen
     for (int e = 0; e < 8; ++e) {
       if (e < epc) origin[e] = chunk_element(k0, e, a.dtype);
     }
-    for (int64_t j0 = first + phase; j0 < last; j0 += static_cast<int64_t>(phases) * kCentringBatch) {
+    // Software-pipelined: the next batch's loads are in flight while this
+    // batch is staged and summed (the FP64 sums cost about as much as the loads).
+    const int64_t step = static_cast<int64_t>(phases) * kCentringBatch;
+    CentringChunk next[kCentringBatch] = {};
+#pragma unroll
+    for (int u = 0; u < kCentringBatch; ++u) {
+      const int64_t j = first + phase + static_cast<int64_t>(u) * phases;
+      if (j < last) next[u] = load_chunk(a.k, k_head + j * a.k_strides.row + static_cast<int64_t>(cc) * epc, a);
+    }
+    for (int64_t j0 = first + phase; j0 < last; j0 += step) {
       CentringChunk batch[kCentringBatch];
 #pragma unroll
       for (int u = 0; u < kCentringBatch; ++u) {
-        const int64_t j = j0 + static_cast<int64_t>(u) * phases;
-        if (j < last) batch[u] = load_chunk(a.k, k_head + j * a.k_strides.row + static_cast<int64_t>(cc) * epc, a);
+        batch[u] = next[u];
+        const int64_t j = j0 + step + static_cast<int64_t>(u) * phases;
+        if (j < last) next[u] = load_chunk(a.k, k_head + j * a.k_strides.row + static_cast<int64_t>(cc) * epc, a);
       }
 #pragma unroll
       for (int u = 0; u < kCentringBatch; ++u) {
