@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from _common import load_ops, time_ms
+import _center
 
 SHAPES = [
     # name, B, Hq, Hkv, N, d, causal
@@ -166,6 +167,11 @@ def main():
         print(json.dumps(row), flush=True)
         del inputs
         torch.cuda.empty_cache()
+    # Backend center as the hooks run it, beside the stock backward it wraps (bench/kernels/_center.py).
+    for row in cases:
+        row["center"] = _center.time_center(ops, row["B"], row["Hq"], row["Hkv"], row["N"], row["d"], row["causal"],
+                                            args.reps, args.rotate)
+        print(json.dumps({"shape": row["shape"], "center": row["center"]}), flush=True)
     if not args.skip_mma_sync and cases:
         merge_mma_sync(cases, args)
 
@@ -192,6 +198,7 @@ def main():
         for row in cases:
             lines.append(f"| {row['shape']} | " + " | ".join(
                 f"{row[f'gw_{b}_ms']:.3f} / {ratio(row.get(f'gw_{b}_mma_sync_ms'))}" for b in MMA_SYNC) + " |")
+    lines += _center.markdown(cases)
     markdown = "\n".join(lines)
     print(markdown)
     result = {"meta": meta, "cases": cases, "markdown": markdown}

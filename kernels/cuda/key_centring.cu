@@ -1,7 +1,8 @@
-// Launcher of key centring: validation, workspace, the split count and the two
-// passes in order (math: kernels/cuda/key_centring.h). Host code only (no
-// <<<>>>; key_centring_launch.cu launches), so the CPU emulation compiles this
-// same file against its runtime.
+// Launcher of key centring: validation, the cluster size, the shared-memory
+// stage and the path (16-byte chunks or single elements); math in
+// kernels/cuda/key_centring.h. Host code only (no <<<>>>;
+// key_centring_launch.cu launches), so the CPU emulation compiles this same
+// file against its runtime.
 // Build: target gaugewatch_cuda (sm_90a). Run: tests/cuda/key_centring_test.cpp.
 
 #include "kernels/cuda/key_centring.h"
@@ -19,20 +20,27 @@ namespace {
 using checks::invalid;
 using checks::kMaxGridY;
 
-// Blocks per (b, hk): enough for about two waves of a large GPU when there are
-// few heads, at least 128 keys a block. A function of the shape only, so the
-// FP64 sums (and an FP32 key's rounding) never depend on the device.
-int splits_of(const ProblemShape& s) {
+int element_size(ElementType t) { return t == ElementType::kFp32 ? 4 : 2; }
+
+// Blocks per (b, hk), a function of the shape only (so the FP64 sums, and an
+// FP32 key's rounding, never depend on the device): enough blocks for about
+// two per SM of a 132-SM GPU when there are few heads, and enough that a
+// block's share of the keys fits its shared-memory stage; at most the
+// portable cluster size, at least 16 keys a block.
+int cluster_of(const ProblemShape& s, int64_t row_bytes) {
   const int64_t pairs = s.batch * s.kv_heads;
-  const int64_t wanted = pairs >= 256 ? 1 : (256 + pairs - 1) / pairs;
-  const int64_t most = (s.kv_len + 127) / 128;
-  const int64_t splits = wanted < most ? wanted : most;
-  return static_cast<int>(splits < 1 ? 1 : splits);
+  const int64_t fill = pairs >= 264 ? 1 : (264 + pairs - 1) / pairs;
+  const int64_t fit = (s.kv_len * row_bytes + detail::kCentringStageCap - 1) / detail::kCentringStageCap;
+  int64_t c = fill > fit ? fill : fit;
+  if (c > detail::kCentringMaxCluster) c = detail::kCentringMaxCluster;
+  const int64_t most = (s.kv_len + 15) / 16;
+  if (c > most) c = most;
+  return static_cast<int>(c < 1 ? 1 : c);
 }
 
-size_t sums_bytes(const KeyCentringParams& p) {
-  const ProblemShape& s = p.shape;
-  return static_cast<size_t>(s.batch * s.kv_heads * splits_of(s) * s.head_dim) * sizeof(double);
+bool aligned_operand(const void* base, const OperandStrides& st, int esize) {
+  return checks::aligned16(base) && (st.batch * esize) % 16 == 0 && (st.head * esize) % 16 == 0 &&
+         (st.row * esize) % 16 == 0;
 }
 
 }  // namespace
@@ -48,6 +56,9 @@ Status validate(const KeyCentringParams& p) {
   if (Status st = checks::check_heads_and_lengths(s.q_heads, s.kv_heads, s.q_len, s.kv_len); !st.ok()) return st;
   if (s.batch * s.kv_heads > kMaxGridY) return invalid("batch * kv_heads exceeds 65535");
   if (p.lse_len < s.q_len) return invalid("lse must have at least q_len rows (L >= N)");
+  if (p.lse_shifted_len != 0 && p.lse_shifted_len < p.lse_len) {
+    return invalid("lse_shifted must have at least lse's rows (L_out >= L)");
+  }
   if (p.dtype != ElementType::kBf16 && p.dtype != ElementType::kFp16 && p.dtype != ElementType::kFp32) {
     return invalid("q and k must be bfloat16, float16 or float32");
   }
@@ -63,15 +74,10 @@ Status validate(const KeyCentringParams& p) {
   return {};
 }
 
-size_t key_centring_workspace_bytes(const KeyCentringParams& p) { return 2 * checks::round_up(sums_bytes(p)); }
-
-Status center_keys(const KeyCentringParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+Status center_keys(const KeyCentringParams& p, cudaStream_t stream) {
   Status status = validate(p);
   if (!status.ok()) return status;
-  status = checks::check_workspace(workspace, workspace_bytes, key_centring_workspace_bytes(p));
-  if (!status.ok()) return status;
   const ProblemShape& s = p.shape;
-  char* ws = static_cast<char*>(workspace);
   detail::CentringArgs a{};
   a.q = p.q;
   a.k = p.k;
@@ -83,24 +89,32 @@ Status center_keys(const KeyCentringParams& p, void* workspace, size_t workspace
   a.k_strides = p.k_strides;
   a.k_centred_strides = p.k_centred_strides;
   for (int i = 0; i < 3; ++i) a.lse_strides[i] = p.lse_strides[i];
-  a.column_sums = reinterpret_cast<double*>(ws);
-  a.column_squares = reinterpret_cast<double*>(ws + checks::round_up(sums_bytes(p)));
   a.hq = s.q_heads;
   a.hkv = s.kv_heads;
   a.n = s.q_len;
   a.m = s.kv_len;
   a.lse_len = p.lse_len;
+  a.lse_out_len = p.lse_shifted_len == 0 ? p.lse_len : p.lse_shifted_len;
   a.d = static_cast<int>(s.head_dim);
-  a.splits = splits_of(s);
-  a.keys_per_split = (s.kv_len + a.splits - 1) / a.splits;
+  a.esize = element_size(p.dtype);
+  const int64_t row_bytes = s.head_dim * a.esize;
+  a.vec = row_bytes % 16 == 0 && aligned_operand(p.q, p.q_strides, a.esize) &&
+                  aligned_operand(p.k, p.k_strides, a.esize) &&
+                  aligned_operand(p.k_centred, p.k_centred_strides, a.esize)
+              ? 1
+              : 0;
+  a.cluster = cluster_of(s, row_bytes);
+  a.keys_per_block = (s.kv_len + a.cluster - 1) / a.cluster;
+  const int64_t stage_rows = detail::kCentringStageCap / row_bytes;
+  a.resident_rows = a.keys_per_block < stage_rows ? a.keys_per_block : stage_rows;
+  // At least 16 KiB: query tiles of enough rows even when the keys are few.
+  const int64_t staged = (a.resident_rows * row_bytes + 15) / 16 * 16;
+  a.stage_bytes = staged > 16 * 1024 ? staged : 16 * 1024;
   a.dtype = static_cast<int>(p.dtype);
   a.policy = static_cast<int>(p.policy);
   a.ratio = p.offset_spread_ratio;
   a.scale = static_cast<float>(s.scale);
-  const int64_t pairs = s.batch * s.kv_heads;
-  cudaError_t err = detail::launch_centring_stats(a, pairs, stream);
-  if (err != cudaSuccess) return Status{err, std::string("key centring statistics: ") + cudaGetErrorString(err)};
-  err = detail::launch_centring_apply(a, pairs, stream);
+  const cudaError_t err = detail::launch_centring(a, s.batch * s.kv_heads, stream);
   if (err != cudaSuccess) return Status{err, std::string("key centring: ") + cudaGetErrorString(err)};
   return {};
 }

@@ -10,23 +10,30 @@
 //   k_centred_jc = round(k_jc - kbar_c)   (the difference is exact in FP32;
 //                  the one rounding, to k's grid, is exact where the offset
 //                  dominates)
-//   lse_shifted_i = lse_i - float(alpha) * float(q_i . kbar)   (dot in FP64),
-//                  for rows i < N whose lse is finite; every other entry of
-//                  the (B, Hq, L) lse, L >= N, is copied unchanged.
+//   lse_shifted_i = lse_i - float(alpha) * float(q_i . kbar)   (dot in FP64,
+//                  c = 0, 1, ..., d - 1 in order; coordinates with kbar_c = 0
+//                  add nothing and are skipped, so q is read only where some
+//                  coordinate is centred), for rows i < N whose lse is finite;
+//                  every other entry of the (B, Hq, L) lse, L >= N, is copied
+//                  unchanged, and entries L .. L_out - 1 (a padded output) are 0.
 // The softmax is unchanged, so a stock backward on (q, k_centred, v, out,
 // lse_shifted) returns the same gradients mathematically.
 //
-// Passes: (1) per (b, hk) and key split, FP64 column sums of k and of (k - k_0)^2
-// (k_0: the head's first key, so the squares do not cancel when the offset
-// dominates); (2) per (b, hk) and split, the splits' sums in a fixed order give
-// kbar, then the split's keys are centred and its share of the group's query
-// rows shifted. K is read twice (the second read from L2), Q once. The split
-// count depends on the shape only: results are bit-identical run to run.
+// One launch, one pass over K: a cluster of blocks per (b, hk) (the cluster
+// size depends on the shape only: results are bit-identical run to run). Each
+// block loads its share of the keys into shared memory once (16-byte loads),
+// sums them in FP64 (columns of k and of (k - k_0)^2, k_0 the head's first key,
+// so the squares do not cancel when the offset dominates), the cluster adds the
+// blocks' sums in rank order through distributed shared memory, and every block
+// then writes its keys centred from shared memory and shifts its share of the
+// group's lse rows. Traffic and its floor: kernels/cuda/README.md, Key centring.
 //
 // Layouts: q (B, Hq, N, d), k and k_centred (B, Hkv, M, d), any batch/head/row
 // strides, last dim contiguous; lse (B, Hq, L) FP32 with strides, lse_shifted
-// (B, Hq, L) FP32 contiguous; kbar (B, Hkv, d) contiguous. q, k, k_centred and
-// kbar share one element type (BF16, FP16 or FP32). head_dim <= 256.
+// (B, Hq, L_out) FP32 contiguous; kbar (B, Hkv, d) contiguous. q, k, k_centred
+// and kbar share one element type (BF16, FP16 or FP32). head_dim <= 256. Rows
+// and pointers 16-byte aligned take the vector path, anything else the same
+// kernel one element at a time.
 //
 // Build: target gaugewatch_cuda (key_centring.cu, key_centring_launch.cu).
 // Tests: tests/cuda/key_centring_test.cpp (GPU and CPU emulation).
@@ -59,14 +66,15 @@ struct KeyCentringParams {
   int64_t lse_len = 0;                 // L >= N
   void* k_centred = nullptr;
   OperandStrides k_centred_strides;
-  float* lse_shifted = nullptr;  // (B, Hq, L) contiguous
+  float* lse_shifted = nullptr;  // (B, Hq, L_out) contiguous
+  int64_t lse_shifted_len = 0;   // L_out >= L (0: L); rows past L are written 0
   void* kbar = nullptr;          // (B, Hkv, d) contiguous
 };
 
 Status validate(const KeyCentringParams& params);
-size_t key_centring_workspace_bytes(const KeyCentringParams& params);
 
-// Enqueues both passes on `stream`; never synchronizes, never aborts.
-Status center_keys(const KeyCentringParams& params, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// Enqueues the one kernel on `stream`; never synchronizes, never aborts. No
+// workspace: the blocks of a (b, hk) meet in distributed shared memory.
+Status center_keys(const KeyCentringParams& params, cudaStream_t stream);
 
 }  // namespace gaugewatch::gpu

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "kernels/torch/center_keys_call.h"
+
 namespace gaugewatch::torch_ops {
 namespace {
 
@@ -186,12 +188,11 @@ at::Tensor last_dim_contiguous(const at::Tensor& t) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> centred_keys(const at::Tensor& q_arg, const at::Tensor& k_arg,
                                                             const at::Tensor& lse, double scale,
                                                             gpu::CentringPolicy policy, double offset_spread_ratio,
-                                                            cudaStream_t stream) {
+                                                            cudaStream_t stream, int64_t lse_out_len) {
   const at::Tensor q = last_dim_contiguous(q_arg), k = last_dim_contiguous(k_arg);
-  // k's strides where k is dense (SDPA's (B, M, H, d) views stay as they are).
-  at::Tensor k_centred = at::empty_like(k);
-  if (k_centred.stride(3) != 1 && k_centred.size(3) > 1) k_centred = at::empty(k.sizes(), k.options());
-  at::Tensor lse_shifted = at::empty(lse.sizes(), lse.options().memory_format(at::MemoryFormat::Contiguous));
+  const at::Tensor k_centred = empty_in_key_order(k);
+  const int64_t out_len = lse_out_len > lse.size(2) ? lse_out_len : lse.size(2);
+  at::Tensor lse_shifted = at::empty({lse.size(0), lse.size(1), out_len}, lse.options());
   at::Tensor kbar = at::empty({k.size(0), k.size(1), k.size(3)}, k.options());
   gpu::KeyCentringParams p;
   p.shape.batch = q.size(0);
@@ -214,10 +215,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> centred_keys(const at::Tensor& q_
   p.k_centred = k_centred.data_ptr();
   p.k_centred_strides = strides_of(k_centred);
   p.lse_shifted = lse_shifted.data_ptr<float>();
+  p.lse_shifted_len = out_len;
   p.kbar = kbar.data_ptr();
-  const size_t bytes = gpu::key_centring_workspace_bytes(p);
-  const at::Tensor workspace = workspace_of(q, bytes);
-  const gpu::Status status = gpu::center_keys(p, workspace.data_ptr(), bytes, stream);
+  const gpu::Status status = gpu::center_keys(p, stream);
   TORCH_CHECK(status.ok(), "gaugewatch: CUDA center_keys failed: ", status.message);
   return {k_centred, lse_shifted, kbar};
 }

@@ -69,11 +69,13 @@ Grads fused_fp32_backward(const AttentionCall& call, const at::Tensor& grad_out_
                           const DeviceMask& mask, const std::optional<Fp32Subset>& subset, bool deterministic,
                           bool center_keys, cudaStream_t stream);
 
-// Key centring (kernels/cuda/key_centring.h): (k_centred, lse_shifted, kbar)
-// of checked operands, k_centred with k's strides where k is dense.
+// Key centring (kernels/cuda/key_centring.h), one kernel and no workspace:
+// (k_centred, lse_shifted, kbar) of checked operands, k_centred with k's
+// strides where k is dense; lse_shifted (B, Hq, max(L, lse_out_len))
+// contiguous, rows past L zero (the memory-efficient backward's padding).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> centred_keys(const at::Tensor& q, const at::Tensor& k,
                                                             const at::Tensor& lse, double scale,
                                                             gpu::CentringPolicy policy, double offset_spread_ratio,
-                                                            cudaStream_t stream);
+                                                            cudaStream_t stream, int64_t lse_out_len = 0);
 
 }  // namespace gaugewatch::torch_ops

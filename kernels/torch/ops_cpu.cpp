@@ -153,10 +153,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> center_keys_cpu(const at::Tensor&
   const int64_t kbar_sizes[] = {call.batch, call.kv_heads, d};
   const at::Tensor kbar_f = to_tensor(kbar, kbar_sizes, at::kFloat);
   // Differences of two values of k's grid are exact in float; one rounding back.
-  const at::Tensor k_centred = (k.to(at::kFloat) - kbar_f.unsqueeze(2)).to(k.scalar_type());
-  const at::Tensor kbar_per_q_head = kbar_f.repeat_interleave(call.q_heads / call.kv_heads, 1);
-  const at::Tensor shift = at::mul(at::matmul(q.to(at::kFloat), kbar_per_q_head.unsqueeze(3)).squeeze(3),
-                                   static_cast<float>(call.scale));
+  const at::Tensor k_centred = empty_in_key_order(k).copy_((k.to(at::kFloat) - kbar_f.unsqueeze(2)).to(k.scalar_type()));
+  // q . kbar in FP64 (exact for BF16 and FP16 operands), then FP32, as the
+  // CUDA kernel computes it (kernels/cuda/key_centring.h): the two agree bit for bit.
+  const at::Tensor kbar_per_q_head = kbar_f.to(at::kDouble).repeat_interleave(call.q_heads / call.kv_heads, 1);
+  const at::Tensor dot = at::matmul(q.to(at::kDouble), kbar_per_q_head.unsqueeze(3)).squeeze(3).to(at::kFloat);
+  const at::Tensor shift = at::mul(dot, static_cast<float>(call.scale));
   at::Tensor lse_shifted = lse.clone();
   lse_shifted.narrow(2, 0, call.q_len).sub_(shift);
   return {k_centred, lse_shifted, kbar_f.to(k.scalar_type())};

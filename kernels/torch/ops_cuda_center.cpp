@@ -1,6 +1,6 @@
 // Key centring on CUDA: the center_keys op (kernels/cuda/key_centring.h, one
-// launcher for both passes) and backend "center" of attention_backward, the
-// device's stock SDPA backward on the centred operands. Contract:
+// kernel) and backend "center" of attention_backward, the device's stock SDPA
+// backward on the centred operands. Contract:
 // kernels/torch/registration.cpp; the math: docs/numerics.md, Key centring.
 
 #include "kernels/torch/ops_cuda_center.h"
@@ -72,41 +72,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> center_backward_cuda(
               "gaugewatch: backend 'center' on CUDA supports bottom-right causal only with N == M (SDPA's "
               "backwards align causal masks top-left); use gproj, pivot or fp32");
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
-  const auto centred =
-      centred_keys(q, k, lse, call.scale, gpu::CentringPolicy::kAuto, reference::kCentringOffsetSpreadRatio, stream);
-  const at::Tensor& lse_shifted = std::get<1>(centred);
-  // GQA: SDPA's backwards take one key/value head per query head; each kv
-  // head's gradient is the sum over its group.
-  const int64_t group = s.q_heads / s.kv_heads;
-  const at::Tensor k_centred = group == 1 ? std::get<0>(centred) : std::get<0>(centred).repeat_interleave(group, 1);
-  const at::Tensor v_heads = group == 1 ? v : v.repeat_interleave(group, 1);
-  auto fold = [&](std::tuple<at::Tensor, at::Tensor, at::Tensor> g) {
-    if (group == 1) return g;
-    auto per_kv = [&](const at::Tensor& x) {
-      return x.unflatten(1, {s.kv_heads, group}).sum(2, false, at::kFloat).to(x.scalar_type());
-    };
-    return std::tuple<at::Tensor, at::Tensor, at::Tensor>{std::get<0>(g), per_kv(std::get<1>(g)),
-                                                          per_kv(std::get<2>(g))};
-  };
+  // Dropout 0: the backwards never read the RNG state (allocated on q's
+  // device, where the ops expect it; never filled: no device work).
+  const at::Tensor philox_seed = at::empty({}, q.options().dtype(at::kLong));
+  const at::Tensor philox_offset = at::empty({}, q.options().dtype(at::kLong));
   if (!attn_mask.has_value() && (!causal || square)) {
-    // Flash: lse (B, Hq, N); dropout 0, so the RNG state is never read.
-    const at::Tensor lse_n = lse_shifted.narrow(2, 0, s.q_len).contiguous();
-    const at::Tensor rng = at::zeros({}, q.options().dtype(at::kLong));
-    return fold(at::_scaled_dot_product_flash_attention_backward(grad_out, q, k_centred, v_heads, out, lse_n,
-                                                                 at::Tensor(), at::Tensor(), s.q_len, s.kv_len, 0.0,
-                                                                 causal, rng, rng, call.scale));
+    // Flash: lse (B, Hq, N) as given; GQA natively (kv heads as they are,
+    // their gradients summed by the op), as SDPA's flash path calls it.
+    const auto [k_centred, lse_shifted, kbar] =
+        centred_keys(q, k, lse, call.scale, gpu::CentringPolicy::kAuto, reference::kCentringOffsetSpreadRatio, stream);
+    return at::_scaled_dot_product_flash_attention_backward(grad_out, q, k_centred, v, out, lse_shifted, at::Tensor(),
+                                                            at::Tensor(), s.q_len, s.kv_len, 0.0, causal,
+                                                            philox_seed, philox_offset, call.scale);
   }
   // Memory-efficient: lse padded to a multiple of 32 rows as its forward
-  // saves it; is_causal is top-left, the attn_mask a bias.
+  // saves it (the centring writes the padding); is_causal is top-left, the
+  // attn_mask a bias; one key/value head per query head, each kv head's
+  // gradient the sum over its group.
   const int64_t lse_rows = (s.q_len + 31) / 32 * 32;
-  at::Tensor lse_e = lse_shifted;
-  if (lse_e.size(2) < lse_rows) lse_e = at::constant_pad_nd(lse_e, {0, lse_rows - lse_e.size(2)}, 0.0);
+  const auto [k_centred, lse_shifted, kbar] = centred_keys(
+      q, k, lse, call.scale, gpu::CentringPolicy::kAuto, reference::kCentringOffsetSpreadRatio, stream, lse_rows);
+  const int64_t group = s.q_heads / s.kv_heads;
+  const at::Tensor k_heads = group == 1 ? k_centred : k_centred.repeat_interleave(group, 1);
+  const at::Tensor v_heads = group == 1 ? v : v.repeat_interleave(group, 1);
   const at::Tensor bias = attn_mask.has_value() ? efficient_bias(*attn_mask, call, q) : at::Tensor();
-  const at::Tensor rng = at::zeros({}, q.options().dtype(at::kLong));
   const auto grads = at::_scaled_dot_product_efficient_attention_backward(
-      grad_out, q, k_centred, v_heads, bias, out, lse_e, rng, rng, 0.0, std::array<bool, 4>{true, true, true, false},
-      causal, call.scale);
-  return fold({std::get<0>(grads), std::get<1>(grads), std::get<2>(grads)});
+      grad_out, q, k_heads, v_heads, bias, out, lse_shifted, philox_seed, philox_offset, 0.0,
+      std::array<bool, 4>{true, true, true, false}, causal, call.scale);
+  if (group == 1) return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads)};
+  auto per_kv = [&](const at::Tensor& x) {
+    return x.unflatten(1, {s.kv_heads, group}).sum(2, false, at::kFloat).to(x.scalar_type());
+  };
+  return {std::get<0>(grads), per_kv(std::get<1>(grads)), per_kv(std::get<2>(grads))};
 }
 
 void register_cuda_center(torch::Library& m) { m.impl("center_keys", &center_keys_cuda); }

@@ -64,7 +64,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> center_keys_meta(const at::Tensor
                                                                 c10::string_view policy) {
   check_center_keys_operands(q, k, lse, scale, policy);
   const c10::SymInt kbar_sizes[] = {k.sym_size(0), k.sym_size(1), k.sym_size(3)};
-  return {at::empty_symint(k.sym_sizes(), k.options()), at::empty_symint(lse.sym_sizes(), lse.options()),
+  return {empty_in_key_order(k), at::empty_symint(lse.sym_sizes(), lse.options()),
           at::empty_symint(kbar_sizes, k.options())};
 }
 

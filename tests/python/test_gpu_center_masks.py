@@ -4,11 +4,14 @@ and backend "center"), on the GPU:
 - the FP32 recompute with a key-padding bool mask (a stride-0 broadcast view),
   an additive bias with -inf entries, and the monitor's row subset, against
   the FP64 masked truth (SDPA's math on float64, autograd);
-- center_keys on CUDA equals the CPU op: kbar and k - kbar bit for bit, the
-  shifted lse to FP32 rounding (BF16 and FP16, a padded lse);
+- center_keys on CUDA (one kernel) equals the CPU op bit for bit: kbar,
+  k - kbar and the shifted lse (BF16 and FP16, GQA, d 64/128/256, lengths no
+  block divides, a padded lse, SDPA's transposed layout, keys beyond a
+  block's shared-memory stage, the three policies);
 - backend "center" on sink-like inputs: SDPA flash's dQ is ~100% off, the
   centred flash backward ~1%; on random inputs it stays near stock; with GQA;
-  with a key-padding mask (the memory-efficient backward) against the masked truth.
+  with a key-padding mask (the memory-efficient backward) against the masked
+  truth, with and without GQA.
 Skips without a CUDA GPU; runs through scripts/device.sh.
 """
 
@@ -97,28 +100,62 @@ def test_fp32_recompute_with_additive_bias_and_rows():
     assert rel(dk, want_rows[1]) < 1e-5 and rel(dv, want_rows[2]) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("kind", ["sink", "random"])
-def test_center_keys_cuda_matches_cpu(kind, dtype):
-    q, k, _, _ = attention_inputs.make_inputs(kind, heads=4, n=300, d=64, seed=2)
-    q, k = q.to(dtype), k.to(dtype)
-    k = k[:, :2]  # GQA: two kv heads for four query heads
-    lse = torch.randn(1, 4, 320) + 10.0  # L > N: the efficient forward pads lse
-    cpu = ops.center_keys(q, k, lse)
-    gpu = ops.center_keys(q.cuda(), k.cuda(), lse.cuda())
+def assert_center_keys_match_cpu(q, k, lse, k_cuda=None, **kwargs):
+    """The one-pass CUDA kernel's (k - kbar, lse - scale q.kbar, kbar) against
+    the CPU op, bit for bit (both take q . kbar in FP64, exact for BF16 and
+    FP16 operands); k_cuda: k on the GPU in a layout .cuda() would not keep.
+    Returns the fraction of coordinates centred and the GPU outputs."""
+    cpu = ops.center_keys(q, k, lse, **kwargs)
+    gpu = ops.center_keys(q.cuda(), k.cuda() if k_cuda is None else k_cuda, lse.cuda(), **kwargs)
     k_c, lse_c, kbar = (t.cpu() for t in gpu)
     assert torch.equal(kbar, cpu[2]), "kbar"
     assert torch.equal(k_c, cpu[0]), "k - kbar"
-    assert torch.equal(lse_c[..., 300:], lse[..., 300:]), "padded lse rows unchanged"
-    # FP32 dot products summed in another order: bounded by the sum of the
-    # terms' magnitudes, scale * |q| . |kbar| (a few ulps of it), not by |q . kbar|.
-    scale = 1 / math.sqrt(q.shape[-1])
-    kbar_q = cpu[2].float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    magnitude = scale * torch.einsum("bhnd,bhd->bhn", q.float().abs(), kbar_q.abs())
-    err = (lse_c[..., :300] - cpu[1][..., :300]).abs()
-    assert torch.all(err <= 4e-7 * (lse[..., :300].abs() + magnitude) + 1e-6), "lse - scale q.kbar"
-    centred = int((kbar != 0).sum())
-    assert centred == 0 if kind == "random" else centred >= 100
+    assert torch.equal(lse_c, cpu[1]), "lse - scale q.kbar (and rows >= N unchanged)"
+    n = q.shape[2]
+    assert torch.equal(lse_c[..., n:], lse[..., n:]), "padded lse rows unchanged"
+    return float((kbar != 0).float().mean()), gpu
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["sink", "random"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_center_keys_cuda_matches_cpu(kind, dtype, d):
+    """GQA (4 query heads on 2 kv heads), N = 300 (no block or cluster size
+    divides it), a padded lse (L > N, as the efficient forward saves it)."""
+    q, k, _, _ = attention_inputs.make_inputs(kind, heads=4, n=300, d=d, seed=2)
+    q, k = q.to(dtype), k[:, :2].to(dtype)
+    lse = torch.randn(1, 4, 320) + 10.0
+    lse[0, 1, 7] = -math.inf  # a row that sees no key: copied
+    centred, _ = assert_center_keys_match_cpu(q, k, lse)
+    assert centred == 0 if kind == "random" else centred > 0.9
+
+
+@pytest.mark.parametrize("kind", ["sink", "random"])
+def test_center_keys_cuda_matches_cpu_at_scale(kind):
+    """Large enough for many clusters and query tiles per block, keys beyond
+    what a block stages in shared memory (6000 keys of d = 128 over a cluster
+    of 8: 750 a block, 704 staged, the rest read again), SDPA's (B, N, H, d)
+    layout (transposed views), policies always and never."""
+    B, Hq, Hkv, N, d = 2, 8, 2, 6000, 128
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(B, N, Hq, d, generator=g).bfloat16().transpose(1, 2)
+    k = torch.randn(B, N, Hkv, d, generator=g)
+    if kind == "sink":
+        k = k + 300.0 * torch.randn(B, 1, Hkv, d, generator=g)
+    k = k.bfloat16().transpose(1, 2)
+    lse = torch.randn(B, Hq, N) + 10.0
+    centred, (k_centred, _, _) = assert_center_keys_match_cpu(q, k, lse)
+    assert centred == 0 if kind == "random" else centred > 0.9
+    assert k_centred.stride() == k.stride(), "k - kbar in k's layout: the stock backward's dK layout is unchanged"
+    assert assert_center_keys_match_cpu(q, k, lse, policy="always")[0] == 1.0
+    assert assert_center_keys_match_cpu(q, k, lse, policy="never", scale=0.1)[0] == 0.0
+    # A slice of a fused (B, N, 3, H, d) projection (not dense): k - kbar dense in k's dimension order.
+    qkv = torch.randn(B, N, 3, Hkv, d, generator=g).bfloat16()
+    qkv[:, :, 1] += 300.0 if kind == "sink" else 0.0
+    k_slice = qkv.cuda()[:, :, 1].transpose(1, 2)
+    assert not k_slice.is_contiguous() and k_slice.stride(2) == 3 * Hkv * d
+    _, (k_centred, _, _) = assert_center_keys_match_cpu(q, k_slice.cpu(), lse, k_cuda=k_slice)
+    assert k_centred.stride() == (N * Hkv * d, d, Hkv * d, 1)
 
 
 def flash_forward(q, k, v, causal):
@@ -142,7 +179,7 @@ def exact_grads(q, k, v, do, causal):
     return torch.autograd.grad(out, (q64, k64, v64), do.double())
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_center_corrects_sinklike_dq(d):
     """The leak alpha rho_i mu_i of every stock backward becomes alpha rho_i
     (mu_i - kbar): dQ error ~100% and more -> ~1% (docs/numerics.md, Key centring)."""
@@ -200,3 +237,27 @@ def test_center_with_key_padding_mask():
         print(f"masked {kind}: center dQ/dK/dV " + ", ".join(f"{x:.2%}" for x in errors))
         assert all(rel(f, e) < 1e-5 for f, e in zip(fp32, exact)), "the recompute with the mask is the truth"
         assert errors[0] < 0.03 and errors[1] < 0.03 and errors[2] < 0.03
+
+
+def test_center_with_gqa_and_key_padding_mask():
+    """GQA and a mask together: the memory-efficient backward on repeated
+    centred kv heads, gradients folded per kv head, against the FP64 masked truth."""
+    B, Hq, Hkv, N, d = 2, 4, 2, 200, 128
+    q, k, v, do = (t.cuda() for t in attention_inputs.make_inputs("sink", heads=Hq, n=N, d=d, seed=9))
+    q, do = (t.expand(B, -1, -1, -1).contiguous() for t in (q, do))
+    k, v = (t[:, :Hkv].expand(B, -1, -1, -1).contiguous() for t in (k, v))
+    keep = torch.ones(B, N, dtype=torch.bool, device="cuda")
+    keep[0, 170:] = False
+    keep[1, :25] = False
+    mask = keep[:, None, None, :].expand(B, Hq, N, N)
+    kk, vv = k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1)
+    bias = torch.zeros(B, Hq, N, N, dtype=q.dtype, device="cuda").masked_fill(~mask, -math.inf)
+    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, kk, vv, bias, True, 0.0, False)[:2]
+    lse = lse[..., :N]  # the op takes (B, Hq, N); the centring pads it again for the efficient backward
+    exact = masked_truth(q, kk, vv, do, mask.cpu(), False, 1 / math.sqrt(d))
+    dq, dk, dv = ops.attention_backward(do, q, k, v, out, lse, backend="center", attn_mask=mask)
+    assert dk.shape == k.shape and dv.shape == v.shape
+    errors = [rel(dq, exact[0]), rel(dk, exact[1].unflatten(1, (Hkv, Hq // Hkv)).sum(2)),
+              rel(dv, exact[2].unflatten(1, (Hkv, Hq // Hkv)).sum(2))]
+    print("masked GQA sink: center dQ/dK/dV " + ", ".join(f"{x:.2%}" for x in errors))
+    assert all(x < 0.03 for x in errors)

@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from test_ops import ops, rel  # the ops library, loaded once (skips the module when it is not built)
 
@@ -187,10 +188,12 @@ def test_center_keys_contract_bf16_gqa_padded_lse():
     assert torch.equal(kbar[centred], mean[centred].float().bfloat16())
     assert (kbar[~centred] == 0).all()
     assert torch.equal(k_centred, (k.float() - kbar.float()[:, :, None, :]).bfloat16())
-    # lse - scale q.kbar of the query head's kv head, rows < N only.
-    kv = kbar.float().repeat_interleave(2, 1)
-    want = lse[..., :16] - (q.float() @ kv[..., None]).squeeze(-1) / 8.0
-    assert torch.allclose(lse_shifted[..., :16], want, rtol=1e-6, atol=1e-3)
+    # lse - scale q.kbar of the query head's kv head, rows < N only: the dot in
+    # FP64, then FP32 (the definition the CUDA kernel follows bit for bit).
+    kv = kbar.double().repeat_interleave(2, 1)
+    dot = (q.double() @ kv[..., None]).squeeze(-1).float()
+    want = lse[..., :16] - dot * torch.tensor(1 / 8.0, dtype=torch.float32)
+    assert torch.equal(lse_shifted[..., :16], want)
     assert torch.equal(lse_shifted[..., 16:], lse[..., 16:])
 
 
@@ -213,6 +216,29 @@ def test_center_keys_policies_and_dtypes():
         ops.center_keys(q, k, lse, policy="sometimes")
     with pytest.raises(RuntimeError, match="L >= N"):
         ops.center_keys(q, k, lse[..., :4])
+
+
+def test_center_keys_layout_follows_k():
+    """k - kbar is dense in k's dimension order on every device (CPU here,
+    Meta through opcheck; CUDA in test_gpu_center_masks.py): SDPA's transposed
+    (B, M, H, d) view keeps its strides, a slice of a fused qkv projection
+    gets them without the gaps, a contiguous k stays contiguous."""
+    B, H, N, d = 2, 2, 12, 64
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(B, H, N, d, generator=g).bfloat16()
+    lse = torch.randn(B, H, N)
+    qkv = (torch.randn(B, N, 3, H, d, generator=g) + 100.0).bfloat16()
+    transposed = qkv[:, :, 1].contiguous().transpose(1, 2)
+    fused = qkv[:, :, 1].transpose(1, 2)
+    assert not fused.is_contiguous() and transposed.stride() == (N * H * d, d, H * d, 1)
+    in_row_order, contiguous = (N * H * d, d, H * d, 1), (H * N * d, N * d, d, 1)
+    for k, want in ((transposed, in_row_order), (fused, in_row_order), (fused.contiguous(), contiguous)):
+        k_centred, _, kbar = ops.center_keys(q, k, lse)
+        assert k_centred.stride() == want, k.stride()
+        assert torch.equal(k_centred, (k.float() - kbar.float()[:, :, None]).bfloat16())
+        with FakeTensorMode() as fake:
+            fake_centred = ops.center_keys(fake.from_tensor(q), fake.from_tensor(k), fake.from_tensor(lse))[0]
+        assert fake_centred.stride() == want, "the Meta kernel gives the same layout"
 
 
 def test_opcheck_center_keys():
