@@ -47,7 +47,9 @@ def compile_env(lib, workdir, run_id, socket, mode, **extra):
     env = trainer_env(lib, workdir, run_id, socket, "load_library" if mode == "helper" else mode, **extra)
     # Inductor compiles in this process (no compile workers competing for the CPU).
     env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-    env["GAUGEWATCH_TEST_WATCHDOG_S"] = "800"
+    # A hung trainer dumps its stacks and exits after this long (shorter with
+    # GW_TEST_WATCHDOG_S, to diagnose a hang within a short device call).
+    env["GAUGEWATCH_TEST_WATCHDOG_S"] = os.environ.get("GW_TEST_WATCHDOG_S", "800")
     return env
 
 
