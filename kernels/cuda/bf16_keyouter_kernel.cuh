@@ -13,6 +13,7 @@
 //   t, r in registers              hopper::scores_to_tr: the same element
 //                                  math, bit for bit, as both pair kernels
 //   t, r -> shared [64 rows][64 keys] per warpgroup, then a block barrier
+//                                  (D = 64: a warpgroup barrier)
 //   dV += r^T dO, dK += t^T Q      ss, m64nD, A and B MN-major
 //   dQ_tile = t K                  ss, m64n64, A = t (K-major), B = K (MN-major)
 //                                  D = 128: warpgroup wg computes columns
@@ -232,9 +233,14 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
       }
     }
 
-    // dQ reads the t of both warpgroups: a block barrier, not a warpgroup one.
+    // D = 128: dQ reads the t of both warpgroups, a block barrier; D = 64:
+    // each warpgroup reads only its own t and r.
     wgmma::fence_proxy_async();
-    __syncthreads();
+    if constexpr (D == 128) {
+      __syncthreads();
+    } else {
+      wgmma::warpgroup_barrier(1 + wg);
+    }
 
     float dq[32];
     hopper::zero(dq);
@@ -277,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
         }
       } else {
         // Free: the previous iteration's partials were added before this
-        // iteration's first block barrier.
+        // iteration's block barrier (publish_buffer).
         float* mine = partial + wg * kKvRows * kPartialStride + r * kPartialStride + 2 * c;
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
