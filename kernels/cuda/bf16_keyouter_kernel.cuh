@@ -18,8 +18,10 @@
 //   dQ_tile = t K                  ss, m64n64, A = t (K-major), B = K (MN-major)
 //                                  D = 128: warpgroup wg computes columns
 //                                  64 wg.. over all 128 keys (t of both
-//                                  warpgroups) and adds them to dQacc by
-//                                  float2 atomics;
+//                                  warpgroups) into a shared FP32 staging
+//                                  tile, and after the iteration's last
+//                                  barrier 64 threads add its rows to dQacc,
+//                                  one bulk reduction each (bulk_reduce.cuh);
 //                                  D = 64: each warpgroup its own 64 keys'
 //                                  partial into shared memory, and after the
 //                                  iteration's last barrier the block adds
@@ -53,6 +55,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/bf16_backward_hopper.cuh"
+#include "kernels/cuda/bulk_reduce.cuh"
 
 namespace gaugewatch::gpu::bf16::keyouter {
 
@@ -61,14 +64,18 @@ using hopper::kKvRows;
 using hopper::kThreads;
 
 // The shared layout of the pair's dkdv kernel without the projection's tiles;
-// at D = 64 then each warpgroup's FP32 dQ partial [64 rows][kPartialStride].
-inline constexpr int kPartialStride = 72;  // floats per row: 8 rows of a warp's stores hit distinct banks
+// then the FP32 dQ of the iteration: at D = 64 each warpgroup's partial
+// [64 rows][72], at D = 128 the staging tile [64 rows][136] of both halves.
+// Row strides of 8 floats past a multiple of 32 banks: the 8 rows of a warp's
+// float2 stores hit distinct banks; 16-byte aligned rows for the bulk copy.
+template <int D>
+inline constexpr int kDqStride = D + 8;
 template <int D>
 struct Layout : hopper::KvLayout<D, Projection::kNone> {
   using Base = hopper::KvLayout<D, Projection::kNone>;
-  static constexpr size_t kPartialBytes = static_cast<size_t>(kKvRows) * kPartialStride * 4;
+  static constexpr size_t kDqTileBytes = static_cast<size_t>(kKvRows) * (D == 64 ? 72 : kDqStride<D>) * 4;
   static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
-  static constexpr size_t kBytes = Base::kBytes + (D == 64 ? 2 * kPartialBytes : 0);
+  static constexpr size_t kBytes = Base::kBytes + (D == 64 ? 2 : 1) * kDqTileBytes;
 };
 
 inline constexpr int kFinishRows = 64;      // query rows per finish_rows block
@@ -150,20 +157,30 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
 
   // D = 64: dQacc += the two warpgroups' partials of iteration `it`, by every
   // thread of the block (after a block barrier that published them).
+  // D = 128: the staging tile, added row by row by threads 0..63.
+  constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
   float* partial = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + L::kDqPartial);
   auto add_partials = [&](int it) {
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
     constexpr int kQuads = 64 / 4;
-    constexpr int kOther = kKvRows * kPartialStride;  // floats from warpgroup 0's partial to 1's
+    constexpr int kOther = kKvRows * kStride;  // floats from warpgroup 0's partial to 1's
     for (int idx = threadIdx.x; idx < kKvRows * kQuads; idx += kThreads) {
       const int r = idx / kQuads, col = 4 * (idx % kQuads);
       if (i0 + r >= a.n) continue;
-      const float4 x = *reinterpret_cast<const float4*>(partial + r * kPartialStride + col);
-      const float4 y = *reinterpret_cast<const float4*>(partial + kOther + r * kPartialStride + col);
+      const float4 x = *reinterpret_cast<const float4*>(partial + r * kStride + col);
+      const float4 y = *reinterpret_cast<const float4*>(partial + kOther + r * kStride + col);
       atomicAdd(reinterpret_cast<float4*>(a.dq_accum + (row_base + i0 + r) * D + col),
                 make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
     }
+  };
+  const bool issues_rows = D == 128 && threadIdx.x < kKvRows;
+  auto reduce_staged_rows = [&](int it) {
+    const int r = threadIdx.x, row = tile_row0(it) + r;
+    if (!issues_rows || row >= a.n) return;
+    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
+    bulk::reduce_add_f32(a.dq_accum + (row_base + row) * D, partial + r * kStride, D * 4);
+    bulk::commit();
   };
 
   for (int it = 0; it < iters; ++it) {
@@ -233,10 +250,12 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
       }
     }
 
-    // D = 128: dQ reads the t of both warpgroups, a block barrier; D = 64:
-    // each warpgroup reads only its own t and r.
+    // D = 128: dQ reads the t of both warpgroups, a block barrier (after
+    // which the staging tile is rewritten: its reads by the previous bulk
+    // reductions are done); D = 64: each warpgroup reads only its own t and r.
     wgmma::fence_proxy_async();
     if constexpr (D == 128) {
+      if (issues_rows) bulk::wait_read();
       __syncthreads();
     } else {
       wgmma::warpgroup_barrier(1 + wg);
@@ -273,30 +292,29 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     wgmma::fence_operand(dq);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
+      // D = 64: this warpgroup's partial (free: the previous iteration's were
+      // added before this iteration's block barrier in publish_buffer);
+      // D = 128: its column half of the staging tile.
       const int r = row0 + g + 8 * hh;
-      if constexpr (D == 128) {
-        if (i0 + r >= a.n) continue;
-        float* acc = a.dq_accum + (row_base + i0 + r) * D + 64 * wg + 2 * c;
+      float* mine = D == 64 ? partial + wg * kKvRows * kStride + r * kStride + 2 * c
+                            : partial + r * kStride + 64 * wg + 2 * c;
 #pragma unroll
-        for (int jn = 0; jn < 8; ++jn) {
-          atomicAdd(reinterpret_cast<float2*>(acc + 8 * jn), make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]));
-        }
-      } else {
-        // Free: the previous iteration's partials were added before this
-        // iteration's block barrier (publish_buffer).
-        float* mine = partial + wg * kKvRows * kPartialStride + r * kPartialStride + 2 * c;
-#pragma unroll
-        for (int jn = 0; jn < 8; ++jn) {
-          *reinterpret_cast<float2*>(mine + 8 * jn) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
-        }
+      for (int jn = 0; jn < 8; ++jn) {
+        *reinterpret_cast<float2*>(mine + 8 * jn) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
       }
     }
-    // Buffers, the t/r tiles (and the dQ partials) are free for the next
-    // iteration (once the partials are added).
+    if constexpr (D == 128) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
+    // Buffers, the t/r tiles and the dQ tile are free for the next iteration
+    // once dQacc += the dQ tile has read them.
     __syncthreads();
-    if constexpr (D == 64) add_partials(it);
+    if constexpr (D == 64) {
+      add_partials(it);
+    } else {
+      reduce_staged_rows(it);
+    }
   }
   mma::cp_async_wait<0>();
+  if (issues_rows) bulk::wait_all();  // before the block's shared memory goes
 
   // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot dKacc in FP32 for
   // the fix-up (finish_rows_kernel, finish_keys_kernel). Keys past M are not written.
