@@ -123,8 +123,8 @@ def test_translation_invariance_against_flash(seed, deterministic, record_line):
     flash = sdpa_grads(q, k, v, grad_out, "flash", causal=True, scale=None)[0][..., 0].abs().max().item()
     worst = {b: ours(q, k, v, grad_out, b, causal=True, scale=d ** -0.5, deterministic=deterministic)[0][..., 0]
              .abs().max().item() for b in ("gproj", "pivot")}
-    record_line(f"translation seed {seed} (deterministic={deterministic}): max |dQ[:, 0]| flash {flash:.3e} gproj {worst['gproj']:.3e} "
-                f"pivot {worst['pivot']:.3e} (truth 0)")
+    record_line(f"translation seed {seed} (deterministic={deterministic}): max |dQ[:, 0]| flash {flash:.3e} "
+                f"gproj {worst['gproj']:.3e} pivot {worst['pivot']:.3e} (truth 0)")
     assert flash > 0
     assert worst["gproj"] * 1000 <= flash
     assert worst["pivot"] * 1000 <= flash
@@ -145,8 +145,9 @@ def test_accuracy_against_sdpa_and_fp64(kind, d, deterministic, record_line):
     mine = {b: [rel(x, t) for x, t in zip(ours(q, k, v, grad_out, b, causal=True, scale=scale,
                                                deterministic=deterministic), truth)]
             for b in PROJECTED}
-    record_line(f"{kind} d={d} deterministic={deterministic} dQ/dK err: " + " ".join(f"{b} {e[0]:.3%}/{e[1]:.3%}" for b, e in sdpa.items()) +
-                " | gaugewatch " + " ".join(f"{b} {e[0]:.3%}/{e[1]:.3%}" for b, e in mine.items()))
+    record_line(f"{kind} d={d} deterministic={deterministic} dQ/dK err: " +
+                " ".join(f"{b} {e[0]:.3%}/{e[1]:.3%}" for b, e in sdpa.items()) + " | gaugewatch " +
+                " ".join(f"{b} {e[0]:.3%}/{e[1]:.3%}" for b, e in mine.items()))
     if kind == "sink":
         for b, e in sdpa.items():
             assert e[0] >= 0.9, f"SDPA {b} should be >= 90% off in dQ on sink-like inputs"
