@@ -7,8 +7,13 @@
 //
 // keyouter_kernel: block = 128 keys of one (batch, kv head), two warpgroups
 // (wg: keys 64 wg..), loop over query tiles of 64 rows of every query head of
-// the group, causal skipping and cp.async double buffering exactly as the
-// pair's dkdv kernel (same shared layout, hopper::KvLayout<D, kNone>):
+// the group, causal skipping and cp.async double buffering as the pair's
+// dkdv kernel (same shared layout, hopper::KvLayout<D, kNone>), with one block
+// barrier per iteration (D = 128: two) instead of its two: the barrier that
+// publishes iteration it's loads also orders every use of the previous
+// iteration's buffers before their reuse (the next loads are issued after it,
+// the previous dQ tile is added to dQacc after it, and at D = 64 the dQ
+// partials alternate between two buffers):
 //   S = Q K_wg^T, dP = dO V_wg^T   ss, m64n64 (hopper::scores_mma)
 //   t, r in registers              hopper::scores_to_tr: the same element
 //                                  math, bit for bit, as both pair kernels
@@ -19,16 +24,16 @@
 //                                  D = 128: warpgroup wg computes columns
 //                                  64 wg.. over all 128 keys (t of both
 //                                  warpgroups) into a shared FP32 staging
-//                                  tile, and after the iteration's last
-//                                  barrier 64 threads add its rows to dQacc,
-//                                  one bulk reduction each (bulk_reduce.cuh);
+//                                  tile, and after the next barrier 64
+//                                  threads add its rows to dQacc, one bulk
+//                                  reduction each (bulk_reduce.cuh);
 //                                  D = 64: each warpgroup its own 64 keys'
 //                                  partial into shared memory, and after the
-//                                  iteration's last barrier the block adds
-//                                  the two partials and dQacc += them by
-//                                  float4 atomics (one atomic per element,
-//                                  and no warpgroup skips an MMA: a branch
-//                                  around wgmma makes ptxas serialize them)
+//                                  next barrier the block adds the two
+//                                  partials and dQacc += them by float4
+//                                  atomics (one atomic per element, and no
+//                                  warpgroup skips an MMA: a branch around
+//                                  wgmma makes ptxas serialize them)
 //   pivot: per row, this block's partial sum of t (rho) and its max P with
 //   the key index, both by atomics (FP32 add; 64-bit max of pivot_code()).
 // Then finish_rows_kernel (per 64 query rows): dQ = bf16(alpha (dQacc -
@@ -65,7 +70,8 @@ using hopper::kThreads;
 
 // The shared layout of the pair's dkdv kernel without the projection's tiles;
 // then the FP32 dQ of the iteration: at D = 64 each warpgroup's partial
-// [64 rows][72], at D = 128 the staging tile [64 rows][136] of both halves.
+// [64 rows][72], two sets (iterations alternate), at D = 128 the staging
+// tile [64 rows][136] of both halves.
 // Row strides of 8 floats past a multiple of 32 banks: the 8 rows of a warp's
 // float2 stores hit distinct banks; 16-byte aligned rows for the bulk copy.
 template <int D>
@@ -75,7 +81,7 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
   using Base = hopper::KvLayout<D, Projection::kNone>;
   static constexpr size_t kDqTileBytes = static_cast<size_t>(kKvRows) * (D == 64 ? 72 : kDqStride<D>) * 4;
   static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
-  static constexpr size_t kBytes = Base::kBytes + (D == 64 ? 2 : 1) * kDqTileBytes;
+  static constexpr size_t kBytes = Base::kBytes + (D == 64 ? 4 : 1) * kDqTileBytes;
 };
 
 inline constexpr int kFinishRows = 64;      // query rows per finish_rows block
@@ -155,42 +161,45 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
   hopper::zero(dk);
   hopper::zero(dv);
 
-  // D = 64: dQacc += the two warpgroups' partials of iteration `it`, by every
-  // thread of the block (after a block barrier that published them).
-  // D = 128: the staging tile, added row by row by threads 0..63.
+  // dQacc += the dQ tile of iteration `it`, once a block barrier has
+  // published it. D = 64: the two warpgroups' partials (set it % 2), summed
+  // and added by every thread of the block; D = 128: the staging tile, added
+  // row by row by threads 0..63.
   constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
+  constexpr int kPartialFloats = kKvRows * kStride;  // one warpgroup's partial
   float* partial = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + L::kDqPartial);
-  auto add_partials = [&](int it) {
+  const bool issues_rows = D == 128 && threadIdx.x < kKvRows;
+  auto add_dq_tile = [&](int it) {
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
-    constexpr int kQuads = 64 / 4;
-    constexpr int kOther = kKvRows * kStride;  // floats from warpgroup 0's partial to 1's
-    for (int idx = threadIdx.x; idx < kKvRows * kQuads; idx += kThreads) {
-      const int r = idx / kQuads, col = 4 * (idx % kQuads);
-      if (i0 + r >= a.n) continue;
-      const float4 x = *reinterpret_cast<const float4*>(partial + r * kStride + col);
-      const float4 y = *reinterpret_cast<const float4*>(partial + kOther + r * kStride + col);
-      atomicAdd(reinterpret_cast<float4*>(a.dq_accum + (row_base + i0 + r) * D + col),
-                make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+    if constexpr (D == 64) {
+      constexpr int kQuads = 64 / 4;
+      const float* set = partial + (it & 1) * 2 * kPartialFloats;
+      for (int idx = threadIdx.x; idx < kKvRows * kQuads; idx += kThreads) {
+        const int r = idx / kQuads, col = 4 * (idx % kQuads);
+        if (i0 + r >= a.n) continue;
+        const float4 x = *reinterpret_cast<const float4*>(set + r * kStride + col);
+        const float4 y = *reinterpret_cast<const float4*>(set + kPartialFloats + r * kStride + col);
+        atomicAdd(reinterpret_cast<float4*>(a.dq_accum + (row_base + i0 + r) * D + col),
+                  make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+      }
+    } else {
+      const int r = threadIdx.x;
+      if (!issues_rows || i0 + r >= a.n) return;
+      bulk::reduce_add_f32(a.dq_accum + (row_base + i0 + r) * D, partial + r * kStride, D * 4);
+      bulk::commit();
     }
-  };
-  const bool issues_rows = D == 128 && threadIdx.x < kKvRows;
-  auto reduce_staged_rows = [&](int it) {
-    const int r = threadIdx.x, row = tile_row0(it) + r;
-    if (!issues_rows || row >= a.n) return;
-    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
-    bulk::reduce_add_f32(a.dq_accum + (row_base + row) * D, partial + r * kStride, D * 4);
-    bulk::commit();
   };
 
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
-    const bool more = it + 1 < iters;
-    if (more) {
-      stage(it + 1, buf ^ 1);
+    // This iteration's loads arrive; every thread is done with iteration it - 1.
+    hopper::publish_buffer(false);
+    if (it > 0) add_dq_tile(it - 1);
+    if (it + 1 < iters) {
+      stage(it + 1, buf ^ 1);  // the buffers of iteration it - 1
       mma::cp_async_commit();
     }
-    hopper::publish_buffer(more);
     const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
     const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
     const hopper::StagedRows ra = hopper::staged_rows(rows_base, buf);
@@ -292,11 +301,11 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     wgmma::fence_operand(dq);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      // D = 64: this warpgroup's partial (free: the previous iteration's were
-      // added before this iteration's block barrier in publish_buffer);
-      // D = 128: its column half of the staging tile.
+      // D = 64: this warpgroup's partial in set it % 2 (free: iteration
+      // it - 2's were added before this iteration's first barrier); D = 128:
+      // its column half of the staging tile (free: see the wait above).
       const int r = row0 + g + 8 * hh;
-      float* mine = D == 64 ? partial + wg * kKvRows * kStride + r * kStride + 2 * c
+      float* mine = D == 64 ? partial + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
                             : partial + r * kStride + 64 * wg + 2 * c;
 #pragma unroll
       for (int jn = 0; jn < 8; ++jn) {
@@ -304,16 +313,11 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
       }
     }
     if constexpr (D == 128) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
-    // Buffers, the t/r tiles and the dQ tile are free for the next iteration
-    // once dQacc += the dQ tile has read them.
-    __syncthreads();
-    if constexpr (D == 64) {
-      add_partials(it);
-    } else {
-      reduce_staged_rows(it);
-    }
   }
-  mma::cp_async_wait<0>();
+  if (iters > 0) {
+    __syncthreads();
+    add_dq_tile(iters - 1);
+  }
   if (issues_rows) bulk::wait_all();  // before the block's shared memory goes
 
   // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot dKacc in FP32 for
