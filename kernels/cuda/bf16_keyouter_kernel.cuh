@@ -17,6 +17,7 @@
 //   S = Q K_wg^T, dP = dO V_wg^T   ss, m64n64 (hopper::scores_mma)
 //   t, r in registers              hopper::scores_to_tr: the same element
 //                                  math, bit for bit, as both pair kernels
+//                                  (rounded to BF16 by the packing)
 //   t, r -> shared [64 rows][64 keys] per warpgroup, then a block barrier
 //                                  (D = 64: a warpgroup barrier)
 //   dV += r^T dO, dK += t^T Q      ss, m64nD, A and B MN-major
@@ -228,13 +229,18 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     wgmma::fence_operand(s);
     wgmma::fence_operand(dp);
 
-    // Pivot's statistics of this thread's two rows over its 16 keys of the tile.
+    // t and r are only packed to BF16 below (scores_to_tr<false>: the same
+    // bits for fewer conversions); pivot's row sums take the rounded t, the
+    // values the MMAs consume. Pivot's statistics: this thread's two rows
+    // over its 16 keys of the tile.
     RowStats stats;
     if constexpr (P == Projection::kPivot) {
-      hopper::scores_to_tr(a, s, dp, in, j0 + 64 * wg, [&](int hh, int j, bool visible, float p, float t, float r,
-                                                             float) { stats.add<false, true>(hh, j, visible, p, t, r, 0.0f); });
+      hopper::scores_to_tr<false>(
+          a, s, dp, in, j0 + 64 * wg, [&](int hh, int j, bool visible, float p, float t, float r, float) {
+            stats.add<false, true>(hh, j, visible, p, mma::round_bf16(t), r, 0.0f);
+          });
     } else {
-      hopper::scores_to_tr(a, s, dp, in, j0 + 64 * wg, [](int, int, bool, float, float, float, float) {});
+      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg, [](int, int, bool, float, float, float, float) {});
     }
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn) {

@@ -231,7 +231,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Bf16BackwardCase, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Bf16Case>& param) { return param.param.name; });
 
 // The key-outer one-pass kernel (bf16_keyouter_kernel.cuh) on the same shapes:
-// bf16 and pivot against the reference emulation with the pair's tolerances.
+// bf16 and pivot against the reference emulation with the pair's tolerances,
+// and dV (bf16: dK too) bit for bit against the pair.
 class Bf16KeyOuterCase : public ::testing::TestWithParam<Bf16Case> {};
 
 TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
@@ -258,6 +259,16 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
     EXPECT_LE(ev, 2e-2);
     for (const auto* g : {&got.grads.dq, &got.grads.dk, &got.grads.dv}) {
       for (float x : *g) ASSERT_TRUE(std::isfinite(x)) << "an output element was not written";
+    }
+    // The same t and r as the pair's dkdv kernel, contracted by the same MMA
+    // sequence: dV (and bf16's dK, which no fix-up touches) bit for bit.
+    const KernelRun pair = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kPair);
+    ASSERT_TRUE(pair.status.ok()) << pair.status.message;
+    EXPECT_EQ(std::memcmp(got.grads.dv.data(), pair.grads.dv.data(), got.grads.dv.size() * sizeof(float)), 0)
+        << "dV differs from the pair's";
+    if (projection == gpu::Projection::kNone) {
+      EXPECT_EQ(std::memcmp(got.grads.dk.data(), pair.grads.dk.data(), got.grads.dk.size() * sizeof(float)), 0)
+          << "dK differs from the pair's";
     }
   }
 }
