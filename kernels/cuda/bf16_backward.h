@@ -31,16 +31,16 @@
 //   Not bitwise repeatable: the FP32 sums of dQ, rho and pivot's dK fix-up
 //   take the order the atomics land in (the header states the rounding).
 // * the two-kernel pair (deterministic = true, gproj, row diagnostics, the
-//   mma.sync pair):
-// a delta pre-pass; a query-outer kernel (per query tile, loop over key tiles:
-// S, dP, t, r, dQ += t K, and for gproj U += r K and the row sums), which
-// finishes dQ and writes lambda (gproj) or rho and j* (pivot) per row; then a
-// key-outer kernel (per key tile, loop over the query tiles of every query
-// head of its group: S, dP, t, r recomputed by the same code, dV += r^T dO,
-// dK += t^T Q, for gproj dK -= r^T bf16(lambda Q), for pivot the O(N d)
-// rank-one fix-up). No atomics anywhere: every run is bit-identical. Both kernels compute
-// S and dP with the same instructions in the same order, so the t and r the
-// key-outer kernel contracts are bit-identical to those summed into rho and m.
+//   mma.sync pair): a delta pre-pass; a query-outer kernel (per query tile,
+//   loop over key tiles: S, dP, t, r, dQ += t K, and for gproj U += r K and
+//   the row sums), which finishes dQ and writes lambda (gproj) or rho and j*
+//   (pivot) per row; then a key-outer kernel (per key tile, loop over the
+//   query tiles of every query head of its group: S, dP, t, r recomputed by
+//   the same code, dV += r^T dO, dK += t^T Q, for gproj dK -= r^T
+//   bf16(lambda Q), for pivot the O(N d) rank-one fix-up). No atomics
+//   anywhere: every run is bit-identical. Both kernels compute S and dP with
+//   the same instructions in the same order, so the t and r the key-outer
+//   kernel contracts are bit-identical to those summed into rho and m.
 // Two implementations of the pair (Bf16KernelPair): the Hopper pair (warpgroup
 // MMAs, bf16_backward_hopper.cuh; the default) and the mma.sync pair
 // (baseline/bf16_mma_sync_kernel.cuh, kept as its measured baseline). For gproj the

@@ -295,9 +295,9 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
       const int k = D == 128 ? kq : 4 * wg + kq;
       const uint16_t* tw = t_tiles + (k >> 2) * 2 * L::kScoreTile;
       const int column_block = D == 128 ? wg : 0;
+      const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block);
       wgmma::mma_ss<false, true>(dq, wgmma::desc_k_major(tw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
-                                 wgmma::desc_mn_major(smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block),
-                                                      kKeySubTile));
+                                 wgmma::desc_mn_major(kk, kKeySubTile));
     }
     wgmma::commit();
 
