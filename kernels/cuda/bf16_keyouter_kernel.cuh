@@ -53,8 +53,14 @@
 // largest P and, among equal P, the lowest key, whatever the order, as the
 // pair's dq kernel does. Every other value is computed as in the pair.
 // deterministic = true (Bf16BackwardParams) keeps the two-kernel pair.
+//
+// Layouts: operands and outputs as bf16_backward.h; workspace (zeroed by the
+// launcher unless stated): dQacc (B, Hq, N, d) FP32; pivot: rho in
+// row_factor (B, Hq, N) FP32, pivot_code (B, Hq, N) u64, dKacc (B, Hkv, M, d)
+// FP32 (written whole by the kernel, not zeroed).
 // Build: instantiated in bf16_keyouter_d{64,128}.cu; emulation:
-// tests/cuda/emulation/bf16_launcher.cpp.
+// tests/cuda/emulation/bf16_launcher.cpp. Tests: tests/cuda/bf16_backward_test.cpp
+// (Bf16KeyOuterCase, PivotSinkSharedByEveryRow, ...), tests/python/test_gpu_bf16_backward.py.
 
 #include <cuda_runtime.h>
 
