@@ -94,8 +94,11 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
 inline constexpr int kFinishRows = 64;      // query rows per finish_rows block
 inline constexpr int kFinishThreads = 128;
 inline constexpr int kConvertThreads = 256;  // finish_keys_kernel
-// finish_rows_kernel's shared memory: rho, j* and the tile's rows sorted by j*.
-inline constexpr size_t kFinishSmemBytes = 3 * kFinishRows * 4;
+// finish_rows_kernel's shared memory: rho, j*, the tile's rows sorted by j*
+// and (pivot) the tile's query rows.
+template <int D, Projection P>
+inline constexpr size_t kFinishSmemBytes =
+    3 * kFinishRows * 4 + (P == Projection::kPivot ? static_cast<size_t>(kFinishRows) * D * 2 : 0);
 
 // (P, j) as one 64-bit value whose unsigned order is "larger P, then lower
 // j": P >= 0, so its FP32 bits order like P. 0 means "no visible key" (a
@@ -365,6 +368,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
   float* rho = reinterpret_cast<float*>(raw);
   int* pivot = reinterpret_cast<int*>(rho + kFinishRows);
   int* order = pivot + kFinishRows;  // tile rows sorted by (j*, row); rows with no pivot last
+  uint16_t* q_rows = reinterpret_cast<uint16_t*>(order + kFinishRows);  // pivot: [64][D], 16-byte aligned
   const int i0 = static_cast<int>(blockIdx.x) * kFinishRows;
   const int bh = blockIdx.y;
   const int b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
@@ -372,12 +376,24 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
   const int tid = threadIdx.x;
 
   if constexpr (P == Projection::kPivot) {
+    // The tile's query rows, all in flight at once (the fix-up below reads
+    // them row after row).
+    const uint16_t* qh = head_ptr(a.q, a.q_strides, b, h);
+    constexpr int kChunks = D / 8;
+    for (int idx = tid; idx < kFinishRows * kChunks; idx += kFinishThreads) {
+      const int r = idx / kChunks, chunk = idx % kChunks;
+      const bool ok = i0 + r < a.n;
+      mma::cp_async_16(q_rows + r * D + 8 * chunk, qh + (ok ? static_cast<int64_t>(i0 + r) * a.q_strides.row : 0) +
+                                                         8 * chunk, ok);
+    }
+    mma::cp_async_commit();
     if (tid < kFinishRows) {
       const int row = i0 + tid;
       const bool ok = row < a.n;
       rho[tid] = ok ? a.row_factor[row_base + row] : 0.0f;
       pivot[tid] = ok ? pivot_of(a.pivot_code[row_base + row]) : -1;
     }
+    mma::cp_async_wait<0>();
     __syncthreads();
     if (tid < kFinishRows) {
       auto sort_key = [&](int r) { return pivot[r] < 0 ? 0x7fffffff : pivot[r]; };
@@ -413,7 +429,6 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
   }
 
   if constexpr (P == Projection::kPivot) {
-    const uint16_t* qh = head_ptr(a.q, a.q_strides, b, h);
     float* dk_head = a.dk_accum + (static_cast<int64_t>(b) * a.hkv + hk) * a.m * D;
     for (int col = tid; col < D; col += kFinishThreads) {
       float sum = 0.0f;
@@ -421,7 +436,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
         const int r = order[s];
         const int j = pivot[r];
         if (j < 0) break;
-        sum = fmaf(rho[r], mma::bf16_bits_to_float(qh[static_cast<int64_t>(i0 + r) * a.q_strides.row + col]), sum);
+        sum = fmaf(rho[r], mma::bf16_bits_to_float(q_rows[r * D + col]), sum);
         if (s + 1 == kFinishRows || pivot[order[s + 1]] != j) {
           atomicAdd(dk_head + static_cast<int64_t>(j) * D + col, -sum);
           sum = 0.0f;

@@ -29,7 +29,7 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
                       static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hq));
   if (row_grid.x > 0 && row_grid.y > 0) {
     keyouter::finish_rows_kernel<D, P>
-        <<<row_grid, keyouter::kFinishThreads, keyouter::kFinishSmemBytes, stream>>>(a);
+        <<<row_grid, keyouter::kFinishThreads, keyouter::kFinishSmemBytes<D, P>, stream>>>(a);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

@@ -68,7 +68,7 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/) {
   const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
                       static_cast<unsigned>(a.batch * a.hq));
   if (row_grid.x > 0 && row_grid.y > 0) {
-    gaugewatch_emulation::run_grid(row_grid, keyouter::kFinishThreads, keyouter::kFinishSmemBytes,
+    gaugewatch_emulation::run_grid(row_grid, keyouter::kFinishThreads, keyouter::kFinishSmemBytes<D, P>,
                                    [&a] { keyouter::finish_rows_kernel<D, P>(a); });
   }
   if constexpr (P == Projection::kPivot) {
