@@ -1,6 +1,9 @@
 """One call of gaugewatch::attention_backward on a benchmark shape, for ncu:
   ncu --kernel-name regex:gaugewatch -c 2 --section SpeedOfLight ... \
       python3 bench/kernels/_profile_one.py --backend gproj --d 128
+  ncu --kernel-name regex:keyouter_kernel -c 1 --set full ... \
+      python3 bench/kernels/_profile_one.py --backend pivot --d 128 --sink
+(bf16 and pivot run the key-outer kernel unless --deterministic: then the pair.)
 (The leading underscore keeps scripts/device.sh from running it as a benchmark.)
 """
 import argparse
@@ -17,11 +20,18 @@ parser.add_argument("--H", type=int, default=16)
 parser.add_argument("--N", type=int, default=4096)
 parser.add_argument("--d", type=int, default=128)
 parser.add_argument("--noncausal", action="store_true")
+parser.add_argument("--deterministic", action="store_true", help="the two-kernel pair for bf16 and pivot")
+parser.add_argument("--sink", action="store_true", help="key 0 is every row's pivot (bench_bf16_backward's sink)")
 args = parser.parse_args()
 build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
 torch.ops.load_library(os.environ.get("GAUGEWATCH_OPS_LIB", str(build / "lib" / "libgaugewatch_ops.so")))
 causal = not args.noncausal
 q, k, v, do = (torch.randn(args.B, args.H, args.N, args.d, device="cuda").bfloat16() for _ in range(4))
+if args.sink:
+    q[..., 0] = 4.0
+    k[:, :, 0, :] = 0.0
+    k[:, :, 0, 0] = 2.0 * args.d ** 0.5
 out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)[:2]
-torch.ops.gaugewatch.attention_backward(do, q, k, v, out, lse.float(), is_causal=causal, backend=args.backend)
+torch.ops.gaugewatch.attention_backward(do, q, k, v, out, lse.float(), is_causal=causal, backend=args.backend,
+                                        deterministic=args.deterministic)
 torch.cuda.synchronize()

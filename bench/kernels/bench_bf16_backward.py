@@ -9,7 +9,11 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
   gw_<backend>    torch.ops.gaugewatch.attention_backward(backend=...), on the
                   BF16 operands and SDPA flash's saved out and lse; includes
                   the delta pre-pass and the workspace allocation; gw_center is
-                  key centring (center_keys' kernels) plus SDPA's flash backward
+                  key centring (center_keys' kernels) plus SDPA's flash backward;
+                  bf16 and pivot run the key-outer one-pass kernel (default,
+                  deterministic=False)
+  gw_<backend>_pair  bf16, pivot with deterministic=True: the two-kernel pair
+                  (gproj always runs it), side by side with the key-outer kernel
   gw_center_keys  center_keys alone (the centring's share of gw_center)
   gw_<backend>_mma_sync  the same with GAUGEWATCH_BF16_KERNEL=mma_sync: the
                   mma.sync kernel pair that the Hopper (wgmma) pair replaced,
@@ -17,7 +21,11 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   reads the variable once, when it loads)
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
-(issue 11): center <= 1.08x sdpa_flash.
+(issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
+gproj <= 1.8x sdpa_cudnn (the *_vs_cudnn columns).
+Shapes with "sink" in the name: key 0 of every head is an attention sink that
+wins the row maximum of P for every row (every row's pivot is key 0: pivot's
+dK fix-up lands on one key), q[..., 0] = 4, k_0 = (2 sqrt(d), 0, ..., 0).
 
 Run (needs a GPU and the built ops library):
   python3 bench/kernels/bench_bf16_backward.py [--json F] [--markdown F] [--shapes A,B]
@@ -43,23 +51,29 @@ SHAPES = [
     ("B4_H16_N4096_d128_causal", 4, 16, 16, 4096, 128, True),
     ("B2_H16_N8192_d128", 2, 16, 16, 8192, 128, False),
     ("B4_Hq32_Hkv8_N4096_d128_causal_gqa", 4, 32, 8, 4096, 128, True),
+    ("B1_H16_N16384_d128_causal", 1, 16, 16, 16384, 128, True),
+    ("B4_H16_N4096_d128_causal_sink_pivot", 4, 16, 16, 4096, 128, True),
 ]
 GW = ("bf16", "gproj", "pivot", "center", "fp32")
+# Also timed with deterministic=True (gw_<backend>_pair): the two-kernel pair.
+PAIR = ("bf16", "pivot")
 # Also timed with GAUGEWATCH_BF16_KERNEL=mma_sync (gw_<backend>_mma_sync).
 MMA_SYNC = ("bf16", "gproj", "pivot")
 
 
 def kernel_breakdown(ops, x, causal, calls=3):
     """Mean device time per call of each kernel the gw backends launch (us),
-    from torch.profiler: where the time goes inside one backward."""
+    from torch.profiler: where the time goes inside one backward (keys
+    <backend>: the default path; <backend>_pair: deterministic=True)."""
     from torch.profiler import ProfilerActivity, profile
 
     out = {}
-    for backend in ("bf16", "gproj", "pivot"):
+    runs = [(b, b, False) for b in ("bf16", "gproj", "pivot")] + [(f"{b}_pair", b, True) for b in PAIR]
+    for label, backend, deterministic in runs:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(calls):
                 ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"], is_causal=causal,
-                                       backend=backend)
+                                       backend=backend, deterministic=deterministic)
             torch.cuda.synchronize()
         times = {}
         for evt in prof.key_averages():
@@ -67,16 +81,21 @@ def kernel_breakdown(ops, x, causal, calls=3):
                 short = evt.key.split("(")[0].split("::")[-1].split("<")[0]
                 total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
                 times[short] = times.get(short, 0.0) + total / calls
-        out[backend] = {k: round(v, 1) for k, v in times.items()}
+        out[label] = {k: round(v, 1) for k, v in times.items()}
     return out
 
 
-def make_inputs(B, Hq, Hkv, N, d, causal, seed):
+def make_inputs(B, Hq, Hkv, N, d, causal, seed, sink=False):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
     k = torch.randn(B, Hkv, N, d, device="cuda", generator=g).bfloat16()
     v = torch.randn(B, Hkv, N, d, device="cuda", generator=g).bfloat16()
     do = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
+    if sink:
+        # Logit of key 0: alpha q_i . k_0 = 8 on every row; the others ~N(0, 1).
+        q[..., 0] = 4.0
+        k[:, :, 0, :] = 0.0
+        k[:, :, 0, 0] = 2.0 * d ** 0.5
     kk, vv = (k, v) if Hq == Hkv else (k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1))
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, kk, vv, 0.0, causal, False)[:2]
     return dict(q=q, k=k, v=v, do=do, out=out, lse=lse.float())
@@ -120,7 +139,7 @@ def main():
         if wanted and name not in wanted:
             continue
         flops = 2.5 * 4 * B * Hq * N * N * d * (0.5 if causal else 1.0)
-        inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed) for seed in range(args.rotate)]
+        inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed, sink="sink" in name) for seed in range(args.rotate)]
         row = {"shape": name, "B": B, "Hq": Hq, "Hkv": Hkv, "N": N, "d": d, "causal": causal}
         for backend, kind in sdpa.items():
             def prepare(x):
@@ -149,6 +168,11 @@ def main():
             except RuntimeError as exc:
                 row[f"gw_{backend}_ms"] = None
                 row[f"gw_{backend}_error"] = str(exc).splitlines()[0][:200]
+        for backend in PAIR:
+            row[f"gw_{backend}_pair_ms"] = time_ms(
+                lambda x, b=backend: ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"],
+                                                            is_causal=causal, backend=b, deterministic=True),
+                inputs, args.reps, warmup=3)
         row["gw_center_keys_ms"] = time_ms(lambda x: ops.center_keys(x["q"], x["k"], x["lse"]), inputs, args.reps)
         for key in [k[:-3] for k in list(row) if k.endswith("_ms")]:
             ms = row[key + "_ms"]
@@ -163,6 +187,8 @@ def main():
                                     if row.get("sdpa_flash_ms") and row.get("gw_center_ms") else None)
         row["gproj_over_bf16"] = row["gw_gproj_ms"] / row["gw_bf16_ms"]
         row["pivot_over_bf16"] = row["gw_pivot_ms"] / row["gw_bf16_ms"]
+        for backend in PAIR:
+            row[f"{backend}_key_outer_over_pair"] = row[f"gw_{backend}_ms"] / row[f"gw_{backend}_pair_ms"]
         cases.append(row)
         print(json.dumps(row), flush=True)
         del inputs
@@ -191,6 +217,17 @@ def main():
                      f" | {ratio(row['gproj_over_flash'])} | {ratio(row['gproj_over_bf16'])} | "
                      f"{ratio(row['pivot_over_bf16'])} | {ratio(row['center_over_flash'])} | "
                      f"{row['gw_center_keys_ms']:.3f} |")
+    lines += ["", "Key-outer one-pass kernel (default) against the two-kernel pair (deterministic=True), and "
+              "against cuDNN: ms (effective TFLOP/s)", "",
+              "| shape | sdpa_cudnn | gw_bf16 key-outer | gw_bf16 pair | gw_pivot key-outer | gw_pivot pair | "
+              "gw_gproj (pair) | bf16/cuDNN | pivot/cuDNN | gproj/cuDNN | bf16 key-outer/pair | "
+              "pivot key-outer/pair |", "|---" * 12 + "|"]
+    for row in cases:
+        lines.append(f"| {row['shape']} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, 'gw_bf16')} | "
+                     f"{fmt(row, 'gw_bf16_pair')} | {fmt(row, 'gw_pivot')} | {fmt(row, 'gw_pivot_pair')} | "
+                     f"{fmt(row, 'gw_gproj')} | {ratio(row.get('gw_bf16_vs_cudnn'))} | "
+                     f"{ratio(row.get('gw_pivot_vs_cudnn'))} | {ratio(row.get('gw_gproj_vs_cudnn'))} | "
+                     f"{ratio(row['bf16_key_outer_over_pair'])} | {ratio(row['pivot_key_outer_over_pair'])} |")
     if any("gw_bf16_mma_sync_ms" in row for row in cases):
         lines += ["", "Hopper (wgmma) pair against the mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync): "
                   "ms Hopper / mma.sync", "", "| shape | " + " | ".join(MMA_SYNC) + " |",
@@ -222,7 +259,7 @@ def mma_sync_child(args):
     for name, B, Hq, Hkv, N, d, causal in SHAPES:
         if wanted and name not in wanted:
             continue
-        inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed) for seed in range(args.rotate)]
+        inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed, sink="sink" in name) for seed in range(args.rotate)]
         row = {}
         for backend in MMA_SYNC:
             row[f"gw_{backend}_mma_sync_ms"] = time_ms(

@@ -1,5 +1,6 @@
 // Launcher of the fused BF16 attention backward: validation, workspace, the
-// delta pre-pass, and dispatch on (head dim, projection) to the kernel pair.
+// delta pre-pass, and dispatch on (head dim, projection) to the key-outer
+// kernel (bf16_keyouter_kernel.cuh) or the kernel pair.
 // Host code only (every <<<>>> is in bf16_backward_delta.cu and the launch
 // template), so the CPU emulation compiles this file as it is.
 // Math and layouts: kernels/cuda/bf16_backward.h; kernels:
@@ -20,6 +21,10 @@ namespace bf16 {
 template <int D, Projection P>
 cudaError_t launch(const Args& args, Bf16KernelPair pair, cudaStream_t stream);
 
+// The key-outer kernel and its epilogue (bf16_keyouter_launch.cuh), P = kNone or kPivot.
+template <int D, Projection P>
+cudaError_t launch_keyouter(const Args& args, cudaStream_t stream);
+
 }  // namespace bf16
 
 namespace {
@@ -31,6 +36,8 @@ using checks::round_up;
 
 struct Layout {
   size_t delta = 0, row_factor = 0, pivot_key = 0, neg_lambda_q = 0, total = 0;
+  // Key-outer kernel only (sizes 0 otherwise).
+  size_t dq_accum = 0, dq_accum_bytes = 0, pivot_code = 0, pivot_code_bytes = 0, dk_accum = 0;
 };
 
 Layout layout_of(const Bf16BackwardParams& p) {
@@ -44,7 +51,16 @@ Layout layout_of(const Bf16BackwardParams& p) {
   // dq kernel and read by every key tile of the dkdv kernel.
   const size_t lq_bytes =
       p.projection == Projection::kGproj ? rows * static_cast<size_t>(p.shape.head_dim) * 2 : 0;
-  w.total = w.neg_lambda_q + round_up(lq_bytes);
+  w.dq_accum = w.neg_lambda_q + round_up(lq_bytes);
+  const bool key_outer = bf16_uses_key_outer(p);
+  const bool pivot = key_outer && p.projection == Projection::kPivot;
+  const size_t d = static_cast<size_t>(p.shape.head_dim);
+  w.dq_accum_bytes = key_outer ? rows * d * sizeof(float) : 0;
+  w.pivot_code = w.dq_accum + round_up(w.dq_accum_bytes);
+  w.pivot_code_bytes = pivot ? rows * sizeof(unsigned long long) : 0;
+  w.dk_accum = w.pivot_code + round_up(w.pivot_code_bytes);
+  const size_t dk_bytes = pivot ? static_cast<size_t>(p.shape.kv_elements()) * sizeof(float) : 0;
+  w.total = w.dk_accum + round_up(dk_bytes);
   return w;
 }
 
@@ -106,6 +122,11 @@ Status validate(const Bf16BackwardParams& params) {
   return {};
 }
 
+bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
+  return !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper &&
+         (p.projection == Projection::kNone || p.projection == Projection::kPivot) && !p.diagnostics.any();
+}
+
 size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layout_of(p).total; }
 
 namespace {
@@ -132,6 +153,9 @@ bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
   a.row_factor = reinterpret_cast<float*>(ws + w.row_factor);
   a.pivot_key = reinterpret_cast<int32_t*>(ws + w.pivot_key);
   a.neg_lambda_q = reinterpret_cast<uint16_t*>(ws + w.neg_lambda_q);
+  a.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  a.pivot_code = reinterpret_cast<unsigned long long*>(ws + w.pivot_code);
+  a.dk_accum = reinterpret_cast<float*>(ws + w.dk_accum);
   a.batch = static_cast<int>(sh.batch);
   a.hq = static_cast<int>(sh.q_heads);
   a.hkv = static_cast<int>(sh.kv_heads);
@@ -155,6 +179,24 @@ cudaError_t launch_projection(const bf16::Args& a, Projection projection, Bf16Ke
     case Projection::kPivot: return bf16::launch<D, Projection::kPivot>(a, pair, stream);
     default: return bf16::launch<D, Projection::kNone>(a, pair, stream);
   }
+}
+
+// The key-outer kernel's zeroed accumulators: dQ, and for pivot rho (in
+// row_factor) and the pivot codes.
+cudaError_t zero_key_outer_accumulators(const Bf16BackwardParams& p, char* ws, const Layout& w,
+                                        cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(ws + w.dq_accum, 0, w.dq_accum_bytes, stream);
+  if (err == cudaSuccess && p.projection == Projection::kPivot) {
+    err = cudaMemsetAsync(ws + w.row_factor, 0, static_cast<size_t>(p.shape.q_rows()) * sizeof(float), stream);
+    if (err == cudaSuccess) err = cudaMemsetAsync(ws + w.pivot_code, 0, w.pivot_code_bytes, stream);
+  }
+  return err;
+}
+
+template <int D>
+cudaError_t launch_key_outer(const bf16::Args& a, Projection projection, cudaStream_t stream) {
+  return projection == Projection::kPivot ? bf16::launch_keyouter<D, Projection::kPivot>(a, stream)
+                                          : bf16::launch_keyouter<D, Projection::kNone>(a, stream);
 }
 
 }  // namespace
@@ -185,8 +227,16 @@ Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, siz
     if (err != cudaSuccess) return Status{err, std::string("delta pre-pass launch: ") + cudaGetErrorString(err)};
   }
 
-  const cudaError_t err = p.shape.head_dim == 64 ? launch_projection<64>(a, p.projection, p.kernel_pair, stream)
-                                                 : launch_projection<128>(a, p.projection, p.kernel_pair, stream);
+  cudaError_t err = cudaSuccess;
+  if (bf16_uses_key_outer(p)) {
+    err = zero_key_outer_accumulators(p, ws, w, stream);
+    if (err != cudaSuccess) return Status{err, std::string("key-outer accumulators: ") + cudaGetErrorString(err)};
+    err = p.shape.head_dim == 64 ? launch_key_outer<64>(a, p.projection, stream)
+                                 : launch_key_outer<128>(a, p.projection, stream);
+  } else {
+    err = p.shape.head_dim == 64 ? launch_projection<64>(a, p.projection, p.kernel_pair, stream)
+                                 : launch_projection<128>(a, p.projection, p.kernel_pair, stream);
+  }
   if (err != cudaSuccess) return Status{err, std::string("bf16 backward launch: ") + cudaGetErrorString(err)};
   return {};
 }

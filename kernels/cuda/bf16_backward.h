@@ -22,17 +22,25 @@
 //   dQ'_i = alpha (sum_j t_ij k_j - rho_i k_{j*(i)})
 //   dK'_j = alpha (sum_i t_ij q_i - sum_{i : j*(i) = j} rho_i q_i)   (FP32)
 //
-// Structure (chosen by counting products, see kernels/cuda/README.md): a
-// delta pre-pass; a query-outer kernel (per query tile, loop over key tiles:
-// S, dP, t, r, dQ += t K, and for gproj U += r K and the row sums), which
-// finishes dQ and writes lambda (gproj) or rho and j* (pivot) per row; then a
-// key-outer kernel (per key tile, loop over the query tiles of every query
-// head of its group: S, dP, t, r recomputed by the same code, dV += r^T dO,
-// dK += t^T Q, for gproj dK -= r^T bf16(lambda Q), for pivot the O(N d)
-// rank-one fix-up). No atomics anywhere: every run is bit-identical, so the
-// ops' "deterministic" flag needs no parameter here. Both kernels compute
-// S and dP with the same instructions in the same order, so the t and r the
-// key-outer kernel contracts are bit-identical to those summed into rho and m.
+// Two structures (kernels/cuda/README.md counts their products):
+// * key-outer, one pass (bf16_keyouter_kernel.cuh; the default for bf16 and
+//   pivot on the Hopper pair when deterministic is false and no row
+//   diagnostics are asked for): per key tile, loop over query tiles: S, dP,
+//   t, r, dV, dK, and dQ accumulated in FP32 by atomics; pivot's rho_i and
+//   j*(i) by atomics, then an O(N d) epilogue applies both rank-one fix-ups.
+//   Not bitwise repeatable: the FP32 sums of dQ, rho and pivot's dK fix-up
+//   take the order the atomics land in (the header states the rounding).
+// * the two-kernel pair (deterministic = true, gproj, row diagnostics, the
+//   mma.sync pair): a delta pre-pass; a query-outer kernel (per query tile,
+//   loop over key tiles: S, dP, t, r, dQ += t K, and for gproj U += r K and
+//   the row sums), which finishes dQ and writes lambda (gproj) or rho and j*
+//   (pivot) per row; then a key-outer kernel (per key tile, loop over the
+//   query tiles of every query head of its group: S, dP, t, r recomputed by
+//   the same code, dV += r^T dO, dK += t^T Q, for gproj dK -= r^T
+//   bf16(lambda Q), for pivot the O(N d) rank-one fix-up). No atomics
+//   anywhere: every run is bit-identical. Both kernels compute S and dP with
+//   the same instructions in the same order, so the t and r the key-outer
+//   kernel contracts are bit-identical to those summed into rho and m.
 // Two implementations of the pair (Bf16KernelPair): the Hopper pair (warpgroup
 // MMAs, bf16_backward_hopper.cuh; the default) and the mma.sync pair
 // (baseline/bf16_mma_sync_kernel.cuh, kept as its measured baseline). For gproj the
@@ -112,6 +120,9 @@ struct Bf16BackwardParams {
 
   Projection projection = Projection::kGproj;
   Bf16KernelPair kernel_pair = Bf16KernelPair::kHopper;
+  // true: bitwise repeatable results (the two-kernel pair, no atomics);
+  // false: bf16 and pivot run the key-outer one-pass kernel (FP32 atomics).
+  bool deterministic = false;
 
   Bf16RowDiagnostics diagnostics;
 
@@ -121,8 +132,14 @@ struct Bf16BackwardParams {
 
 Status validate(const Bf16BackwardParams& params);
 
+// Whether `params` run the key-outer one-pass kernel (otherwise the pair):
+// Hopper pair, projection kNone or kPivot, not deterministic, no diagnostics.
+bool bf16_uses_key_outer(const Bf16BackwardParams& params);
+
 // Device scratch (delta, lambda or rho/j* per row, and for gproj
-// bf16(-lambda_i q_i) per row: d BF16 values), in bytes.
+// bf16(-lambda_i q_i) per row: d BF16 values; key-outer: the FP32 dQ
+// accumulator, and for pivot the per-row pivot code and the FP32 dK
+// accumulator), in bytes.
 size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& params);
 
 // Enqueues the backward on `stream`; never synchronizes, never aborts.

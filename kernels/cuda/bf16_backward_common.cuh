@@ -41,6 +41,10 @@ struct Args {
   float* row_factor;       // gproj: lambda_i; pivot: rho_i     (B, Hq, N) workspace
   int32_t* pivot_key;      // pivot: j*(i)                     (B, Hq, N) workspace
   uint16_t* neg_lambda_q;  // gproj, Hopper pair: bf16(-lambda_i q_i), (B, Hq, N, d) workspace
+  // Key-outer kernel (bf16_keyouter_kernel.cuh); row_factor then holds rho_i.
+  float* dq_accum;                 // FP32 dQ accumulator (B, Hq, N, d), zeroed
+  unsigned long long* pivot_code;  // pivot: max (P, ~j) per row (B, Hq, N), zeroed
+  float* dk_accum;                 // pivot: FP32 dK accumulator (B, Hkv, M, d)
   int batch, hq, hkv, group;
   int n, m;
   float scale, scale_log2;

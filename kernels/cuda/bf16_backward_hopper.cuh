@@ -101,8 +101,11 @@ __device__ __forceinline__ void scores_mma(float (&s)[32], const uint16_t* x, in
 // Turns S into r = bf16(P) and dP into t = bf16(P (dP - delta)) in place, for
 // this thread's rows (half 0: g, half 1: g + 8) and keys j_base + 8 jn + 2 c
 // + (e & 1). `visit(half, j, visible, p, t, r, s)` sees every element, keys
-// in increasing order per row.
-template <class Visit>
+// in increasing order per row. kRound = false leaves t and r (in place and
+// as visited) unrounded, for callers that only pack them to BF16: pack_bf16
+// rounds to nearest even as round_bf16 does, and RN(RN(x)) = RN(x), so the
+// MMAs consume the same bits for two conversions fewer per element.
+template <bool kRound = true, class Visit>
 __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], float (&dp)[32], const RowInputs& in,
                                              int j_base, Visit&& visit) {
   const int c = threadIdx.x & 3;
@@ -114,8 +117,9 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], floa
     // exp2(s alpha log2e - lse log2e) as FlashAttention forms it; a select,
     // not a multiply, for masked keys, so NaN or Inf in padding never leaks.
     const float p = visible ? mma::exp2_approx(fmaf(s[i], a.scale_log2, -in.lse_log2[half])) : 0.0f;
-    const float t = visible ? mma::round_bf16(p * (dp[i] - in.delta[half])) : 0.0f;
-    const float r = mma::round_bf16(p);
+    const float t_exact = visible ? p * (dp[i] - in.delta[half]) : 0.0f;
+    const float t = kRound ? mma::round_bf16(t_exact) : t_exact;
+    const float r = kRound ? mma::round_bf16(p) : p;
     visit(half, j, visible, p, t, r, s[i]);
     s[i] = r;
     dp[i] = t;

@@ -98,7 +98,7 @@ DeviceOffsets device_offsets(const AttentionCall& call, const std::optional<at::
 Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection, const at::Tensor& grad_out,
                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                           const at::Tensor& lse, const DeviceOffsets& offsets, const gpu::Bf16RowDiagnostics& diag,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, bool deterministic) {
   gpu::Bf16BackwardParams p;
   const at::Tensor qk = kernel_operand(q, p.q_strides);
   const at::Tensor kk = kernel_operand(k, p.k_strides);
@@ -123,6 +123,7 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   p.shape = problem_shape(call, offsets);
   p.projection = projection;
   p.kernel_pair = kKernelPair;
+  p.deterministic = deterministic;
   p.diagnostics = diag;
   const size_t bytes = gpu::bf16_backward_workspace_bytes(p);
   const at::Tensor workspace = workspace_of(q, bytes);

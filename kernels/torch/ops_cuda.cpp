@@ -60,14 +60,15 @@ Grads run_fp32(const AttentionCall& call, const at::Tensor& grad_out, const at::
 
 Grads run_bf16(const AttentionCall& call, Backend backend, const at::Tensor& grad_out, const at::Tensor& q,
                const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-               const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k) {
+               const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+               bool deterministic) {
   TORCH_CHECK(call.shape.head_dim == 64 || call.shape.head_dim == 128, "gaugewatch: the fused BF16 backward (backend '",
               gaugewatch::backend_name(backend), "') supports head dims 64 and 128, got ", call.shape.head_dim,
               "; use backend='fp32' for this head dim");
   const c10::cuda::CUDAGuard guard(q.device());
   return fused_bf16_backward(call, projection_of(backend), grad_out, q, k, v, out, lse,
                              device_offsets(call, cu_seqlens_q, cu_seqlens_k, q), {},
-                             at::cuda::getCurrentCUDAStream().stream());
+                             at::cuda::getCurrentCUDAStream().stream(), deterministic);
 }
 
 Grads attention_backward_cuda(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
@@ -92,8 +93,9 @@ Grads attention_backward_cuda(const at::Tensor& grad_out, const at::Tensor& q, c
   TORCH_CHECK(!attn_mask.has_value(), "gaugewatch: backend '", gaugewatch::backend_name(backend),
               "' (the fused BF16 backward) takes no attn_mask; use backend 'center' (the stock backward on "
               "centred keys) or 'fp32' for masked calls");
-  // deterministic: the fused BF16 kernels use no atomics, every run is.
-  return run_bf16(call, backend, grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k);
+  // deterministic: the two-kernel pair (no atomics); otherwise bf16 and pivot
+  // run the key-outer kernel (kernels/cuda/bf16_backward.h).
+  return run_bf16(call, backend, grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, deterministic);
 }
 
 Grads attention_backward_rows_cuda(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,

@@ -3,8 +3,11 @@
 // (kernels/reference/fused_backward_bf16.h, outputs rounded to BF16): every
 // masking mode, packing, GQA, head dims 64 and 128, lengths 1 and ragged, the
 // four-key witness exactly, the row diagnostics, pivot's dK fix-up with O(1)
-// row mass, and the mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync). Outputs are poisoned
-// with NaN first, so an element the kernel forgets to write fails.
+// row mass and with one pivot key for every row, the key-outer one-pass
+// kernel (the default, deterministic = false) as well as the two-kernel pair
+// (deterministic = true, bitwise repeatable), and the mma.sync pair
+// (GAUGEWATCH_BF16_KERNEL=mma_sync). Outputs are poisoned with NaN first, so
+// an element the kernel forgets to write fails.
 //
 // Two builds of this one source (tests/cuda/CMakeLists.txt):
 //   gaugewatch_cuda_tests            on an sm_90 GPU (skips without one)
@@ -51,15 +54,24 @@ using testing_cuda::make_inputs;
 using testing_cuda::to_bf16_bits;
 using testing_cuda::to_int32;
 
+// Which implementation runs: the key-outer one-pass kernel (the default for
+// bf16 and pivot: deterministic = false, no row diagnostics) or the
+// two-kernel pair (deterministic = true; the bf16 variant also writes the row
+// diagnostics).
+enum class Path { kKeyOuter, kPair };
+
+const char* name_of(Path path) { return path == Path::kKeyOuter ? "key-outer" : "pair"; }
+
 struct KernelRun {
   gpu::Status status;
+  bool key_outer = false;  // what the launcher chose (bf16_uses_key_outer)
   ref::Gradients grads;
   std::vector<float> row_mass, p_max, logit_abs_max;
   std::vector<int32_t> pivot;
 };
 
 KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& saved, gpu::Projection projection,
-                     gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper) {
+                     gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper, Path path = Path::kPair) {
   const auto& sh = in.shape;
   DeviceBuffer<uint16_t> q(to_bf16_bits(in.q)), k(to_bf16_bits(in.k)), v(to_bf16_bits(in.v)), go(to_bf16_bits(in.grad_out));
   DeviceBuffer<uint16_t> out(to_bf16_bits(saved.out));
@@ -86,14 +98,16 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   p.shape = testing_cuda::problem_shape(in, cu_q.get(), cu_k.get());
   p.projection = projection;
   p.kernel_pair = pair;
+  p.deterministic = path == Path::kPair;
   p.set_contiguous_strides();
-  if (projection == gpu::Projection::kNone) {
+  if (projection == gpu::Projection::kNone && path == Path::kPair) {
     p.diagnostics.row_mass = row_mass.get();
     p.diagnostics.p_max = p_max.get();
     p.diagnostics.logit_abs_max = logit_abs_max.get();
     p.diagnostics.pivot = pivot.get();
   }
   KernelRun run;
+  run.key_outer = gpu::bf16_uses_key_outer(p);
   const size_t ws_bytes = gpu::bf16_backward_workspace_bytes(p);
   DeviceBuffer<unsigned char> workspace(ws_bytes);
   run.status = gpu::bf16_attention_backward(p, workspace.get(), ws_bytes, nullptr);
@@ -104,7 +118,7 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   run.grads.dq = from_bf16_bits(dq.download());
   run.grads.dk = from_bf16_bits(dk.download());
   run.grads.dv = from_bf16_bits(dv.download());
-  if (projection == gpu::Projection::kNone) {
+  if (projection == gpu::Projection::kNone && path == Path::kPair) {
     run.row_mass = row_mass.download();
     run.p_max = p_max.download();
     run.logit_abs_max = logit_abs_max.download();
@@ -219,6 +233,52 @@ std::vector<Bf16Case> cases() {
 INSTANTIATE_TEST_SUITE_P(Shapes, Bf16BackwardCase, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Bf16Case>& param) { return param.param.name; });
 
+// The key-outer one-pass kernel (bf16_keyouter_kernel.cuh) on the same shapes:
+// bf16 and pivot against the reference emulation with the pair's tolerances,
+// and dV (bf16: dK too) bit for bit against the pair.
+class Bf16KeyOuterCase : public ::testing::TestWithParam<Bf16Case> {};
+
+TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
+  SKIP_WITHOUT_GPU();
+  const Bf16Case& c = GetParam();
+  const ref::AttentionInputs in = make_inputs(c);
+  const ref::SavedForward saved = ref::forward_fused_bf16(in);
+  const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot}) {
+    SCOPED_TRACE(name_of(projection));
+    const KernelRun got = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
+    ASSERT_TRUE(got.status.ok()) << got.status.message;
+    ASSERT_TRUE(got.key_outer) << "the launcher did not choose the key-outer kernel";
+    const ref::Gradients& expect = reference_of(want, projection);
+    const double eq = relative(got.grads.dq, expect.dq), ek = relative(got.grads.dk, expect.dk),
+                 ev = relative(got.grads.dv, expect.dv);
+    std::printf("[ %s %s key-outer ] vs reference emulation: dq %.2e dk %.2e dv %.2e\n", c.name.c_str(),
+                name_of(projection), eq, ek, ev);
+    const bool leak_dominated = projection == gpu::Projection::kNone && c.key_offset != 0.0f;
+    if (!leak_dominated) {
+      EXPECT_LE(eq, 2e-2);
+    }
+    EXPECT_LE(ek, 2e-2);
+    EXPECT_LE(ev, 2e-2);
+    for (const auto* g : {&got.grads.dq, &got.grads.dk, &got.grads.dv}) {
+      for (float x : *g) ASSERT_TRUE(std::isfinite(x)) << "an output element was not written";
+    }
+    // The same t and r as the pair's dkdv kernel, contracted by the same MMA
+    // sequence: dV (and bf16's dK, which no fix-up touches) bit for bit.
+    const KernelRun pair = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kPair);
+    ASSERT_TRUE(pair.status.ok()) << pair.status.message;
+    EXPECT_EQ(std::memcmp(got.grads.dv.data(), pair.grads.dv.data(), got.grads.dv.size() * sizeof(float)), 0)
+        << "dV differs from the pair's";
+    if (projection == gpu::Projection::kNone) {
+      EXPECT_EQ(std::memcmp(got.grads.dk.data(), pair.grads.dk.data(), got.grads.dk.size() * sizeof(float)), 0)
+          << "dK differs from the pair's";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Bf16KeyOuterCase, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Bf16Case>& param) { return param.param.name; });
+
 // The four-key witness of docs/numerics.md: bf16 gives -24 in the offset
 // coordinate, gproj and pivot exactly 0 (the truth).
 TEST(Bf16Backward, FourKeyWitness) {
@@ -241,9 +301,15 @@ TEST(Bf16Backward, FourKeyWitness) {
   in.v[2 * d + 1] = -3.0f / 256;
   in.grad_out[0] = in.grad_out[1] = 1.0f;
   const ref::SavedForward saved = ref::forward_fused_bf16(in);
-  EXPECT_EQ(run_kernel(in, saved, gpu::Projection::kNone).grads.dq[0], -24.0f);
-  EXPECT_EQ(run_kernel(in, saved, gpu::Projection::kGproj).grads.dq[0], 0.0f);
-  EXPECT_EQ(run_kernel(in, saved, gpu::Projection::kPivot).grads.dq[0], 0.0f);
+  for (const Path path : {Path::kPair, Path::kKeyOuter}) {
+    SCOPED_TRACE(name_of(path));
+    const auto dq0 = [&](gpu::Projection projection) {
+      return run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, path).grads.dq[0];
+    };
+    EXPECT_EQ(dq0(gpu::Projection::kNone), -24.0f);
+    EXPECT_EQ(dq0(gpu::Projection::kGproj), 0.0f);
+    EXPECT_EQ(dq0(gpu::Projection::kPivot), 0.0f);
+  }
 }
 
 // Pivot's dK fix-up, dK_j -= sum over rows i with j*(i) = j of rho_i q_i, in
@@ -280,13 +346,77 @@ TEST(Bf16Backward, PivotFixupWithLargeRowMass) {
     const double moved = relative(want.pivot.dk, want.plain.dk);
     ASSERT_GT(moved, 0.1) << "the fix-up must move dK far beyond the tolerance";
 
-    const KernelRun got = run_kernel(in, saved, gpu::Projection::kPivot);
-    ASSERT_TRUE(got.status.ok()) << got.status.message;
-    const double eq = relative(got.grads.dq, want.pivot.dq), ek = relative(got.grads.dk, want.pivot.dk);
-    std::printf("[ pivot_fixup d%lld ] fix-up moves dK by %.2e; vs reference emulation: dq %.2e dk %.2e\n",
-                static_cast<long long>(d), moved, eq, ek);
-    EXPECT_LE(eq, 2e-2);
-    EXPECT_LE(ek, 2e-2);
+    for (const Path path : {Path::kPair, Path::kKeyOuter}) {
+      const KernelRun got = run_kernel(in, saved, gpu::Projection::kPivot, gpu::Bf16KernelPair::kHopper, path);
+      ASSERT_TRUE(got.status.ok()) << got.status.message;
+      EXPECT_EQ(got.key_outer, path == Path::kKeyOuter);
+      const double eq = relative(got.grads.dq, want.pivot.dq), ek = relative(got.grads.dk, want.pivot.dk);
+      std::printf("[ pivot_fixup d%lld %s ] fix-up moves dK by %.2e; vs reference emulation: dq %.2e dk %.2e\n",
+                  static_cast<long long>(d), name_of(path), moved, eq, ek);
+      EXPECT_LE(eq, 2e-2);
+      EXPECT_LE(ek, 2e-2);
+    }
+  }
+}
+
+// Every row's pivot is one key (an attention sink: key 0 carries a large
+// component along a coordinate every query shares), with O(1) row mass (saved
+// output halved, as above): dK_0 takes the fix-up of all 2 x 200 rows of two
+// query heads, which the key-outer epilogue sums per 64-row tile before its
+// atomics. Both paths against the reference.
+TEST(Bf16Backward, PivotSinkSharedByEveryRow) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t d : {64, 128}) {
+    SCOPED_TRACE(d);
+    Bf16Case c = make_case("pivot_sink", {1, 2, 1, 200, 200, d}, ref::CausalMode::kTopLeft);
+    ref::AttentionInputs in = make_inputs(c);
+    // Every query has 4 in coordinate 0; key 0 is (2 sqrt(d), 0, ..., 0): its
+    // logit alpha q_i . k_0 is 8 on every row, the other keys' ~N(0, 1.1)
+    // (max ~3 over 200 keys). Key 0 wins every row, and the others keep ~10%
+    // of the probability (so dK' is not ~0).
+    for (int64_t row = 0; row < 2 * 200; ++row) in.q[row * d] = 4.0f;
+    for (int64_t col = 0; col < d; ++col) in.k[col] = 0.0f;
+    in.k[0] = ref::round_bf16(2.0f * std::sqrt(static_cast<float>(d)));
+    ref::SavedForward saved = ref::forward_fused_bf16(in);
+    for (float& o : saved.out) o *= 0.5f;
+    const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+    for (const int32_t pivot : want.rows.pivot) ASSERT_EQ(pivot, 0) << "key 0 must be every row's pivot";
+    const double moved = relative(want.pivot.dk, want.plain.dk);
+    ASSERT_GT(moved, 0.1) << "the fix-up must move dK far beyond the tolerance";
+    for (const Path path : {Path::kPair, Path::kKeyOuter}) {
+      const KernelRun got = run_kernel(in, saved, gpu::Projection::kPivot, gpu::Bf16KernelPair::kHopper, path);
+      ASSERT_TRUE(got.status.ok()) << got.status.message;
+      const double eq = relative(got.grads.dq, want.pivot.dq), ek = relative(got.grads.dk, want.pivot.dk),
+                   ev = relative(got.grads.dv, want.pivot.dv);
+      std::printf("[ pivot_sink d%lld %s ] fix-up moves dK by %.2e; vs reference: dq %.2e dk %.2e dv %.2e\n",
+                  static_cast<long long>(d), name_of(path), moved, eq, ek, ev);
+      EXPECT_LE(eq, 2e-2);
+      EXPECT_LE(ek, 2e-2);
+      EXPECT_LE(ev, 2e-2);
+    }
+  }
+}
+
+// deterministic = true runs the two-kernel pair (no atomics): the same bits on
+// every call, for each backend (on the GPU the test of record; the emulation
+// runs blocks in order, so there it checks the dispatch).
+TEST(Bf16Backward, DeterministicPairIsBitwiseRepeatable) {
+  SKIP_WITHOUT_GPU();
+  Bf16Case c = make_case("deterministic_gqa", {1, 4, 2, 100, 140, 64}, ref::CausalMode::kBottomRight);
+  c.q_gain = 3.0f;
+  const ref::AttentionInputs in = make_inputs(c);
+  const ref::SavedForward saved = ref::forward_fused_bf16(in);
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kGproj, gpu::Projection::kPivot}) {
+    SCOPED_TRACE(name_of(projection));
+    const KernelRun first = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kPair);
+    const KernelRun again = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kPair);
+    ASSERT_TRUE(first.status.ok() && again.status.ok());
+    EXPECT_FALSE(first.key_outer);
+    for (const auto& [x, y] : {std::pair{&first.grads.dq, &again.grads.dq}, std::pair{&first.grads.dk, &again.grads.dk},
+                               std::pair{&first.grads.dv, &again.grads.dv}}) {
+      ASSERT_EQ(x->size(), y->size());
+      EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0);
+    }
   }
 }
 

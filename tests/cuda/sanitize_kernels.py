@@ -1,7 +1,8 @@
 """Small calls of every CUDA backend of gaugewatch::attention_backward, for
 compute-sanitizer (memcheck, racecheck, synccheck) in scripts/device.sh:
 multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64
-and 128. Exits non-zero on any Python-side failure; the sanitizer's own exit
+and 128; bf16 and pivot both on the key-outer kernel (default) and on the
+two-kernel pair (deterministic=True). Exits non-zero on any Python-side failure; the sanitizer's own exit
 code (--error-exitcode) reports hazards.
 """
 
@@ -37,10 +38,11 @@ for case in CASES:
     if "cu_q" in case:
         kw.update(cu_seqlens_q=torch.tensor(case["cu_q"], dtype=torch.int32, device="cuda"),
                   cu_seqlens_k=torch.tensor(case["cu_k"], dtype=torch.int32, device="cuda"))
-    for backend in ("bf16", "gproj", "pivot", "fp32"):
-        grads = ops.attention_backward(do, q, k, v, out, lse, backend=backend, **kw)
+    runs = [(b, False) for b in ("bf16", "gproj", "pivot", "fp32")] + [(b, True) for b in ("bf16", "pivot")]
+    for backend, deterministic in runs:
+        grads = ops.attention_backward(do, q, k, v, out, lse, backend=backend, deterministic=deterministic, **kw)
         torch.cuda.synchronize()
         if not all(torch.isfinite(x).all().item() for x in grads):
-            print(f"non-finite gradient: backend {backend}, case {case}")
+            print(f"non-finite gradient: backend {backend}, deterministic {deterministic}, case {case}")
             sys.exit(1)
-print(f"sanitize_kernels: {len(CASES)} cases x 4 backends ran")
+print(f"sanitize_kernels: {len(CASES)} cases x {len(runs)} runs (backends, key-outer and pair) ran")

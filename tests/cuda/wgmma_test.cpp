@@ -1,7 +1,8 @@
 // Tests of the Hopper warpgroup MMA primitives (kernels/cuda/wgmma.cuh) in the
 // modes the fused BF16 backward uses: ss with both operands K-major, rs with B
 // MN-major, ss with both operands MN-major, and an accumulator rounded to BF16
-// fed back as the rs A operand. Descriptors, the 128-byte swizzle of the tile
+// fed back as the rs A operand, ss with A K-major and B MN-major (the
+// key-outer kernel's dQ). Descriptors, the 128-byte swizzle of the tile
 // layout, k16 stepping and the fragment layouts all show in the result.
 //
 // Operands are multiples of 1/4 in [-2, 2]: BF16-exact, and every partial sum
@@ -164,6 +165,21 @@ TEST(Wgmma, AccumulatorAsRsOperand) {
     const Matrix s_bf16 = rounded_to_bf16(s);
     ASSERT_NE(s.values, s_bf16.values) << "S should need rounding, or the test misses the pack's rounding";
     EXPECT_TRUE(same_matrix(product(s_bf16, false, in.v, false), run_case(Case::kChain, n, in, n)));
+  }
+}
+
+// (d) C = A B[:, 64..127], A [64][K] K-major, B [K][128] MN-major: the
+// key-outer kernel's dQ = t K (t K-major, K's rows the contraction).
+TEST(Wgmma, SsAKMajorBMnMajorSecondColumnBlock) {
+  SKIP_WITHOUT_GPU();
+  for (const int k : kSizes) {
+    SCOPED_TRACE("K = " + std::to_string(k));
+    const Inputs in{random_matrix(kM, k, 51 + k), random_matrix(k, 128, 52 + k), {}};
+    Matrix right{k, 64, std::vector<float>(static_cast<size_t>(k) * 64)};
+    for (int r = 0; r < k; ++r) {
+      for (int c = 0; c < 64; ++c) right.values[static_cast<size_t>(r) * 64 + c] = in.b.at(r, 64 + c);
+    }
+    EXPECT_TRUE(same_matrix(product(in.a, false, right, false), run_case(Case::kSsKMajorAMnMajorB, k, in, 64)));
   }
 }
 

@@ -199,6 +199,29 @@ __global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
   store_accumulator(c, d);
 }
 
+// C = A B[:, 64..127]: A [64][K] K-major (step s 32 bytes further into the
+// row, a sub-tile every 4 steps), B a [K][128] tile read MN-major from its
+// second 64-column block (step s 16 rows further down).
+template <int K>
+__global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
+    ss_k_major_a_mn_major_b_kernel(const uint16_t* a, const uint16_t* b, float* c) {
+  GAUGEWATCH_WGMMA_TEST_SMEM(raw);
+  uint16_t* sa = wg::align_1024(raw);  // [64][K]
+  uint16_t* sb = sa + kM * K;          // [K][128]
+  load_tile<kM, K>(sa, a);
+  load_tile<K, 128>(sb, b);
+  publish_tiles();
+  float d[32] = {};
+  wg::fence();
+#pragma unroll
+  for (int s = 0; s < K / 16; ++s) {
+    wg::mma_ss<false, true>(d, wg::desc_k_major(sa + wg::tile_offset<64>(0, 16 * s)),
+                            wg::desc_mn_major(sb + wg::tile_offset<K>(16 * s, 64), K * 64 * 2));
+  }
+  finish(d);
+  store_accumulator(c, d);
+}
+
 // Bytes of dynamic shared memory of `tiles` [64][64] sub-tiles.
 constexpr size_t smem_bytes(int tiles) { return static_cast<size_t>(tiles) * kSubTileBytes + kAlignSlack; }
 
@@ -222,6 +245,9 @@ cudaError_t run_case(Case which, int size, const Operands& o) {
     case Case::kChain:
       return wide ? Launcher::run(chain_kernel<128>, smem_bytes(2 + tiles), o.a, o.b, o.v, o.c)
                   : Launcher::run(chain_kernel<64>, smem_bytes(2 + tiles), o.a, o.b, o.v, o.c);
+    case Case::kSsKMajorAMnMajorB:
+      return wide ? Launcher::run(ss_k_major_a_mn_major_b_kernel<128>, smem_bytes(3 * tiles), o.a, o.b, o.c)
+                  : Launcher::run(ss_k_major_a_mn_major_b_kernel<64>, smem_bytes(3 * tiles), o.a, o.b, o.c);
   }
   return cudaErrorInvalidValue;
 }

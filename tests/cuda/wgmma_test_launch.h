@@ -17,6 +17,9 @@ enum class Case {
   kSsMnMajor,  // C[64][size] = A[64][64]^T B[64][size]: ss, both operands MN-major
   kChain,      // C[64][size] = bf16(A[64][64] B[64][64]^T) V[64][size]: the
                // kSsKMajor accumulator fed as the A registers of kRsBMnMajor
+  kSsKMajorAMnMajorB,  // C[64][64] = A[64][size] B[size][128][:, 64..127]: ss, A
+                       // K-major, B MN-major from its second 64-column block
+                       // (the key-outer kernel's dQ = t K at D = 128)
 };
 
 struct Operands {

@@ -8,7 +8,11 @@
   the exact dQ is 0), GProj's largest |dQ| there is >= 1000x below SDPA flash's;
 - sink-like inputs where flash, cuDNN and efficient are >= 90% off: GProj
   dQ/dK <= 0.5%, pivot <= 1%; random inputs: GProj <= 1.2x flash, pivot <= 1.3x;
-- bitwise repeatable; SDPA-strided operands give the same bits as contiguous;
+- the default path (bf16 and pivot: the key-outer one-pass kernel, dQ by FP32
+  atomics) and deterministic=True (the two-kernel pair) both against the
+  reference emulation, and against each other to summation order;
+- deterministic=True: bitwise repeatable; SDPA-strided operands give the same
+  bits as contiguous (the key-outer path: the same to summation order);
 - the FP32 kernel's floor on sink-like inputs with and without key centring.
 Skips without a CUDA GPU; runs through scripts/device.sh.
 """
@@ -42,13 +46,14 @@ GPU_CASES.update({
 })
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 @pytest.mark.parametrize("backend", PROJECTED)
 @pytest.mark.parametrize("name", sorted(GPU_CASES))
-def test_cuda_matches_cpu_reference_emulation(name, backend):
+def test_cuda_matches_cpu_reference_emulation(name, backend, deterministic):
     cpu = Problem(**GPU_CASES[name])
     gpu = Problem(**GPU_CASES[name], device="cuda")
     want = ops.attention_backward(*cpu.args(), **cpu.kwargs(backend=backend))
-    got = ops.attention_backward(*gpu.args(), **gpu.kwargs(backend=backend))
+    got = ops.attention_backward(*gpu.args(), **gpu.kwargs(backend=backend, deterministic=deterministic))
     exact = cpu.exact()
     for label, x, ref, truth in zip("qkv", got, want, exact):
         assert x.dtype == torch.bfloat16 and x.is_cuda and x.shape == ref.shape
@@ -82,20 +87,29 @@ def exact_grads(q, k, v, grad_out, *, causal, scale):
     return q.grad, k.grad, v.grad
 
 
-def ours(q, k, v, grad_out, backend, *, causal, scale):
+def ours(q, k, v, grad_out, backend, *, causal, scale, deterministic=False):
     out, lse = flash_forward(q, k, v, causal=causal, scale=scale)
-    return ops.attention_backward(grad_out, q, k, v, out, lse, is_causal=causal, scale=scale, backend=backend)
+    return ops.attention_backward(grad_out, q, k, v, out, lse, is_causal=causal, scale=scale, backend=backend,
+                                  deterministic=deterministic)
 
 
-def test_witness(record_line):
+# Both implementations: the key-outer kernel (default) and the pair.
+PATHS = pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+
+
+@PATHS
+def test_witness(deterministic, record_line):
     q, k, v, grad_out = (t.cuda() for t in attention_inputs.witness())
-    got = {b: ours(q, k, v, grad_out, b, causal=False, scale=0.125)[0][0, 0, 0, 0].item() for b in PROJECTED}
-    record_line(f"witness on the CUDA kernels: dq[0] bf16 {got['bf16']} gproj {got['gproj']} pivot {got['pivot']}")
+    got = {b: ours(q, k, v, grad_out, b, causal=False, scale=0.125, deterministic=deterministic)[0][0, 0, 0, 0].item()
+           for b in PROJECTED}
+    record_line(f"witness on the CUDA kernels (deterministic={deterministic}): dq[0] bf16 {got['bf16']} "
+                f"gproj {got['gproj']} pivot {got['pivot']}")
     assert got == {"bf16": -24.0, "gproj": 0.0, "pivot": 0.0}
 
 
+@PATHS
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_translation_invariance_against_flash(seed, record_line):
+def test_translation_invariance_against_flash(seed, deterministic, record_line):
     g = torch.Generator().manual_seed(seed)
     B, H, N, d = 1, 4, 512, 64
     q = (4.0 * torch.randn(B, H, N, d, generator=g)).bfloat16().cuda()
@@ -107,10 +121,10 @@ def test_translation_invariance_against_flash(seed, record_line):
     v = torch.randn(B, H, N, d, generator=g).bfloat16().cuda()
     grad_out = torch.randn(B, H, N, d, generator=g).bfloat16().cuda()
     flash = sdpa_grads(q, k, v, grad_out, "flash", causal=True, scale=None)[0][..., 0].abs().max().item()
-    worst = {b: ours(q, k, v, grad_out, b, causal=True, scale=d ** -0.5)[0][..., 0].abs().max().item()
-             for b in ("gproj", "pivot")}
-    record_line(f"translation seed {seed}: max |dQ[:, 0]| flash {flash:.3e} gproj {worst['gproj']:.3e} "
-                f"pivot {worst['pivot']:.3e} (truth 0)")
+    worst = {b: ours(q, k, v, grad_out, b, causal=True, scale=d ** -0.5, deterministic=deterministic)[0][..., 0]
+             .abs().max().item() for b in ("gproj", "pivot")}
+    record_line(f"translation seed {seed} (deterministic={deterministic}): max |dQ[:, 0]| flash {flash:.3e} "
+                f"gproj {worst['gproj']:.3e} pivot {worst['pivot']:.3e} (truth 0)")
     assert flash > 0
     assert worst["gproj"] * 1000 <= flash
     assert worst["pivot"] * 1000 <= flash
@@ -120,17 +134,20 @@ def make_inputs(kind, **kwargs):
     return [t.cuda() for t in attention_inputs.make_inputs(kind, **kwargs)]
 
 
+@PATHS
 @pytest.mark.parametrize("kind,d", [("random", 64), ("random", 128), ("sink", 64), ("sink", 128)])
-def test_accuracy_against_sdpa_and_fp64(kind, d, record_line):
+def test_accuracy_against_sdpa_and_fp64(kind, d, deterministic, record_line):
     scale = d ** -0.5
     q, k, v, grad_out = make_inputs(kind, d=d, seed=d + 7)
     truth = exact_grads(q, k, v, grad_out, causal=True, scale=scale)
     sdpa = {b: [rel(x, t) for x, t in zip(sdpa_grads(q, k, v, grad_out, b, causal=True, scale=scale), truth)]
             for b in SDPA}
-    mine = {b: [rel(x, t) for x, t in zip(ours(q, k, v, grad_out, b, causal=True, scale=scale), truth)]
+    mine = {b: [rel(x, t) for x, t in zip(ours(q, k, v, grad_out, b, causal=True, scale=scale,
+                                               deterministic=deterministic), truth)]
             for b in PROJECTED}
-    record_line(f"{kind} d={d} dQ/dK err: " + " ".join(f"{b} {e[0]:.3%}/{e[1]:.3%}" for b, e in sdpa.items()) +
-                " | gaugewatch " + " ".join(f"{b} {e[0]:.3%}/{e[1]:.3%}" for b, e in mine.items()))
+    record_line(f"{kind} d={d} deterministic={deterministic} dQ/dK err: " +
+                " ".join(f"{b} {e[0]:.3%}/{e[1]:.3%}" for b, e in sdpa.items()) + " | gaugewatch " +
+                " ".join(f"{b} {e[0]:.3%}/{e[1]:.3%}" for b, e in mine.items()))
     if kind == "sink":
         for b, e in sdpa.items():
             assert e[0] >= 0.9, f"SDPA {b} should be >= 90% off in dQ on sink-like inputs"
@@ -147,20 +164,45 @@ def test_accuracy_against_sdpa_and_fp64(kind, d, record_line):
     assert mine["bf16"][2] == pytest.approx(mine["gproj"][2], abs=1e-6), "dV does not depend on the projection"
 
 
-@pytest.mark.parametrize("backend", PROJECTED)
-def test_bitwise_repeatable_and_strides(backend):
-    B, H, N, d = 2, 4, 300, 128
+def strided_problem(d):
+    B, H, N = 2, 4, 300
     g = torch.Generator().manual_seed(5)
     # SDPA's layout: (B, N, H, d) storage viewed as (B, H, N, d).
     q, k, v, grad_out = ((torch.randn(B, N, H, d, generator=g) * s).bfloat16().cuda().transpose(1, 2)
                          for s in (3.0, 1.0, 1.0, 1.0))
     out, lse = flash_forward(q, k, v, causal=True, scale=None)
-    args = (grad_out, q, k, v, out, lse)
-    first = ops.attention_backward(*args, is_causal=True, backend=backend)
+    return (grad_out, q, k, v, out, lse)
+
+
+@pytest.mark.parametrize("backend", PROJECTED)
+def test_bitwise_repeatable_and_strides(backend):
+    args = strided_problem(128)
+    first = ops.attention_backward(*args, is_causal=True, backend=backend, deterministic=True)
     again = ops.attention_backward(*args, is_causal=True, backend=backend, deterministic=True)
-    contiguous = ops.attention_backward(*(t.contiguous() for t in args), is_causal=True, backend=backend)
+    contiguous = ops.attention_backward(*(t.contiguous() for t in args), is_causal=True, backend=backend,
+                                        deterministic=True)
     for x, y, z in zip(first, again, contiguous):
         assert torch.equal(x, y) and torch.equal(x, z)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("backend", ("bf16", "pivot"))
+def test_key_outer_agrees_with_pair_and_strides(backend, d):
+    """The key-outer kernel (default) against the pair (deterministic=True):
+    the same t and r contracted by the same MMA sequence, so dV (and bf16's
+    dK, which no fix-up touches) is bit-identical, and dQ (pivot's dK) differs
+    only by the FP32 order of the atomics; SDPA-strided operands give the
+    same result to that order."""
+    args = strided_problem(d)
+    pair = ops.attention_backward(*args, is_causal=True, backend=backend, deterministic=True)
+    strided = ops.attention_backward(*args, is_causal=True, backend=backend)
+    contiguous = ops.attention_backward(*(t.contiguous() for t in args), is_causal=True, backend=backend)
+    assert torch.equal(strided[2], pair[2]) and torch.equal(contiguous[2], pair[2])
+    if backend == "bf16":
+        assert torch.equal(strided[1], pair[1]) and torch.equal(contiguous[1], pair[1])
+    for label, x, y, z in zip("qk", strided, contiguous, pair):
+        assert rel(x, z) <= 1e-2, f"d{label}: key-outer vs pair"
+        assert rel(y, z) <= 1e-2, f"d{label}: key-outer (contiguous) vs pair"
 
 
 def test_unsupported_inputs_are_named():

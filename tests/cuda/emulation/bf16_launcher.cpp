@@ -7,6 +7,7 @@
 #include "kernels/cuda/bf16_backward.cu"
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bf16_delta_kernel.cuh"
+#include "kernels/cuda/bf16_keyouter_kernel.cuh"
 
 namespace gaugewatch::gpu::bf16 {
 
@@ -54,6 +55,37 @@ cudaError_t launch(const Args& a, Bf16KernelPair pair, cudaStream_t /*stream*/) 
   if (pair == Bf16KernelPair::kMmaSyncBaseline) return launch_mma_sync<D, P>(a);
   return launch_hopper<D, P>(a);
 }
+
+// bf16_keyouter_launch.cuh's launches as loops over the grid.
+template <int D, Projection P>
+cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/) {
+  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
+                     static_cast<unsigned>(a.batch * a.hkv));
+  if (kv_grid.x > 0 && kv_grid.y > 0) {
+    gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, keyouter::Layout<D>::kBytes,
+                                   [&a] { keyouter::keyouter_kernel<D, P>(a); });
+  }
+  const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
+                      static_cast<unsigned>(a.batch * a.hq));
+  if (row_grid.x > 0 && row_grid.y > 0) {
+    gaugewatch_emulation::run_grid(row_grid, keyouter::kFinishThreads, keyouter::kFinishSmemBytes<D, P>,
+                                   [&a] { keyouter::finish_rows_kernel<D, P>(a); });
+  }
+  if constexpr (P == Projection::kPivot) {
+    const int64_t pairs = static_cast<int64_t>(a.batch) * a.hkv * a.m * D / 2;
+    if (pairs > 0) {
+      const dim3 grid(static_cast<unsigned>((pairs + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads));
+      gaugewatch_emulation::run_grid(grid, keyouter::kConvertThreads, 0,
+                                     [&a, pairs] { keyouter::finish_keys_kernel<D>(a, pairs); });
+    }
+  }
+  return cudaSuccess;
+}
+
+template cudaError_t launch_keyouter<64, Projection::kNone>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter<64, Projection::kPivot>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter<128, Projection::kNone>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter<128, Projection::kPivot>(const Args&, cudaStream_t);
 
 template cudaError_t launch<64, Projection::kNone>(const Args&, Bf16KernelPair, cudaStream_t);
 template cudaError_t launch<64, Projection::kGproj>(const Args&, Bf16KernelPair, cudaStream_t);

@@ -38,6 +38,10 @@ struct float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+struct float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
 };
@@ -84,6 +88,8 @@ float __uint_as_float(unsigned x);
 int atomicMin(int* address, int value);
 int atomicMax(int* address, int value);
 float4 atomicAdd(float4* address, float4 value);
+float atomicAdd(float* address, float value);
+unsigned long long atomicMax(unsigned long long* address, unsigned long long value);
 float __fmul_rn(float a, float b);
 float __fadd_rn(float a, float b);
 float __fsub_rn(float a, float b);

@@ -193,6 +193,20 @@ float4 atomicAdd(float4* address, float4 value) {
   return old;
 }
 
+float atomicAdd(float* address, float value) {
+  const std::lock_guard lock(gaugewatch_emulation::atomic_mutex);
+  const float old = *address;
+  *address += value;
+  return old;
+}
+
+unsigned long long atomicMax(unsigned long long* address, unsigned long long value) {
+  const std::lock_guard lock(gaugewatch_emulation::atomic_mutex);
+  const unsigned long long old = *address;
+  if (value > old) *address = value;
+  return old;
+}
+
 float __fmul_rn(float a, float b) {
   volatile float product = a * b;  // rounded once, never fused
   return product;

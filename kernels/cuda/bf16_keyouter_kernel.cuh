@@ -1,0 +1,459 @@
+#pragma once
+// Key-outer one-pass Hopper kernel of the fused BF16 backward, backends bf16
+// and pivot (math: kernels/cuda/bf16_backward.h), the default when the caller
+// does not ask for bitwise determinism. One kernel computes the five products
+// per tile pair (S, dP, dV, dK, dQ) where the two-kernel pair of
+// bf16_backward_hopper.cuh needs seven; dQ is accumulated in FP32 by atomics.
+//
+// keyouter_kernel: block = 128 keys of one (batch, kv head), two warpgroups
+// (wg: keys 64 wg..), loop over query tiles of 64 rows of every query head of
+// the group, causal skipping and cp.async double buffering as the pair's
+// dkdv kernel (same shared layout, hopper::KvLayout<D, kNone>), with one block
+// barrier per iteration (D = 128: two) instead of its two: the barrier that
+// publishes iteration it's loads also orders every use of the previous
+// iteration's buffers before their reuse (the next loads are issued after it,
+// the previous dQ tile is added to dQacc after it, and at D = 64 the dQ
+// partials alternate between two buffers):
+//   S = Q K_wg^T, dP = dO V_wg^T   ss, m64n64 (hopper::scores_mma)
+//   t, r in registers              hopper::scores_to_tr: the same element
+//                                  math, bit for bit, as both pair kernels
+//                                  (rounded to BF16 by the packing)
+//   t, r -> shared [64 rows][64 keys] per warpgroup, then a block barrier
+//                                  (D = 64: a warpgroup barrier)
+//   dV += r^T dO, dK += t^T Q      ss, m64nD, A and B MN-major
+//   dQ_tile = t K                  ss, m64n64, A = t (K-major), B = K (MN-major)
+//                                  D = 128: warpgroup wg computes columns
+//                                  64 wg.. over all 128 keys (t of both
+//                                  warpgroups) into a shared FP32 staging
+//                                  tile, and after the next barrier 64
+//                                  threads add its rows to dQacc, one bulk
+//                                  reduction each (bulk_reduce.cuh);
+//                                  D = 64: each warpgroup its own 64 keys'
+//                                  partial into shared memory, and after the
+//                                  next barrier the block adds the two
+//                                  partials and dQacc += them by float4
+//                                  atomics (one atomic per element, and no
+//                                  warpgroup skips an MMA: a branch around
+//                                  wgmma makes ptxas serialize them)
+//   pivot: per row, this block's partial sum of t (rho) and its max P with
+//   the key index, both by atomics (FP32 add; 64-bit max of pivot_code()).
+// Then finish_rows_kernel (per 64 query rows): dQ = bf16(alpha (dQacc -
+// rho_i k_{j*(i)})) (pivot) or bf16(alpha dQacc); for pivot it also subtracts
+// rho_i q_i from the FP32 dK accumulator of key j*(i), the rows of its tile
+// grouped by pivot key first (one atomic per key and column per tile, so many
+// rows sharing one pivot, e.g. an attention sink, do not serialize on it).
+// finish_keys_kernel (pivot) rounds dK = bf16(alpha dKacc).
+//
+// Rounding (why this path is not bitwise repeatable): dQacc_i is the FP32 sum
+// of the blocks' FP32 tile partials in the order the atomics land; rho_i the
+// FP32 sum of the per-(block, warpgroup) partial row sums, in landing order;
+// dKacc_j (pivot) the kernel's FP32 accumulator minus, in landing order, one
+// FP32 sum per query tile of the rho_i q_i of its rows with j*(i) = j. The
+// pivot j*(i) itself is exact: the 64-bit max of (bits of P, ~j) picks the
+// largest P and, among equal P, the lowest key, whatever the order, as the
+// pair's dq kernel does. Every other value is computed as in the pair.
+// deterministic = true (Bf16BackwardParams) keeps the two-kernel pair.
+//
+// Layouts: operands and outputs as bf16_backward.h; workspace (zeroed by the
+// launcher unless stated): dQacc (B, Hq, N, d) FP32; pivot: rho in
+// row_factor (B, Hq, N) FP32, pivot_code (B, Hq, N) u64, dKacc (B, Hkv, M, d)
+// FP32 (written whole by the kernel, not zeroed).
+// Build: instantiated in bf16_keyouter_d{64,128}.cu; emulation:
+// tests/cuda/emulation/bf16_launcher.cpp. Tests: tests/cuda/bf16_backward_test.cpp
+// (Bf16KeyOuterCase, PivotSinkSharedByEveryRow, ...), tests/python/test_gpu_bf16_backward.py.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_backward_hopper.cuh"
+#include "kernels/cuda/bulk_reduce.cuh"
+
+namespace gaugewatch::gpu::bf16::keyouter {
+
+using hopper::kKvKeys;
+using hopper::kKvRows;
+using hopper::kThreads;
+
+// The shared layout of the pair's dkdv kernel without the projection's tiles;
+// then the FP32 dQ of the iteration: at D = 64 each warpgroup's partial
+// [64 rows][72], two sets (iterations alternate), at D = 128 the staging
+// tile [64 rows][136] of both halves.
+// Row strides of 8 floats past a multiple of 32 banks: the 8 rows of a warp's
+// float2 stores hit distinct banks; 16-byte aligned rows for the bulk copy.
+template <int D>
+inline constexpr int kDqStride = D + 8;
+template <int D>
+struct Layout : hopper::KvLayout<D, Projection::kNone> {
+  using Base = hopper::KvLayout<D, Projection::kNone>;
+  static constexpr size_t kDqTileBytes = static_cast<size_t>(kKvRows) * (D == 64 ? 72 : kDqStride<D>) * 4;
+  static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
+  static constexpr size_t kBytes = Base::kBytes + (D == 64 ? 4 : 1) * kDqTileBytes;
+};
+
+inline constexpr int kFinishRows = 64;      // query rows per finish_rows block
+inline constexpr int kFinishThreads = 128;
+inline constexpr int kConvertThreads = 256;  // finish_keys_kernel
+// finish_rows_kernel's shared memory: rho, j*, the tile's rows sorted by j*
+// and (pivot) the tile's query rows.
+template <int D, Projection P>
+inline constexpr size_t kFinishSmemBytes =
+    3 * kFinishRows * 4 + (P == Projection::kPivot ? static_cast<size_t>(kFinishRows) * D * 2 : 0);
+
+// (P, j) as one 64-bit value whose unsigned order is "larger P, then lower
+// j": P >= 0, so its FP32 bits order like P. 0 means "no visible key" (a
+// visible key's low word ~j is never 0 for j < 2^32 - 1).
+__device__ __forceinline__ unsigned long long pivot_code(float p, int j) {
+  return (static_cast<unsigned long long>(static_cast<uint32_t>(__float_as_int(p))) << 32) |
+         static_cast<unsigned long long>(0xffffffffu - static_cast<uint32_t>(j));
+}
+
+__device__ __forceinline__ int pivot_of(unsigned long long code) {
+  return code == 0 ? -1 : static_cast<int>(0xffffffffu - static_cast<uint32_t>(code & 0xffffffffull));
+}
+
+template <int D, Projection P>
+__global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kernel(const Args a) {
+  static_assert(P == Projection::kNone || P == Projection::kPivot, "gproj runs on the two-kernel pair");
+  static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
+  GAUGEWATCH_BF16_SMEM(raw);
+  uint16_t* smem = wgmma::align_1024(raw);
+  using L = Layout<D>;
+  constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
+  constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
+  const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
+  const int bhk = blockIdx.y;
+  const int b = bhk / a.hkv, hk = bhk % a.hkv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
+  const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
+
+  const KeyHead kh = key_head(a, b, hk);
+  float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
+  uint16_t* t_tiles = smem + L::kTr;  // t of warpgroup w at t_tiles + 2 w kScoreTile, r after it
+  uint16_t* t_tile = t_tiles + wg * 2 * L::kScoreTile;
+  uint16_t* r_tile = t_tile + L::kScoreTile;
+
+  // Query rows that see a key of [j0, j1) (monotone ranges: two binary searches).
+  const int j1 = j0 + kKvKeys < a.m ? j0 + kKvKeys : a.m;
+  const int r_begin = first_row(0, a.n, [&](int r) { return row_keys(a, r).end > j0; });
+  const int r_end = first_row(r_begin, a.n, [&](int r) { return row_keys(a, r).begin >= j1; });
+  const int t_begin = r_begin / kKvRows, t_end = r_begin < r_end ? (r_end + kKvRows - 1) / kKvRows : t_begin;
+  const int tiles = t_end - t_begin;
+  const int iters = tiles * a.group;
+
+  hopper::load_rows<kKvKeys, D>(smem + L::kK, kh.k, a.k_strides.row, j0, a.m);
+  hopper::load_rows<kKvKeys, D>(smem + L::kV, kh.v, a.v_strides.row, j0, a.m);
+
+  auto tile_row0 = [&](int it) { return (t_begin + it % tiles) * kKvRows; };
+  auto head_of = [&](int it) { return hk * a.group + it / tiles; };
+  // Loads of iteration `it` into buffer `buf`: Q, dO and the per-row inputs.
+  auto stage = [&](int it, int buf) {
+    const int i0 = tile_row0(it);
+    const QueryHead qh = query_head(a, b, head_of(it));
+    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), qh.q, a.q_strides.row, i0, a.n);
+    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kG1 : L::kG0), qh.grad_out, a.grad_out_strides.row, i0, a.n);
+    if (threadIdx.x < kKvRows) {
+      const hopper::StagedRows sr = hopper::staged_rows(rows_base, buf);
+      const int r = threadIdx.x, row = i0 + r;
+      const bool ok = row < a.n;
+      const KeyRange kr = row_keys(a, row);
+      sr.kb[r] = kr.begin;
+      sr.ke[r] = kr.end;
+      mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
+      mma::cp_async_4(sr.delta + r, a.delta + qh.row_base + (ok ? row : 0), ok);
+    }
+  };
+  if (iters > 0) stage(0, 0);
+  mma::cp_async_commit();
+
+  float dk[D / 2], dv[D / 2];
+  hopper::zero(dk);
+  hopper::zero(dv);
+
+  // dQacc += the dQ tile of iteration `it`, once a block barrier has
+  // published it. D = 64: the two warpgroups' partials (set it % 2), summed
+  // and added by every thread of the block; D = 128: the staging tile, added
+  // row by row by threads 0..63.
+  constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
+  constexpr int kPartialFloats = kKvRows * kStride;  // one warpgroup's partial
+  float* partial = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + L::kDqPartial);
+  const bool issues_rows = D == 128 && threadIdx.x < kKvRows;
+  auto add_dq_tile = [&](int it) {
+    const int i0 = tile_row0(it);
+    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
+    if constexpr (D == 64) {
+      constexpr int kQuads = 64 / 4;
+      const float* set = partial + (it & 1) * 2 * kPartialFloats;
+      for (int idx = threadIdx.x; idx < kKvRows * kQuads; idx += kThreads) {
+        const int r = idx / kQuads, col = 4 * (idx % kQuads);
+        if (i0 + r >= a.n) continue;
+        const float4 x = *reinterpret_cast<const float4*>(set + r * kStride + col);
+        const float4 y = *reinterpret_cast<const float4*>(set + kPartialFloats + r * kStride + col);
+        atomicAdd(reinterpret_cast<float4*>(a.dq_accum + (row_base + i0 + r) * D + col),
+                  make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+      }
+    } else {
+      const int r = threadIdx.x;
+      if (!issues_rows || i0 + r >= a.n) return;
+      bulk::reduce_add_f32(a.dq_accum + (row_base + i0 + r) * D, partial + r * kStride, D * 4);
+      bulk::commit();
+    }
+  };
+
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    // This iteration's loads arrive; every thread is done with iteration it - 1.
+    hopper::publish_buffer(false);
+    if (it > 0) add_dq_tile(it - 1);
+    if (it + 1 < iters) {
+      stage(it + 1, buf ^ 1);  // the buffers of iteration it - 1
+      mma::cp_async_commit();
+    }
+    const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
+    const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
+    const hopper::StagedRows ra = hopper::staged_rows(rows_base, buf);
+    const int i0 = tile_row0(it);
+    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
+
+    RowInputs in;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = row0 + g + 8 * hh;
+      in.kb[hh] = ra.kb[r];
+      in.ke[hh] = ra.ke[r];
+      in.lse_log2[hh] = ra.lse[r] * kLog2e;  // never read for a row with no visible key
+      in.delta[hh] = ra.delta[r];
+    }
+    float s[32], dp[32];
+    hopper::zero(s);
+    hopper::zero(dp);
+    if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
+    wgmma::fence();
+    hopper::scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);
+    hopper::scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
+    wgmma::commit();
+    if (wg == 0) wgmma::pingpong_arrive(hopper::kPingpongBarrier);
+    wgmma::wait<0>();
+    wgmma::fence_operand(s);
+    wgmma::fence_operand(dp);
+
+    // t and r are only packed to BF16 below (scores_to_tr<false>: the same
+    // bits for fewer conversions); pivot's row sums take the rounded t, the
+    // values the MMAs consume. Pivot's statistics: this thread's two rows
+    // over its 16 keys of the tile.
+    RowStats stats;
+    if constexpr (P == Projection::kPivot) {
+      hopper::scores_to_tr<false>(
+          a, s, dp, in, j0 + 64 * wg, [&](int hh, int j, bool visible, float p, float t, float r, float) {
+            stats.add<false, true>(hh, j, visible, p, mma::round_bf16(t), r, 0.0f);
+          });
+    } else {
+      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg, [](int, int, bool, float, float, float, float) {});
+    }
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
+        *reinterpret_cast<uint32_t*>(t_tile + off) = mma::pack_bf16(dp[4 * jn + 2 * hh], dp[4 * jn + 2 * hh + 1]);
+        *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
+      }
+    }
+    if constexpr (P == Projection::kPivot) {
+      // This block's partial rho and max P of each row (before the dQ
+      // accumulator is live: at D = 128 the registers are short).
+      stats.reduce_quad();
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = i0 + row0 + g + 8 * hh;
+        if (c == 0 && row < a.n && stats.parg[hh] >= 0) {
+          atomicAdd(a.row_factor + row_base + row, stats.rho[hh]);
+          atomicMax(a.pivot_code + row_base + row, pivot_code(stats.pmax[hh], stats.parg[hh]));
+        }
+      }
+    }
+
+    // D = 128: dQ reads the t of both warpgroups, a block barrier (after
+    // which the staging tile is rewritten: its reads by the previous bulk
+    // reductions are done); D = 64: each warpgroup reads only its own t and r.
+    wgmma::fence_proxy_async();
+    if constexpr (D == 128) {
+      if (issues_rows) bulk::wait_read();
+      __syncthreads();
+    } else {
+      wgmma::warpgroup_barrier(1 + wg);
+    }
+
+    float dq[32];
+    hopper::zero(dq);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
+      wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile + step, kSubTile),
+                                wgmma::desc_mn_major(gos + step, kSubTile));
+      wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile + step, kSubTile),
+                                wgmma::desc_mn_major(qs + step, kSubTile));
+    }
+    // dQ: keys 16 k.. are t of warpgroup k / 4 (its keys 16 (k % 4)..) and K
+    // rows 16 k..; D = 128: all 128 keys, columns 64 wg..; D = 64: own keys.
+    constexpr int kDqSteps = D == 128 ? 8 : 4;
+#pragma unroll
+    for (int kq = 0; kq < kDqSteps; ++kq) {
+      const int k = D == 128 ? kq : 4 * wg + kq;
+      const uint16_t* tw = t_tiles + (k >> 2) * 2 * L::kScoreTile;
+      const int column_block = D == 128 ? wg : 0;
+      const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block);
+      wgmma::mma_ss<false, true>(dq, wgmma::desc_k_major(tw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
+                                 wgmma::desc_mn_major(kk, kKeySubTile));
+    }
+    wgmma::commit();
+
+    wgmma::wait<0>();
+    wgmma::fence_operand(dk);
+    wgmma::fence_operand(dv);
+    wgmma::fence_operand(dq);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      // D = 64: this warpgroup's partial in set it % 2 (free: iteration
+      // it - 2's were added before this iteration's first barrier); D = 128:
+      // its column half of the staging tile (free: see the wait above).
+      const int r = row0 + g + 8 * hh;
+      float* mine = D == 64 ? partial + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
+                            : partial + r * kStride + 64 * wg + 2 * c;
+#pragma unroll
+      for (int jn = 0; jn < 8; ++jn) {
+        *reinterpret_cast<float2*>(mine + 8 * jn) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
+      }
+    }
+    if constexpr (D == 128) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
+  }
+  if (iters > 0) {
+    __syncthreads();
+    add_dq_tile(iters - 1);
+  }
+  if (issues_rows) bulk::wait_all();  // before the block's shared memory goes
+
+  // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot dKacc in FP32 for
+  // the fix-up (finish_rows_kernel, finish_keys_kernel). Keys past M are not written.
+  const int64_t key_base = static_cast<int64_t>(bhk) * a.m;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = j0 + 64 * wg + row0 + g + 8 * hh;
+    if (key >= a.m) continue;
+    uint16_t* dvo = a.dv + (key_base + key) * D;
+#pragma unroll
+    for (int jn = 0; jn < D / 8; ++jn) {
+      const int col = 8 * jn + 2 * c;
+      *reinterpret_cast<uint32_t*>(dvo + col) = mma::pack_bf16(dv[4 * jn + 2 * hh], dv[4 * jn + 2 * hh + 1]);
+      if constexpr (P == Projection::kPivot) {
+        *reinterpret_cast<float2*>(a.dk_accum + (key_base + key) * D + col) =
+            make_float2(dk[4 * jn + 2 * hh], dk[4 * jn + 2 * hh + 1]);
+      } else {
+        *reinterpret_cast<uint32_t*>(a.dk + (key_base + key) * D + col) =
+            mma::pack_bf16(a.scale * dk[4 * jn + 2 * hh], a.scale * dk[4 * jn + 2 * hh + 1]);
+      }
+    }
+  }
+}
+
+// dQ of 64 query rows of one head from the FP32 accumulator (pivot: minus
+// rho_i k_{j*(i)}), and pivot's dK fix-up: dKacc_j -= sum of rho_i q_i over
+// the tile's rows with j*(i) = j, one FP32 sum per (j, column) in increasing
+// i, then one atomic.
+template <int D, Projection P>
+__global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args a) {
+  GAUGEWATCH_BF16_SMEM(raw);
+  float* rho = reinterpret_cast<float*>(raw);
+  int* pivot = reinterpret_cast<int*>(rho + kFinishRows);
+  int* order = pivot + kFinishRows;  // tile rows sorted by (j*, row); rows with no pivot last
+  uint16_t* q_rows = reinterpret_cast<uint16_t*>(order + kFinishRows);  // pivot: [64][D], 16-byte aligned
+  const int i0 = static_cast<int>(blockIdx.x) * kFinishRows;
+  const int bh = blockIdx.y;
+  const int b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
+  const int64_t row_base = static_cast<int64_t>(bh) * a.n;
+  const int tid = threadIdx.x;
+
+  if constexpr (P == Projection::kPivot) {
+    // The tile's query rows, all in flight at once (the fix-up below reads
+    // them row after row).
+    const uint16_t* qh = head_ptr(a.q, a.q_strides, b, h);
+    constexpr int kChunks = D / 8;
+    for (int idx = tid; idx < kFinishRows * kChunks; idx += kFinishThreads) {
+      const int r = idx / kChunks, chunk = idx % kChunks;
+      const bool ok = i0 + r < a.n;
+      mma::cp_async_16(q_rows + r * D + 8 * chunk, qh + (ok ? static_cast<int64_t>(i0 + r) * a.q_strides.row : 0) +
+                                                         8 * chunk, ok);
+    }
+    mma::cp_async_commit();
+    if (tid < kFinishRows) {
+      const int row = i0 + tid;
+      const bool ok = row < a.n;
+      rho[tid] = ok ? a.row_factor[row_base + row] : 0.0f;
+      pivot[tid] = ok ? pivot_of(a.pivot_code[row_base + row]) : -1;
+    }
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    if (tid < kFinishRows) {
+      auto sort_key = [&](int r) { return pivot[r] < 0 ? 0x7fffffff : pivot[r]; };
+      const int mine = sort_key(tid);
+      int rank = 0;
+      for (int r = 0; r < kFinishRows; ++r) {
+        const int other = sort_key(r);
+        rank += (other < mine || (other == mine && r < tid)) ? 1 : 0;
+      }
+      order[rank] = tid;
+    }
+    __syncthreads();
+  }
+
+  const KeyHead kh = key_head(a, b, hk);
+  constexpr int kQuads = D / 4;
+  for (int idx = tid; idx < kFinishRows * kQuads; idx += kFinishThreads) {
+    const int r = idx / kQuads, col = 4 * (idx % kQuads);
+    const int row = i0 + r;
+    if (row >= a.n) continue;
+    const float4 acc = *reinterpret_cast<const float4*>(a.dq_accum + (row_base + row) * D + col);
+    float x[4] = {acc.x, acc.y, acc.z, acc.w};
+    if constexpr (P == Projection::kPivot) {
+      if (pivot[r] >= 0) {
+        const uint16_t* kstar = kh.k + static_cast<int64_t>(pivot[r]) * a.k_strides.row + col;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[e] -= rho[r] * mma::bf16_bits_to_float(kstar[e]);
+      }
+    }
+    uint32_t* out = reinterpret_cast<uint32_t*>(a.dq + (row_base + row) * D + col);
+    out[0] = mma::pack_bf16(a.scale * x[0], a.scale * x[1]);
+    out[1] = mma::pack_bf16(a.scale * x[2], a.scale * x[3]);
+  }
+
+  if constexpr (P == Projection::kPivot) {
+    float* dk_head = a.dk_accum + (static_cast<int64_t>(b) * a.hkv + hk) * a.m * D;
+    for (int col = tid; col < D; col += kFinishThreads) {
+      float sum = 0.0f;
+      for (int s = 0; s < kFinishRows; ++s) {
+        const int r = order[s];
+        const int j = pivot[r];
+        if (j < 0) break;
+        sum = fmaf(rho[r], mma::bf16_bits_to_float(q_rows[r * D + col]), sum);
+        if (s + 1 == kFinishRows || pivot[order[s + 1]] != j) {
+          atomicAdd(dk_head + static_cast<int64_t>(j) * D + col, -sum);
+          sum = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+// Pivot: dK = bf16(alpha dKacc), two elements per thread. (A template so that
+// each head dim's translation unit has its own definition.)
+template <int D>
+__global__ void __launch_bounds__(kConvertThreads) finish_keys_kernel(const Args a, int64_t pairs) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kConvertThreads + threadIdx.x;
+  if (idx >= pairs) return;
+  const float2 x = *reinterpret_cast<const float2*>(a.dk_accum + 2 * idx);
+  *reinterpret_cast<uint32_t*>(a.dk + 2 * idx) = mma::pack_bf16(a.scale * x.x, a.scale * x.y);
+}
+
+}  // namespace gaugewatch::gpu::bf16::keyouter

@@ -1,0 +1,47 @@
+#pragma once
+// Launch template of the key-outer one-pass backward (bf16_keyouter_kernel.cuh)
+// for one (head dim, projection kNone or kPivot): the key-outer kernel, the
+// per-row finish (dQ, pivot's fix-ups), and for pivot the dK rounding, on one
+// stream. The caller (bf16_backward.cu) has run the delta pre-pass and zeroed
+// the accumulators. Instantiated in bf16_keyouter_d{64,128}.cu.
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/bf16_keyouter_kernel.cuh"
+
+namespace gaugewatch::gpu::bf16 {
+
+template <int D, Projection P>
+cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
+  constexpr int kSmem = static_cast<int>(keyouter::Layout<D>::kBytes);
+  static_assert(kSmem + 1024 <= 228 * 1024, "key-outer kernel: a block does not fit one SM's shared memory");
+  cudaError_t err =
+      cudaFuncSetAttribute(keyouter::keyouter_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
+                     static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hkv));
+  if (kv_grid.x > 0 && kv_grid.y > 0) {
+    keyouter::keyouter_kernel<D, P><<<kv_grid, keyouter::kThreads, kSmem, stream>>>(a);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
+                      static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hq));
+  if (row_grid.x > 0 && row_grid.y > 0) {
+    keyouter::finish_rows_kernel<D, P>
+        <<<row_grid, keyouter::kFinishThreads, keyouter::kFinishSmemBytes<D, P>, stream>>>(a);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if constexpr (P == Projection::kPivot) {
+    const int64_t pairs = static_cast<int64_t>(a.batch) * a.hkv * a.m * D / 2;
+    if (pairs > 0) {
+      const auto blocks = static_cast<unsigned>((pairs + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads);
+      keyouter::finish_keys_kernel<D><<<blocks, keyouter::kConvertThreads, 0, stream>>>(a, pairs);
+      err = cudaGetLastError();
+    }
+  }
+  return err;
+}
+
+}  // namespace gaugewatch::gpu::bf16
