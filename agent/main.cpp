@@ -49,29 +49,30 @@ std::string describe(const gaugewatch::agent::AgentConfig& config) {
   return out;
 }
 
+// The exported metric catalogue as a Markdown table (docs/agent.md).
+void print_catalogue() {
+  using namespace gaugewatch::agent;
+  std::cout << "| name | type | unit | labels | help |\n|---|---|---|---|---|\n";
+  for (const auto& m : exported_catalogue()) {
+    const char* type = m.type == MetricType::kGauge     ? "gauge"
+                       : m.type == MetricType::kCounter ? "counter"
+                       : m.type == MetricType::kInfo    ? "info"
+                                                        : "histogram";
+    std::string help;
+    for (char ch : m.help) {
+      if (ch == '|') help += '\\';
+      help += ch;
+    }
+    std::cout << "| `" << m.name << "` | " << type << " | " << m.unit << " | " << m.labels << " | " << help
+              << " |\n";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace gaugewatch::agent;
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() == 1 && args[0] == "--print-catalogue") {
-    // The exported metric catalogue as a Markdown table (docs/agent.md).
-    std::cout << "| name | type | unit | labels | help |\n|---|---|---|---|---|\n";
-    for (const auto& m : exported_catalogue()) {
-      const char* type = m.type == MetricType::kGauge     ? "gauge"
-                         : m.type == MetricType::kCounter ? "counter"
-                         : m.type == MetricType::kInfo    ? "info"
-                                                          : "histogram";
-      std::string help;
-      for (char ch : m.help) {
-        if (ch == '|') help += '\\';
-        help += ch;
-      }
-      std::cout << "| `" << m.name << "` | " << type << " | " << m.unit << " | " << m.labels
-                << " | " << help << " |\n";
-    }
-    return 0;
-  }
   CommandLine command_line;
   AgentConfig config;
   try {
@@ -83,6 +84,10 @@ int main(int argc, char** argv) {
     }
     if (command_line.version) {
       std::cout << "gaugewatch-agent " << kAgentVersion << "\n";
+      return 0;
+    }
+    if (command_line.print_catalogue) {
+      print_catalogue();
       return 0;
     }
     check_config(config);

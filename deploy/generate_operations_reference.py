@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates the reference blocks of docs/operations.md from the code's own
-tables: the agent's flags (`gaugewatch-agent --help`), its metric catalogue
+tables: the agent's flags (`gaugewatch-agent --help`), gaugewatchctl's
+(`gaugewatchctl --help`), the agent's metric catalogue
 (`gaugewatch-agent --print-catalogue`) and the alerts of
 dashboards/prometheus/gaugewatch_rules.yml. Each block sits between
 `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`.
@@ -22,8 +23,8 @@ DOC = ROOT / "docs" / "operations.md"
 RULES = ROOT / "dashboards" / "prometheus" / "gaugewatch_rules.yml"
 
 
-def agent_output(build: pathlib.Path, flag: str) -> str:
-    binary = build / "bin" / "gaugewatch-agent"
+def agent_output(build: pathlib.Path, flag: str, program: str = "gaugewatch-agent") -> str:
+    binary = build / "bin" / program
     if not binary.exists():
         sys.exit(f"{binary} is missing: build the agent first")
     result = subprocess.run([str(binary), flag], capture_output=True, text=True, timeout=30)
@@ -46,6 +47,7 @@ def alerts_table() -> str:
 def blocks(build: pathlib.Path) -> dict[str, str]:
     return {
         "agent-flags": "```\n" + agent_output(build, "--help") + "```\n",
+        "ctl-flags": "```\n" + agent_output(build, "--help", "gaugewatchctl") + "```\n",
         "metrics": agent_output(build, "--print-catalogue"),
         "alerts": alerts_table(),
     }

@@ -8,11 +8,12 @@
 #include <string_view>
 
 #include "gaugewatch/v1/types.pb.h"
+#include "gaugewatch/version.h"
 #include "kernels/common/backend.h"
 
 namespace gaugewatch::agent {
 
-inline constexpr std::string_view kAgentVersion = "0.1.0";
+inline constexpr std::string_view kAgentVersion = GAUGEWATCH_VERSION;
 
 namespace backend_wire_detail {
 // Every wire number of the table is a generated enum value, and every

@@ -1,4 +1,5 @@
 #include "agent/config/agent_config.h"
+#include "agent/config/config_options.h"
 
 #include <algorithm>
 #include <iterator>
@@ -78,22 +79,16 @@ gaugewatch::v1::Backend parse_backend_or_throw(std::string_view text, std::strin
   return *backend;
 }
 
-// One settable option: YAML key, flag (--name), environment variable.
-struct Option {
-  std::string_view key;  // YAML key and flag name with '_' -> '-'
-  std::string_view help;
-  std::string (*get)(const AgentConfig&);
-  void (*set)(AgentConfig&, std::string_view, std::string_view what);
-};
-
 std::string fmt_double(double v) {
   std::ostringstream out;
   out << std::setprecision(12) << v;
   return out.str();
 }
 
-const std::vector<Option>& options() {
-  static const std::vector<Option> kOptions = {
+}  // namespace
+
+const std::vector<ConfigOption>& config_options() {
+  static const std::vector<ConfigOption> kOptions = {
       {"grpc_socket", "unix socket for the hook stream and the admin API",
        [](const AgentConfig& c) { return c.grpc_socket; },
        [](AgentConfig& c, std::string_view v, std::string_view) { c.grpc_socket = v; }},
@@ -200,7 +195,7 @@ const std::vector<Option>& options() {
   return kOptions;
 }
 
-std::string flag_name(std::string_view key) {
+std::string config_flag_name(std::string_view key) {
   std::string out(key);
   for (char& ch : out) {
     if (ch == '_') ch = '-';
@@ -208,11 +203,21 @@ std::string flag_name(std::string_view key) {
   return out;
 }
 
-std::string env_name(std::string_view key) {
+std::string config_env_name(std::string_view key) {
   std::string out = "GAUGEWATCH_AGENT_";
   for (char ch : key) out += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   return out;
 }
+
+std::string read_text_file(const std::string& path, std::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(std::string(what) + ": cannot open '" + path + "'");
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+namespace {
 
 std::string scalar(const YAML::Node& node, const std::string& path) {
   if (!node.IsScalar()) throw ConfigError(path + ": expected a scalar value");
@@ -406,14 +411,6 @@ void check_nesting(std::string_view text) {
   }
 }
 
-std::string read_file(const std::string& path, std::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(std::string(what) + ": cannot open '" + path + "'");
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 }  // namespace
 
 std::optional<reference::MetricId> metric_by_name(std::string_view name) {
@@ -476,7 +473,7 @@ void apply_yaml(std::string_view yaml_text, AgentConfig& config) {
         parse_limits(item.second, "limits", config.limits);
       } else {
         bool known = false;
-        for (const auto& option : options()) {
+        for (const auto& option : config_options()) {
           if (option.key == key) {
             option.set(config, scalar(item.second, key), key);
             known = true;
@@ -489,28 +486,6 @@ void apply_yaml(std::string_view yaml_text, AgentConfig& config) {
   } catch (const YAML::Exception& e) {
     throw ConfigError(std::string("config: ") + e.what());
   }
-}
-
-std::string help_text() {
-  std::ostringstream out;
-  const AgentConfig defaults;
-  out << "Usage: gaugewatch-agent [flags]\n\n"
-         "Per-node gaugewatch agent: receives attention gradient audits from training\n"
-         "processes over gRPC, exports them on /metrics, runs switch rules, and keeps\n"
-         "decisions and the audit log in SQLite. Runs with no file at all; a YAML file\n"
-         "and flags override the embedded defaults. Precedence: flag > environment >\n"
-         "file > default.\n\nFlags:\n";
-  out << "  --config PATH  [GAUGEWATCH_AGENT_CONFIG]\n      YAML configuration file "
-         "(also holds rules, promql_rules, sampling, limits)\n";
-  for (const auto& option : options()) {
-    out << "  --" << flag_name(option.key) << " VALUE  [" << env_name(option.key)
-        << "]\n      " << option.help << " (default: '" << option.get(defaults) << "')\n";
-  }
-  out << "  --check-config\n      validate the configuration, print it, exit\n"
-         "  --print-catalogue\n      print the exported metric catalogue (Markdown) and exit\n"
-         "  --version\n      print the version and exit\n"
-         "  --help\n      print this text and exit\n";
-  return out.str();
 }
 
 void check_config(const AgentConfig& config) {
@@ -542,72 +517,6 @@ void check_config(const AgentConfig& config) {
   if (!config.prometheus_url.empty() && config.prometheus_url.rfind("http://", 0) != 0) {
     throw ConfigError("prometheus_url must start with http://");
   }
-}
-
-AgentConfig load_config(const std::vector<std::string>& args,
-                        const std::function<const char*(const char*)>& env,
-                        CommandLine& command_line) {
-  // Flags first into a list, so that --config is known before the file loads.
-  std::vector<std::pair<const Option*, std::string>> flag_values;
-  std::string config_path;
-  if (const char* path = env("GAUGEWATCH_AGENT_CONFIG")) config_path = path;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string arg = args[i];
-    if (arg == "--help" || arg == "-h") {
-      command_line.help = true;
-      continue;
-    }
-    if (arg == "--version") {
-      command_line.version = true;
-      continue;
-    }
-    if (arg == "--check-config") {
-      command_line.check_config = true;
-      continue;
-    }
-    if (arg.rfind("--", 0) != 0) throw ConfigError("unexpected argument '" + arg + "'");
-    std::string name = arg.substr(2);
-    std::string value;
-    if (auto eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    } else {
-      if (i + 1 >= args.size()) throw ConfigError("--" + name + " needs a value");
-      value = args[++i];
-    }
-    if (name == "config") {
-      config_path = value;
-      continue;
-    }
-    const Option* found = nullptr;
-    for (const auto& option : options()) {
-      if (flag_name(option.key) == name) found = &option;
-    }
-    if (!found) throw ConfigError("unknown flag --" + name + " (see --help)");
-    flag_values.emplace_back(found, value);
-  }
-
-  AgentConfig config;
-  if (!config_path.empty()) {
-    apply_yaml(read_file(config_path, "--config"), config);
-    config.config_file = config_path;
-  }
-  for (const auto& option : options()) {
-    const std::string variable = env_name(option.key);
-    if (const char* value = env(variable.c_str())) option.set(config, value, variable);
-  }
-  for (const auto& [option, value] : flag_values) {
-    option->set(config, value, "--" + flag_name(option->key));
-  }
-  if (!config.admin_token_file.empty()) {
-    try {
-      config.admin_token = token_from_file_contents(
-          read_file(config.admin_token_file, "admin_token_file"), "admin_token_file");
-    } catch (const std::invalid_argument& e) {
-      throw ConfigError(e.what());
-    }
-  }
-  return config;
 }
 
 }  // namespace gaugewatch::agent

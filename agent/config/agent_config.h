@@ -123,16 +123,19 @@ std::vector<ThresholdRule> effective_rules(const AgentConfig& config);
 // on any unknown key, wrong type or out-of-range value.
 void apply_yaml(std::string_view yaml_text, AgentConfig& config);
 
-// Result of parsing the command line.
+// What the command line asked for besides settings.
 struct CommandLine {
   bool help = false;
   bool version = false;
   bool check_config = false;
+  bool print_catalogue = false;
 };
 
-// Loads defaults, the YAML file named by --config / GAUGEWATCH_AGENT_CONFIG,
-// then the environment, then the flags. `env` returns nullptr for unset
-// variables (std::getenv in main, a map in tests).
+// The command line (CLI11, agent_command_line.cpp): loads defaults, the YAML
+// file named by --config / GAUGEWATCH_AGENT_CONFIG, then the environment,
+// then the flags. `env` returns nullptr for unset variables (std::getenv in
+// main, a map in tests). --help and --version only set `command_line`.
+// Throws ConfigError naming the flag, variable or key of a refused value.
 AgentConfig load_config(const std::vector<std::string>& args,
                         const std::function<const char*(const char*)>& env,
                         CommandLine& command_line);

@@ -3,6 +3,8 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -14,6 +16,7 @@
 #include <stdexcept>
 
 #include "agent/common/backend_names.h"
+#include "agent/common/cli_environment.h"
 #include "agent/common/default_paths.h"
 #include "agent/common/token_file.h"
 #include "gaugewatch/v1/admin_service.grpc.pb.h"
@@ -30,11 +33,12 @@ struct UsageError : std::runtime_error {
 };
 
 struct Options {
-  std::string command;
+  std::string command;  // the subcommand's name
   std::string socket = default_paths().socket;
   std::string address;
   std::string tls_ca;
-  std::string token;
+  std::string token_file;
+  std::string token;  // from token_file, else GAUGEWATCH_TOKEN
   bool json = false;
   double timeout_seconds = 10;
   std::string run;
@@ -50,6 +54,7 @@ struct Options {
   std::uint32_t max_heads = 0;
   std::uint32_t max_rows = 0;
   std::optional<std::uint32_t> layer;
+  std::uint32_t layer_value = 0;  // --layer, when given
   std::uint32_t count = 1;
   std::uint32_t layer_offset = 0;
 };
@@ -60,103 +65,6 @@ std::string read_file(const std::string& path, const char* what) {
   std::ostringstream out;
   out << in.rdbuf();
   return out.str();
-}
-
-std::uint32_t parse_u32(const std::string& text, const std::string& what) {
-  try {
-    std::size_t used = 0;
-    const unsigned long value = std::stoul(text, &used);
-    if (used != text.size() || value > 0xffffffffUL) throw std::out_of_range(what);
-    return static_cast<std::uint32_t>(value);
-  } catch (const std::logic_error&) {
-    throw UsageError(what + ": expected a non-negative integer, got '" + text + "'");
-  }
-}
-
-Options parse(const std::vector<std::string>& args,
-              const std::function<const char*(const char*)>& env) {
-  Options o;
-  if (const char* s = env("GAUGEWATCH_SOCKET")) o.socket = s;
-  if (const char* a = env("GAUGEWATCH_ADDRESS")) o.address = a;
-  if (const char* t = env("GAUGEWATCH_TOKEN")) {
-    try {
-      o.token = token_from_file_contents(t, "GAUGEWATCH_TOKEN");
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
-  }
-  if (const char* c = env("GAUGEWATCH_TLS_CA")) o.tls_ca = c;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw UsageError(arg + " needs a value");
-      return args[++i];
-    };
-    if (arg == "--json") {
-      o.json = true;
-    } else if (arg == "--all-runs") {
-      o.all_runs = true;
-    } else if (arg == "--audit") {
-      o.audit = true;
-    } else if (arg == "--socket") {
-      o.socket = value();
-    } else if (arg == "--address") {
-      o.address = value();
-    } else if (arg == "--tls-ca") {
-      o.tls_ca = value();
-    } else if (arg == "--token-file") {
-      try {
-        o.token = token_from_file_contents(read_file(value(), "--token-file"), "--token-file");
-      } catch (const std::invalid_argument& e) {
-        throw UsageError(e.what());
-      }
-    } else if (arg == "--timeout") {
-      o.timeout_seconds = parse_u32(value(), "--timeout");
-    } else if (arg == "--run") {
-      o.run = value();
-    } else if (arg == "--rank") {
-      o.rank = parse_u32(value(), "--rank");
-    } else if (arg == "--layers") {
-      std::istringstream in(value());
-      std::string item;
-      while (std::getline(in, item, ',')) o.layers.push_back(parse_u32(item, "--layers"));
-    } else if (arg == "--backend") {
-      o.backend = value();
-    } else if (arg == "--reason") {
-      o.reason = value();
-    } else if (arg == "--every") {
-      o.every = parse_u32(value(), "--every");
-    } else if (arg == "--layer-fraction") {
-      const std::string text = value();
-      char* end = nullptr;
-      o.layer_fraction = std::strtod(text.c_str(), &end);
-      if (text.empty() || *end != 0 || !(o.layer_fraction > 0 && o.layer_fraction <= 1)) {
-        throw UsageError("--layer-fraction: expected a number in (0, 1], got '" + text + "'");
-      }
-    } else if (arg == "--max-heads") {
-      o.max_heads = parse_u32(value(), "--max-heads");
-    } else if (arg == "--max-rows") {
-      o.max_rows = parse_u32(value(), "--max-rows");
-    } else if (arg == "--layer") {
-      o.layer = parse_u32(value(), "--layer");
-    } else if (arg == "--count") {
-      o.count = parse_u32(value(), "--count");
-    } else if (arg == "--layer-offset") {
-      o.layer_offset = parse_u32(value(), "--layer-offset");
-    } else if (arg == "--limit") {
-      o.limit = parse_u32(value(), "--limit");
-    } else if (arg == "--help" || arg == "-h" || arg == "help") {
-      o.command = "help";
-    } else if (!arg.empty() && arg[0] == '-') {
-      throw UsageError("unknown flag " + arg);
-    } else if (o.command.empty()) {
-      o.command = arg;
-    } else {
-      throw UsageError("unexpected argument '" + arg + "'");
-    }
-  }
-  if (o.command.empty()) throw UsageError("no command given");
-  return o;
 }
 
 std::string fmt_time(std::int64_t unix_ns) {
@@ -350,7 +258,7 @@ int cmd_layers(Client& client, const Options& o, std::ostream& out) {
 int cmd_switch(Client& client, const Options& o, std::ostream& out) {
   if (o.all_runs == !o.run.empty()) throw UsageError("switch needs exactly one of --run and --all-runs");
   auto backend = parse_backend(o.backend);
-  if (!backend) throw UsageError("switch needs --backend stock|gproj|pivot|fp32");
+  if (!backend) throw UsageError("switch needs --backend stock|gproj|pivot|fp32, got '" + o.backend + "'");
   v1::SetBackendRequest request;
   request.mutable_target()->set_run_id(o.run);
   request.mutable_target()->set_all_runs(o.all_runs);
@@ -459,37 +367,177 @@ int cmd_history(Client& client, const Options& o, std::ostream& out) {
   return kCtlOk;
 }
 
+
+// The command line (CLI11): connection and output flags on the program, each
+// with its GAUGEWATCH_* variable; one subcommand per verb with its own flags
+// and --help. A verb's target flags (--run, --layers, ...) have no variable:
+// a stray variable must never retarget a switch.
+class CtlCommandLine {
+ public:
+  CtlCommandLine() : app_("gaugewatchctl: operator CLI for gaugewatch-agent (its AdminService).", "gaugewatchctl") {
+    app_.set_version_flag("--version", "gaugewatchctl " + std::string(kAgentVersion), "print the version and exit");
+    app_.set_help_flag("-h,--help", "print this text (or a command's, after it) and exit");
+    app_.require_subcommand(1);
+    app_.fallthrough();  // connection flags may follow the command too
+    app_.footer(
+        "Exit status: 0 success, 1 the agent answered with an error or is unreachable,\n"
+        "2 usage error. gaugewatchctl COMMAND --help lists a command's flags.");
+    app_.get_formatter()->column_width(30);
+    environment_.bind(app_.add_option("--socket", o_.socket,
+                                      "unix socket of the agent (default: root /run/gaugewatch/agent.sock, "
+                                      "others $XDG_RUNTIME_DIR/gaugewatch/agent.sock)")
+                          ->type_name("PATH"),
+                      "GAUGEWATCH_SOCKET");
+    environment_.bind(app_.add_option("--address", o_.address, "host:port: TCP with TLS instead of the socket")
+                          ->type_name("HOST:PORT"),
+                      "GAUGEWATCH_ADDRESS");
+    environment_.bind(app_.add_option("--tls-ca", o_.tls_ca, "CA certificate (PEM) that signed the agent's, for --address")
+                          ->type_name("FILE")
+                          ->check(existing_file()),
+                      "GAUGEWATCH_TLS_CA");
+    environment_.bind(app_.add_option("--token-file", o_.token_file,
+                                      "file holding the bearer token for --address (GAUGEWATCH_TOKEN may hold "
+                                      "the token itself)")
+                          ->type_name("FILE")
+                          ->check(existing_file()),
+                      "GAUGEWATCH_TOKEN_FILE");
+    environment_.bind(app_.add_option("--timeout", o_.timeout_seconds, "seconds per call (default 10)")
+                          ->type_name("SECONDS")
+                          ->check(CLI::Range(0.001, 86400.0)),
+                      "GAUGEWATCH_TIMEOUT");
+    environment_.bind(app_.add_flag("--json", o_.json, "JSON instead of tables"), "GAUGEWATCH_JSON");
+
+    add_command("status", "agent version, counts, endpoints");
+    auto* layers = add_command("layers",
+                               "runs > ranks > layers (256 per rank from --layer-offset), latest metrics, "
+                               "whether monitored and why not");
+    layers->add_option("--run", o_.run, "only this run")->type_name("RUN");
+    layers->add_option("--layer-offset", o_.layer_offset, "first layer shown of each rank")->type_name("N");
+
+    auto* sw = add_command("switch", "set the attention backend of a run, rank or layers");
+    add_target(sw);
+    sw->add_option("--layers", o_.layers, "only these layers (default: all)")
+        ->type_name("L,L,...")
+        ->delimiter(',');
+    // Checked by the command (cmd_switch), whose message names the choices.
+    sw->add_option("--backend", o_.backend, "the backend (required)")->type_name("stock|gproj|pivot|fp32");
+    sw->add_option("--reason", o_.reason, "why (kept with the decision)")->type_name("TEXT");
+
+    auto* history = add_command("history", "switch decisions, newest first (and the audit log)");
+    history->add_option("--run", o_.run, "only this run")->type_name("RUN");
+    history->add_option("--limit", o_.limit, "most decisions shown (default 20)")
+        ->type_name("N")
+        ->check(CLI::Range(1u, 100000u));
+    history->add_flag("--audit", o_.audit, "also the audit log");
+
+    auto* sampling = add_command("sampling", "change connected trainers' sampling");
+    add_target(sampling);
+    sampling->add_option("--every", o_.every, "sample every N steps")->type_name("N")->check(CLI::Range(1u, 1000000u));
+    sampling->add_option("--layer-fraction", o_.layer_fraction, "fraction of layers sampled per step")
+        ->type_name("F")
+        ->check(CLI::Validator(
+            [](const std::string& text) -> std::string {
+              const double value = std::strtod(text.c_str(), nullptr);
+              return value > 0.0 && value <= 1.0 ? std::string() : "expected a number in (0, 1], got '" + text + "'";
+            },
+            "(0,1]"));
+    sampling->add_option("--max-heads", o_.max_heads, "most heads audited per layer")->type_name("N");
+    sampling->add_option("--max-rows", o_.max_rows, "most rows audited per head")->type_name("N");
+
+    auto* capture = add_command("capture", "capture a layer's operands (the trainer writes them to disk)");
+    add_target(capture);
+    layer_option_ = capture->add_option("--layer", o_.layer_value, "the layer")->type_name("L")->required();
+    capture->add_option("--count", o_.count, "captures (default 1)")->type_name("N")->check(CLI::Range(1u, 1000u));
+
+    add_command("help", "this text");
+  }
+
+  // Parses the flags, then the environment. Throws CLI::ParseError (help and
+  // version included: CtlCommandLine::exit prints those).
+  const Options& parse(const std::vector<std::string>& args, const Environment& env) {
+    app_.parse(std::vector<std::string>(args.rbegin(), args.rend()));
+    environment_.apply(env);
+    for (const CLI::App* command : app_.get_subcommands()) o_.command = command->get_name();
+    for (const CLI::Option* rank : rank_options_) {
+      if (rank->count() > 0) o_.rank = rank_value_;
+    }
+    if (layer_option_->count() > 0) o_.layer = o_.layer_value;
+    if (!o_.token_file.empty()) {
+      o_.token = read_file(o_.token_file, "--token-file");
+    } else if (const char* token = env("GAUGEWATCH_TOKEN")) {
+      o_.token = token;
+    }
+    if (!o_.token.empty()) {
+      try {
+        o_.token = token_from_file_contents(o_.token, o_.token_file.empty() ? "GAUGEWATCH_TOKEN" : "--token-file");
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+      }
+    }
+    return o_;
+  }
+
+  std::string help() {
+    environment_.describe();
+    return app_.help();
+  }
+
+  // Prints --help / --version to `out`, a parse error to `err`; returns the exit code.
+  int exit(const CLI::ParseError& e, std::ostream& out, std::ostream& err) {
+    if (dynamic_cast<const CLI::CallForHelp*>(&e) != nullptr) {
+      out << help();
+      return kCtlOk;
+    }
+    if (dynamic_cast<const CLI::CallForVersion*>(&e) != nullptr) {
+      out << e.what() << "\n";
+      return kCtlOk;
+    }
+    std::string message = e.what();
+    if (app_.get_subcommands().empty() && !app_.remaining().empty()) {
+      message = "unknown command '" + app_.remaining().front() +
+                "' (status, layers, switch, history, sampling, capture, help)";
+    }
+    err << "gaugewatchctl: " << message << "\n(see gaugewatchctl --help)\n";
+    return kCtlUsage;
+  }
+
+ private:
+  CLI::App* add_command(const std::string& name, const std::string& description) {
+    CLI::App* command = app_.add_subcommand(name, description);
+    command->set_help_flag("-h,--help", "print this command's flags and exit");
+    return command;
+  }
+
+  // --run / --all-runs / --rank: whom a command goes to.
+  void add_target(CLI::App* command) {
+    auto* run = command->add_option("--run", o_.run, "this run (or --all-runs)")->type_name("RUN");
+    command->add_flag("--all-runs", o_.all_runs, "every run (or --run)")->excludes(run);
+    rank_options_.push_back(
+        command->add_option("--rank", rank_value_, "only this rank (default: all)")->type_name("N"));
+  }
+
+  CLI::App app_;
+  EnvironmentFallback environment_;
+  Options o_;
+  std::uint32_t rank_value_ = 0;
+  std::vector<CLI::Option*> rank_options_;
+  CLI::Option* layer_option_ = nullptr;
+};
+
 }  // namespace
 
-std::string ctl_help() {
-  return "Usage: gaugewatchctl <command> [flags]\n\n"
-         "Commands:\n"
-         "  status                                   agent version, counts, endpoints\n"
-         "  layers  [--run R] [--layer-offset N]     runs > ranks > layers (256 per rank from N),\n"
-         "                                           latest metrics, whether monitored and why not\n"
-         "  switch  (--run R | --all-runs) [--rank N] [--layers 0,3] --backend B [--reason T]\n"
-         "                                           set a backend (stock|gproj|pivot|fp32)\n"
-         "  history [--run R] [--limit N] [--audit]  switch decisions (and the audit log)\n"
-         "  sampling (--run R | --all-runs) [--rank N] [--every N] [--layer-fraction F]\n"
-         "           [--max-heads N] [--max-rows N]  change connected trainers' sampling\n"
-         "  capture (--run R | --all-runs) [--rank N] --layer L [--count N]\n"
-         "                                           capture a layer's operands\n\n"
-         "Connection:\n"
-         "  --socket PATH      unix socket [GAUGEWATCH_SOCKET] (default: root /run/gaugewatch/agent.sock,\n"
-         "                     others $XDG_RUNTIME_DIR/gaugewatch/agent.sock)\n"
-         "  --address H:P      TCP with TLS instead [GAUGEWATCH_ADDRESS]\n"
-         "  --tls-ca FILE      CA certificate for --address [GAUGEWATCH_TLS_CA]\n"
-         "  --token-file FILE  bearer token for --address [GAUGEWATCH_TOKEN holds the token]\n"
-         "  --timeout SECONDS  per call (default 10)\n"
-         "  --json             JSON instead of tables\n\n"
-         "Exit status: 0 success, 1 the agent answered with an error or is unreachable,\n"
-         "2 usage error.\n";
-}
+std::string ctl_help() { return CtlCommandLine().help(); }
 
 int run_ctl(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
             const std::function<const char*(const char*)>& env) {
+  CtlCommandLine command_line;
   try {
-    const Options options = parse(args, env);
+    Options options;
+    try {
+      options = command_line.parse(args, env);
+    } catch (const CLI::ParseError& e) {
+      return command_line.exit(e, out, err);
+    }
     if (options.command == "help") {
       out << ctl_help();
       return kCtlOk;
