@@ -38,18 +38,20 @@ ctest_summary="$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$LO
 [[ -n "$ctest_summary" ]] || ctest_summary="(no summary; exit $ctest_rc)"
 
 # --- fuzz ------------------------------------------------------------------------------
-# The agent's libFuzzer target (message validation, YAML config, flags) needs
-# clang: a separate agent-only build, then a bounded run (ctest agent_fuzz_bounded).
+# The agent's libFuzzer targets need clang: a separate agent-only build, then
+# bounded runs (ctest agent_fuzz_bounded: message validation, YAML config,
+# flags; agent_logic_fuzz_bounded: trainer sessions into the controller, its
+# /metrics, raw bytes to the HTTP server).
 fuzz_rc=0
 fuzz_summary="(skipped: GAUGEWATCH_SKIP_FUZZ is set)"
 if [[ -z "${GAUGEWATCH_SKIP_FUZZ:-}" ]]; then
   FUZZ_DIR="${BUILD_DIR}-fuzz"
-  echo "[test] libFuzzer: clang build of agent_fuzz in $FUZZ_DIR, then ctest -R agent_fuzz_bounded"
+  echo "[test] libFuzzer: clang build of agent_fuzz and agent_logic_fuzz in $FUZZ_DIR, then their bounded runs"
   if CC=clang CXX=clang++ cmake -S . -B "$FUZZ_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
        -DGAUGEWATCH_ENABLE_FUZZ=ON -DGAUGEWATCH_ENABLE_TORCH=OFF -DGAUGEWATCH_ENABLE_CUDA=OFF \
        -DGAUGEWATCH_ENABLE_BENCH=OFF >"$LOGS/fuzz-build.log" 2>&1 &&
-     cmake --build "$FUZZ_DIR" --target agent_fuzz >>"$LOGS/fuzz-build.log" 2>&1; then
-    ctest --test-dir "$FUZZ_DIR" -R '^agent_fuzz_bounded$' --output-on-failure --no-tests=error 2>&1 | tee "$LOGS/fuzz.log"
+     cmake --build "$FUZZ_DIR" --target agent_fuzz agent_logic_fuzz >>"$LOGS/fuzz-build.log" 2>&1; then
+    ctest --test-dir "$FUZZ_DIR" -R '^agent_(logic_)?fuzz_bounded$' --output-on-failure --no-tests=error 2>&1 | tee "$LOGS/fuzz.log"
     fuzz_rc=${PIPESTATUS[0]}
     fuzz_summary="$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$LOGS/fuzz.log" | tail -1)"
   else
