@@ -30,6 +30,8 @@
 #include <string_view>
 #include <vector>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "agent/common/backend_names.h"
 #include "agent/common/event_log.h"
 #include "agent/config/agent_config.h"
@@ -289,9 +291,14 @@ struct Response {
   std::string_view rest;  // the bytes after the header block
 };
 
+// Every answer of the agent's server starts "HTTP/1.1 NNN " (its own status
+// line, also for civetweb's errors: agent/export/http_server.cpp).
 bool first_response(std::string_view answer, Response& out) {
   const std::size_t header_end = answer.find("\r\n\r\n");
-  if (answer.rfind("HTTP/1.", 0) != 0 || header_end == std::string_view::npos || answer.size() < 12) return false;
+  if (answer.rfind("HTTP/1.1 ", 0) != 0 || header_end == std::string_view::npos || answer.size() < 13 ||
+      answer[12] != ' ') {
+    return false;
+  }
   out.status = std::atoi(std::string(answer.substr(9, 3)).c_str());
   const std::string headers(answer.substr(0, header_end));
   for (std::size_t pos = headers.find("\r\n"); pos != std::string::npos; pos = headers.find("\r\n", pos + 2)) {
@@ -319,7 +326,7 @@ void fuzz_http(const std::uint8_t* data, std::size_t size) {
   const std::string_view request_line = request.substr(0, line_end);
   const bool metrics = request_line.find(" /metrics ") != std::string_view::npos;
   const bool healthz = request_line.find(" /healthz ") != std::string_view::npos;
-  if (head && response.status == 200 && !response.rest.empty() && response.rest.rfind("HTTP/1.", 0) != 0) {
+  if (head && response.status == 200 && !response.rest.empty() && response.rest.rfind("HTTP/1.1 ", 0) != 0) {
     fail("HEAD answered with a body: " + std::string(response.rest.substr(0, 100)));
   }
   if (get && response.status == 200 && response.content_length >= 0 &&
@@ -345,6 +352,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   // shows it when reading what an input did.
   const char* level = std::getenv("GAUGEWATCH_FUZZ_LOG");
   configure_event_log(level != nullptr ? level : "off", LogFormat::kText);
+  // protobuf logs every string field that is not UTF-8; the fuzzer makes many.
+  google::protobuf::SetLogHandler(nullptr);
   return 0;
 }
 
