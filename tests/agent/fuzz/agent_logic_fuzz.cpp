@@ -11,6 +11,8 @@
 //    a trainer's state in it): the answer is HTTP, HEAD has no body, /metrics
 //    parses, /healthz says ok, and the server keeps answering.
 //
+// Mutations keep the record framing (logic_fuzz_mutator.cpp).
+//
 // Build: -DGAUGEWATCH_ENABLE_FUZZ=ON with clang. Run: agent_logic_fuzz
 // CORPUS_DIR tests/agent/fuzz/logic_corpus (CTest: agent_logic_fuzz_bounded).
 
