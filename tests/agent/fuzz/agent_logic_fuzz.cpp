@@ -115,6 +115,18 @@ bool admissible(const v1::SetBackendRequest& request, Controller& controller) {
   return runs.runs_size() > 0;
 }
 
+// The connection counts agree with the streams: at most one rank per open
+// stream is connected, and none once every stream has ended.
+void check_connections(Controller& controller, unsigned open_streams) {
+  v1::GetStatusResponse status;
+  controller.status(status);
+  const double trainers = controller.counters().trainers_connected.Value();
+  if (status.ranks_connected() > open_streams || trainers < 0 || trainers > open_streams) {
+    fail(std::to_string(status.ranks_connected()) + " ranks and " + std::to_string(trainers) +
+         " trainers connected over " + std::to_string(open_streams) + " open streams");
+  }
+}
+
 void fuzz_controller(const std::uint8_t* data, std::size_t size) {
   DecisionStore store(":memory:");
   AgentCounters counters;
@@ -187,6 +199,7 @@ void fuzz_controller(const std::uint8_t* data, std::size_t size) {
         v1::ListDecisionsResponse decisions;
         controller.list_decisions(decisions_request, decisions);
         check_metrics(counters, collector, controller.registry());
+        check_connections(controller, kStreams);
         break;
       }
       case Action::kDecide: {
@@ -202,8 +215,10 @@ void fuzz_controller(const std::uint8_t* data, std::size_t size) {
     }
   }
   check_metrics(counters, collector, controller.registry());
+  check_connections(controller, kStreams);
   for (auto& stream : streams) controller.close_session(*stream);
   check_metrics(counters, collector, controller.registry());
+  check_connections(controller, 0);
 }
 
 // --- http ------------------------------------------------------------------
