@@ -36,6 +36,7 @@
 
 #include "agent/common/backend_names.h"
 #include "agent/common/event_log.h"
+#include "agent/common/label_safe.h"
 #include "agent/config/agent_config.h"
 #include "agent/config/config_options.h"
 #include "agent/export/exposition.h"
@@ -79,11 +80,11 @@ AgentConfig fuzz_config(const std::string& database) {
 // The text of /metrics as the agent renders it; checked, and the series the
 // state collector adds counted against the guard.
 void check_metrics(const AgentCounters& counters, const StateCollector& collector, const RunRegistry& registry) {
-  const std::string text = render_metrics({&counters.registry(), &collector});
+  const std::string text = render_metrics({&counters.registry()}, collector);
   if (const std::string why = check_exposition(text); !why.empty()) fail("/metrics: " + why);
-  // The collector renders per-layer and per-rank series plus four gauges of
-  // its own (series, limit, refused, ranks retained).
-  const std::string state = render_metrics({&collector});
+  // The collector renders per-layer series (as text) and per-rank series plus
+  // four gauges of its own (series, limit, refused, ranks retained).
+  const std::string state = render_metrics({}, collector);
   std::uint64_t samples = 0;
   for (std::size_t i = 0; i < state.size(); ++i) {
     if ((i == 0 || state[i - 1] == '\n') && state[i] != '#') ++samples;
