@@ -63,10 +63,15 @@ namespace v1 = gaugewatch::v1;
 }
 
 // The shipped example configuration (its rules: run-scope switch, capture),
-// with limits small enough that inputs reach them.
+// with limits small enough that inputs reach them. Read once (yaml-cpp
+// would otherwise be the largest cost of an input).
 AgentConfig fuzz_config(const std::string& database) {
-  AgentConfig config;
-  apply_yaml(read_text_file(GAUGEWATCH_EXAMPLE_CONFIG, "example configuration"), config);
+  static const AgentConfig example = [] {
+    AgentConfig parsed;
+    apply_yaml(read_text_file(GAUGEWATCH_EXAMPLE_CONFIG, "example configuration"), parsed);
+    return parsed;
+  }();
+  AgentConfig config = example;
   config.database = database;
   config.max_series = 300;
   config.trainer_sample_rate = 0;  // unlimited: what happens does not depend on the clock
