@@ -1,6 +1,8 @@
 // libFuzzer target over everything the agent parses from outside: trainer
 // messages (protobuf bytes -> validation -> metric extraction), the YAML
-// configuration and the command line. The first byte picks the parser.
+// configuration and the command line (CLI11). The first byte picks the parser;
+// the seeds (tests/agent/fuzz/corpus) hold every message type
+// (agent_fuzz_seeds.cpp). agent_logic_fuzz goes past the parsers.
 //
 // Build: -DGAUGEWATCH_ENABLE_FUZZ=ON with clang; run: agent_fuzz CORPUS_DIR
 // (CTest runs it for a bounded time, see tests/agent/CMakeLists.txt).
@@ -10,6 +12,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <google/protobuf/stubs/logging.h>
 
 #include "agent/config/agent_config.h"
 #include "agent/server/message_validator.h"
@@ -87,6 +91,12 @@ void fuzz_flags(const std::uint8_t* data, std::size_t size) {
 }
 
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  // protobuf logs every string field that is not UTF-8; the fuzzer makes many.
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
