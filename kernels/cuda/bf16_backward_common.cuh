@@ -113,6 +113,23 @@ __device__ __forceinline__ int first_row(int lo, int hi, Pred pred) {
   return lo;
 }
 
+// The query-row tiles (of `rows_per_tile` rows) of which some row sees a key
+// of [j0, j0 + keys): visible ranges are monotone along the rows, so two
+// binary searches bound them. Tiles first .. first + count - 1.
+struct RowTiles {
+  int first;
+  int count;
+};
+
+__device__ __forceinline__ RowTiles tiles_seeing_keys(const Args& a, int j0, int keys, int rows_per_tile) {
+  const int j1 = j0 + keys < a.m ? j0 + keys : a.m;
+  const int r_begin = first_row(0, a.n, [&](int r) { return row_keys(a, r).end > j0; });
+  const int r_end = first_row(r_begin, a.n, [&](int r) { return row_keys(a, r).begin >= j1; });
+  const int first = r_begin / rows_per_tile;
+  const int end = r_begin < r_end ? (r_end + rows_per_tile - 1) / rows_per_tile : first;
+  return {first, end - first};
+}
+
 // Per-row inputs of phase 1 for the two rows a thread holds (g and g + 8 of
 // its warp's 16).
 struct RowInputs {

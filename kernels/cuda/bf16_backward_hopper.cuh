@@ -376,12 +376,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
   uint16_t* t_tile = smem + L::kTr + wg * 2 * L::kScoreTile;
   uint16_t* r_tile = t_tile + L::kScoreTile;
 
-  // Query rows that see a key of [j0, j1): two binary searches (monotone ranges).
-  const int j1 = j0 + kKvKeys < a.m ? j0 + kKvKeys : a.m;
-  const int r_begin = first_row(0, a.n, [&](int r) { return row_keys(a, r).end > j0; });
-  const int r_end = first_row(r_begin, a.n, [&](int r) { return row_keys(a, r).begin >= j1; });
-  const int t_begin = r_begin / kKvRows, t_end = r_begin < r_end ? (r_end + kKvRows - 1) / kKvRows : t_begin;
-  const int tiles = t_end - t_begin;
+  const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
+  const int t_begin = seen.first, tiles = seen.count;
   const int iters = tiles * a.group;
 
   load_rows<kKvKeys, D>(smem + L::kK, kh.k, a.k_strides.row, j0, a.m);

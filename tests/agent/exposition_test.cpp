@@ -8,26 +8,12 @@
 #include <set>
 
 #include "agent/export/metric_catalogue.h"
+#include "tests/agent/hello_message.h"
 
 namespace gaugewatch::agent {
 namespace {
 
 namespace v1 = gaugewatch::v1;
-
-v1::Hello hello(const std::string& run, std::uint32_t rank, int layers) {
-  v1::Hello h;
-  h.set_protocol_version(v1::PROTOCOL_VERSION_1);
-  h.set_run_id(run);
-  h.set_rank(rank);
-  h.set_world_size(rank + 1);
-  for (int i = 0; i < layers; ++i) {
-    auto* layer = h.add_layers();
-    layer->set_index(static_cast<std::uint32_t>(i));
-    layer->set_name(i == 0 ? "attn \"q\\k\"" : "attn." + std::to_string(i));
-    layer->set_backend(v1::BACKEND_STOCK);
-  }
-  return h;
-}
 
 void record(RunRegistry& registry, RankEntry& rank, std::size_t layer, double dq) {
   std::lock_guard lock(rank.mu);
@@ -76,7 +62,7 @@ TEST(MetricCatalogue, NamesComeFromTheReferenceTable) {
 TEST(Exposition, EveryFamilyIsACatalogueRow) {
   RunRegistry registry(1000, 0);
   AgentCounters counters;
-  auto rank = registry.connect(hello("run-a", 1, 2), 1);
+  auto rank = registry.connect(hello_message("run-a", 1, 2), 1);
   record(registry, *rank, 0, 0.25);
   const std::string text = render(registry, counters);
   std::set<std::string> typed;
@@ -94,7 +80,7 @@ TEST(Exposition, PrometheusText) {
   RunRegistry registry(1000, 0);
   AgentCounters counters;
   counters.samples_received_total.Increment(7);
-  auto rank = registry.connect(hello("run-a", 1, 2), 1);
+  auto rank = registry.connect(hello_message("run-a", 1, 2), 1);
   record(registry, *rank, 0, 0.25);
   const std::string text = render(registry, counters);
   EXPECT_NE(text.find("# TYPE gaugewatch_layer_live_dq_discrepancy_ratio gauge\n"),
@@ -129,7 +115,7 @@ TEST(Exposition, SampleAgeHistogramIsCumulative) {
 TEST(Exposition, CardinalityGuardRefusesAndCounts) {
   // Room for the rank's own series and exactly two layers' series.
   RunRegistry registry(RunRegistry::kSeriesPerRank + 2 * RunRegistry::kSeriesPerLayer, 0);
-  auto rank = registry.connect(hello("run-b", 0, 4), 1);
+  auto rank = registry.connect(hello_message("run-b", 0, 4), 1);
   for (std::size_t layer = 0; layer < 4; ++layer) record(registry, *rank, layer, 0.1);
   EXPECT_EQ(registry.exported_series(), RunRegistry::kSeriesPerRank + 2 * RunRegistry::kSeriesPerLayer);
   EXPECT_EQ(registry.series_refused(), 2u);
@@ -158,7 +144,7 @@ TEST(Exposition, CardinalityGuardRefusesAndCounts) {
 TEST(Exposition, RankSeriesAreInsideTheCardinalityGuard) {
   const std::uint64_t limit = 1000;
   RunRegistry registry(limit, 0);
-  for (std::uint32_t r = 0; r < 2000; ++r) registry.connect(hello("run-c", r, 1), r + 1);
+  for (std::uint32_t r = 0; r < 2000; ++r) registry.connect(hello_message("run-c", r, 1), r + 1);
   EXPECT_LE(registry.exported_series(), limit);
   AgentCounters counters;
   const std::string text = render(registry, counters);
@@ -176,7 +162,7 @@ TEST(Exposition, RankSeriesAreInsideTheCardinalityGuard) {
 // rank's layer table is freed as soon as it expires.
 TEST(Exposition, ExpiredDisconnectedRanksReleaseTheirLayers) {
   RunRegistry registry(100000, 0);
-  auto rank = registry.connect(hello("run-m", 0, 4096), 1);
+  auto rank = registry.connect(hello_message("run-m", 0, 4096), 1);
   registry.disconnect(*rank, 1);
   EXPECT_GE(rank->layers.capacity(), 4096u);
   EXPECT_EQ(registry.expire(rank->last_seen_steady_ns + 10, 1), 1u);
@@ -186,15 +172,15 @@ TEST(Exposition, ExpiredDisconnectedRanksReleaseTheirLayers) {
 
 TEST(Exposition, RankLimitRefusesNewRanks) {
   RunRegistry registry(100000, 0, 3);
-  for (std::uint32_t r = 0; r < 3; ++r) EXPECT_TRUE(registry.connect(hello("run-d", r, 1), r + 1));
-  EXPECT_FALSE(registry.connect(hello("run-d", 3, 1), 9));
+  for (std::uint32_t r = 0; r < 3; ++r) EXPECT_TRUE(registry.connect(hello_message("run-d", r, 1), r + 1));
+  EXPECT_FALSE(registry.connect(hello_message("run-d", 3, 1), 9));
   // A known rank may reconnect.
-  EXPECT_TRUE(registry.connect(hello("run-d", 1, 1), 10));
+  EXPECT_TRUE(registry.connect(hello_message("run-d", 1, 1), 10));
 }
 
 TEST(Exposition, AttentionCallRowsAreBounded) {
   RunRegistry registry(100000, 0);
-  auto rank = registry.connect(hello("run-e", 0, 1), 1);
+  auto rank = registry.connect(hello_message("run-e", 0, 1), 1);
   {
     std::lock_guard lock(rank->mu);
     for (int i = 0; i < 20; ++i) {

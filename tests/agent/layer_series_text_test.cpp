@@ -21,28 +21,13 @@
 
 #include "agent/common/backend_names.h"
 #include "agent/export/metric_catalogue.h"
+#include "tests/agent/hello_message.h"
 #include "agent/state/run_registry.h"
 
 namespace gaugewatch::agent {
 namespace {
 
 namespace v1 = gaugewatch::v1;
-
-v1::Hello hello(const std::string& run, std::uint32_t rank, int layers) {
-  v1::Hello h;
-  h.set_protocol_version(v1::PROTOCOL_VERSION_1);
-  h.set_run_id(run);
-  h.set_rank(rank);
-  h.set_world_size(rank + 1);
-  for (int i = 0; i < layers; ++i) {
-    auto* layer = h.add_layers();
-    layer->set_index(static_cast<std::uint32_t>(i));
-    // Names that need every escape of the text format.
-    layer->set_name(i == 0 ? "attn \"q\\k\"\nnext" : "blocks." + std::to_string(i) + ".attn");
-    layer->set_backend(i == 1 ? v1::BACKEND_GPROJ : v1::BACKEND_STOCK);
-  }
-  return h;
-}
 
 void record(RunRegistry& registry, RankEntry& rank, std::size_t layer, double dq, double rms) {
   std::lock_guard lock(rank.mu);
@@ -159,8 +144,8 @@ Parsed parse(const std::string& text) {
 
 TEST(LayerSeriesText, WritesWhatPrometheusCppsTextSerializerWrites) {
   RunRegistry registry(100000, 0);
-  auto a = registry.connect(hello("run-a", 0, 3), 1);
-  auto b = registry.connect(hello("run \"b\"", 7, 2), 2);
+  auto a = registry.connect(hello_message("run-a", 0, 3, "attn \"q\\k\"\nnext", v1::BACKEND_GPROJ), 1);
+  auto b = registry.connect(hello_message("run \"b\"", 7, 2, "attn \"q\\k\"\nnext", v1::BACKEND_GPROJ), 2);
   record(registry, *a, 0, 0.25, 12.5);
   record(registry, *a, 1, 1.0 / 3.0, 1e-30);
   record(registry, *b, 1, 4.9e9, std::numeric_limits<double>::infinity());

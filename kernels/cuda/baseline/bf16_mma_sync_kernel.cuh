@@ -422,13 +422,8 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
   const KeyHead kh = key_head(a, b, hk);
   float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
 
-  // Query rows that see a key of [j0, j0 + 64): visible ranges are monotone
-  // along the rows, so two binary searches bound them.
-  const int j1 = j0 + kBc < a.m ? j0 + kBc : a.m;
-  const int r_begin = first_row(0, a.n, [&](int r) { return row_keys(a, r).end > j0; });
-  const int r_end = first_row(r_begin, a.n, [&](int r) { return row_keys(a, r).begin >= j1; });
-  const int t_begin = r_begin / kBr, t_end = r_begin < r_end ? (r_end + kBr - 1) / kBr : t_begin;
-  const int tiles = t_end - t_begin;
+  const RowTiles seen = tiles_seeing_keys(a, j0, kBc, kBr);
+  const int t_begin = seen.first, tiles = seen.count;
   const int iters = tiles * a.group;
 
   load_tile_async<D>(smem + L::kK, kh.k, a.k_strides.row, j0, a.m);
