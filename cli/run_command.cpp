@@ -16,9 +16,10 @@ namespace gaugewatch::cli {
 namespace {
 
 constexpr const char* kFooter = R"(
-Runs <command> with the gaugewatch hooks loaded (LD_PRELOAD), so that an
-unchanged PyTorch trainer is monitored; works in front of torchrun and srun
-(their workers inherit the environment). The command replaces this process:
+Runs <command> with the gaugewatch hooks loaded (LD_PRELOAD of
+libgaugewatch_preload.so, which loads the hooks in Python processes only), so
+that an unchanged PyTorch trainer is monitored; works in front of torchrun and
+srun (their workers inherit the environment). The command replaces this process:
 its exit status is gaugewatch's. Each option falls back to the GAUGEWATCH_*
 variable it sets (docs/hooks.md). Examples:
   gaugewatch run -- python train.py
@@ -146,7 +147,19 @@ int run_run_command(const RunOptions& options) {
                    library.c_str());
       return 2;
     }
+    // The shim beside the hooks library loads them in Python processes only
+    // (hooks/preload_shim.c); without it every program the trainer starts
+    // would map libtorch.
+    const std::filesystem::path shim = absolute.parent_path() / "libgaugewatch_preload.so";
     std::string preload = absolute.string();
+    if (std::filesystem::is_regular_file(shim, ec)) {
+      preload = shim.string();
+    } else {
+      std::fprintf(stderr,
+                   "gaugewatch run: %s not found beside the hooks library: preloading the hooks themselves, so "
+                   "every program the trainer starts (compilers, shells) loads libtorch too\n",
+                   shim.c_str());
+    }
     if (const char* old = std::getenv("LD_PRELOAD"); old != nullptr && *old != '\0') preload += std::string(":") + old;
     ::setenv("LD_PRELOAD", preload.c_str(), 1);
     ::setenv("GAUGEWATCH_HOOKS_LIB", absolute.c_str(), 1);
