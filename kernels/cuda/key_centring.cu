@@ -1,5 +1,6 @@
 // Launcher of key centring: validation, the cluster size, the shared-memory
-// stage and the path (16-byte chunks or single elements); math in
+// stage's use (resident keys, load batches, query tiles) and the
+// instantiation (element type; 16-byte chunks or single elements); math in
 // kernels/cuda/key_centring.h. Host code only (no <<<>>>;
 // key_centring_launch.cu launches), so the CPU emulation compiles this same
 // file against its runtime.
@@ -24,18 +25,32 @@ int element_size(ElementType t) { return t == ElementType::kFp32 ? 4 : 2; }
 
 // Blocks per (b, hk), a function of the shape only (so the FP64 sums, and an
 // FP32 key's rounding, never depend on the device): enough blocks for about
-// two per SM of a 132-SM GPU when there are few heads, and enough that a
-// block's share of the keys fits its shared-memory stage; at most the
-// portable cluster size, at least 16 keys a block.
+// one per SM of a 132-SM GPU when there are few heads, and enough that a
+// block's share of the keys fits its stage; a power of two (clusters of 2, 4
+// or 8 blocks pack a GPC's SMs, one block per SM), at most the portable
+// cluster size, at least 16 keys a block.
 int cluster_of(const ProblemShape& s, int64_t row_bytes) {
   const int64_t pairs = s.batch * s.kv_heads;
-  const int64_t fill = pairs >= 264 ? 1 : (264 + pairs - 1) / pairs;
-  const int64_t fit = (s.kv_len * row_bytes + detail::kCentringStageCap - 1) / detail::kCentringStageCap;
-  int64_t c = fill > fit ? fill : fit;
-  if (c > detail::kCentringMaxCluster) c = detail::kCentringMaxCluster;
+  const int64_t fill = pairs >= 132 ? 1 : (132 + pairs - 1) / pairs;
+  const int64_t fit = (s.kv_len * row_bytes + detail::kCentringStageBytes - 1) / detail::kCentringStageBytes;
+  const int64_t want = fill > fit ? fill : fit;
   const int64_t most = (s.kv_len + 15) / 16;
-  if (c > most) c = most;
-  return static_cast<int>(c < 1 ? 1 : c);
+  int c = 1;
+  while (c < detail::kCentringMaxCluster && c < want) c *= 2;
+  while (c > 1 && c > most) c /= 2;
+  return c;
+}
+
+// Threads per query row in step 4 (a power of two): the fewest that let two
+// tiles of kCentringThreads / parts rows fit the stage.
+int query_parts_of(int64_t row_bytes, bool vec, int64_t* stride) {
+  for (int parts = 1;; parts *= 2) {
+    // 16-byte rows padded so that the 8 threads of a shared-memory phase read
+    // distinct banks (row stride = 4 parts words mod 32).
+    const int64_t words = row_bytes / 4;
+    *stride = vec ? row_bytes + 4 * (((4 * parts - words) % 32 + 32) % 32) : (row_bytes + 15) / 16 * 16;
+    if (parts == 32 || 2 * (detail::kCentringThreads / parts) * *stride <= detail::kCentringStageBytes) return parts;
+  }
 }
 
 bool aligned_operand(const void* base, const OperandStrides& st, int esize) {
@@ -96,26 +111,33 @@ Status center_keys(const KeyCentringParams& p, cudaStream_t stream) {
   a.lse_len = p.lse_len;
   a.lse_out_len = p.lse_shifted_len == 0 ? p.lse_len : p.lse_shifted_len;
   a.d = static_cast<int>(s.head_dim);
-  a.esize = element_size(p.dtype);
-  const int64_t row_bytes = s.head_dim * a.esize;
-  a.vec = row_bytes % 16 == 0 && aligned_operand(p.q, p.q_strides, a.esize) &&
-                  aligned_operand(p.k, p.k_strides, a.esize) &&
-                  aligned_operand(p.k_centred, p.k_centred_strides, a.esize)
-              ? 1
-              : 0;
+  const int esize = element_size(p.dtype);
+  const int64_t row_bytes = s.head_dim * esize;
+  const bool vec = row_bytes % 16 == 0 && aligned_operand(p.q, p.q_strides, esize) &&
+                   aligned_operand(p.k, p.k_strides, esize) &&
+                   aligned_operand(p.k_centred, p.k_centred_strides, esize);
+  a.vec = vec ? 1 : 0;
   a.cluster = cluster_of(s, row_bytes);
   a.keys_per_block = (s.kv_len + a.cluster - 1) / a.cluster;
-  const int64_t stage_rows = detail::kCentringStageCap / row_bytes;
-  a.resident_rows = a.keys_per_block < stage_rows ? a.keys_per_block : stage_rows;
-  // At least 16 KiB: query tiles of enough rows even when the keys are few.
-  const int64_t staged = (a.resident_rows * row_bytes + 15) / 16 * 16;
-  a.stage_bytes = staged > 16 * 1024 ? staged : 16 * 1024;
+  // Keys per batch: ~16 KiB. A share that fits the stage stays whole; else
+  // whole batches stay and the rest pass through a ring of kCentringDepth.
+  const int64_t stage_rows = detail::kCentringStageBytes / row_bytes;
+  const int64_t batch = detail::kCentringBatchBytes / row_bytes;
+  a.batch_rows = batch > 1 ? batch : 1;
+  if (a.keys_per_block <= stage_rows) {
+    a.resident_rows = a.keys_per_block;
+  } else {
+    const int64_t kept = stage_rows / a.batch_rows - detail::kCentringDepth;
+    a.resident_rows = (kept > 0 ? kept : 0) * a.batch_rows;
+  }
+  a.query_parts = query_parts_of(row_bytes, vec, &a.query_stride);
+  a.query_tile_rows = detail::kCentringThreads / a.query_parts;
   a.dtype = static_cast<int>(p.dtype);
   a.policy = static_cast<int>(p.policy);
   a.ratio = p.offset_spread_ratio;
   a.scale = static_cast<float>(s.scale);
   const cudaError_t err = detail::launch_centring(a, s.batch * s.kv_heads, stream);
-  if (err != cudaSuccess) return Status{err, std::string("key centring: ") + cudaGetErrorString(err)};
+  if (err != cudaSuccess) return checks::cuda_failure("key centring", err);
   return {};
 }
 

@@ -10,30 +10,36 @@
 //   k_centred_jc = round(k_jc - kbar_c)   (the difference is exact in FP32;
 //                  the one rounding, to k's grid, is exact where the offset
 //                  dominates)
-//   lse_shifted_i = lse_i - float(alpha) * float(q_i . kbar)   (dot in FP64,
-//                  c = 0, 1, ..., d - 1 in order; coordinates with kbar_c = 0
-//                  add nothing and are skipped, so q is read only where some
-//                  coordinate is centred), for rows i < N whose lse is finite;
+//   lse_shifted_i = lse_i - float(alpha) * float(q_i . kbar)   (dot in FP64:
+//                  every product q_c kbar_c is exact, and for BF16 and FP16
+//                  so is the sum unless the products' magnitudes span more
+//                  than ~2^29, so the order of the additions does not change
+//                  it; 16-byte chunks of coordinates whose kbar is all 0 are
+//                  skipped, so q is read only where some coordinate is
+//                  centred), for rows i < N whose lse is finite;
 //                  every other entry of the (B, Hq, L) lse, L >= N, is copied
 //                  unchanged, and entries L .. L_out - 1 (a padded output) are 0.
 // The softmax is unchanged, so a stock backward on (q, k_centred, v, out,
 // lse_shifted) returns the same gradients mathematically.
 //
-// One launch, one pass over K: a cluster of blocks per (b, hk) (the cluster
-// size depends on the shape only: results are bit-identical run to run). Each
-// block loads its share of the keys into shared memory once (16-byte loads),
-// sums them in FP64 (columns of k and of (k - k_0)^2, k_0 the head's first key,
-// so the squares do not cancel when the offset dominates), the cluster adds the
-// blocks' sums in rank order through distributed shared memory, and every block
-// then writes its keys centred from shared memory and shifts its share of the
-// group's lse rows. Traffic and its floor: kernels/cuda/README.md, Key centring.
+// One launch, one pass over K: a cluster of 1, 2, 4 or 8 blocks per (b, hk)
+// (the cluster size depends on the shape only: results are bit-identical run
+// to run), 512 threads and one block per SM. Each block copies its share of
+// the keys into shared memory in ~16 KiB batches (cp.async, three batches in
+// flight) and sums them in FP64 (columns of k and of (k - k_0)^2, k_0 the
+// head's first key, so the squares do not cancel when the offset dominates);
+// the cluster adds the blocks' sums in rank order through distributed shared
+// memory; every block then writes its keys centred from shared memory and
+// shifts its share of the group's lse rows, several threads per row sharing
+// q . kbar. Structure: key_centring_kernels.cuh; traffic and its floor:
+// kernels/cuda/README.md, Key centring.
 //
 // Layouts: q (B, Hq, N, d), k and k_centred (B, Hkv, M, d), any batch/head/row
 // strides, last dim contiguous; lse (B, Hq, L) FP32 with strides, lse_shifted
 // (B, Hq, L_out) FP32 contiguous; kbar (B, Hkv, d) contiguous. q, k, k_centred
 // and kbar share one element type (BF16, FP16 or FP32). head_dim <= 256. Rows
-// and pointers 16-byte aligned take the vector path, anything else the same
-// kernel one element at a time.
+// and pointers 16-byte aligned take the kernel's 16-byte instantiation,
+// anything else its one-element-at-a-time instantiation.
 //
 // Build: target gaugewatch_cuda (key_centring.cu, key_centring_launch.cu).
 // Tests: tests/cuda/key_centring_test.cpp (GPU and CPU emulation).

@@ -12,22 +12,30 @@
 
 namespace gaugewatch::gpu::detail {
 
-inline constexpr int kCentringThreads = 256;
+// One block of 512 threads (16 warps) per SM: the registers (at most 128 a
+// thread) and the shared memory below are sized for that.
+inline constexpr int kCentringThreads = 512;
 inline constexpr int kCentringMaxHeadDim = 256;
 inline constexpr int kCentringMaxCluster = 8;  // the portable cluster size
-// Shared memory a block stages its keys in (and later its query tiles in):
-// with the fixed regions below, one block of 214 KiB fits an sm_90 SM (227 KiB).
-inline constexpr int64_t kCentringStageCap = 176 * 1024;
-// Fixed regions after the stage: per-thread partial sums (256 threads x 8
+// Rows of keys in flight per block while the block sums earlier ones: batches
+// of about kCentringBatchBytes, kCentringDepth - 1 of them loading ahead.
+inline constexpr int64_t kCentringBatchBytes = 16 * 1024;
+inline constexpr int kCentringDepth = 4;
+// Shared memory a block stages its keys in (and later its query tiles in).
+inline constexpr int64_t kCentringStageBytes = 200 * 1024;
+// Fixed regions after the stage: per-thread partial sums (512 threads x 2
 // columns x {sum, square}, FP64), the block's column totals ({sum, square} x
-// 256 columns, FP64, read by the cluster's other blocks), kbar (256 floats)
-// and which 16-byte chunks of a row have a nonzero kbar (256 ints).
-inline constexpr int64_t kCentringPartialsBytes = int64_t{kCentringThreads} * 8 * 2 * 8;
+// 256 columns, FP64, read by the cluster's other blocks), kbar as floats and
+// as doubles times 2^896 (256 each; see scaled_double) and which chunks of a
+// row have a nonzero kbar (256 ints). Stage and fixed regions: 224 KiB, one block per sm_90 SM (227 KiB).
+inline constexpr int64_t kCentringPartialsBytes = int64_t{kCentringThreads} * 2 * 2 * 8;
 inline constexpr int64_t kCentringTotalsBytes = int64_t{kCentringMaxHeadDim} * 2 * 8;
 inline constexpr int64_t kCentringKbarBytes = int64_t{kCentringMaxHeadDim} * 4;
+inline constexpr int64_t kCentringKbarScaledBytes = int64_t{kCentringMaxHeadDim} * 8;
 inline constexpr int64_t kCentringFlagsBytes = int64_t{kCentringMaxHeadDim} * 4;
-inline constexpr int64_t kCentringFixedBytes =
-    kCentringPartialsBytes + kCentringTotalsBytes + kCentringKbarBytes + kCentringFlagsBytes;
+inline constexpr int64_t kCentringFixedBytes = kCentringPartialsBytes + kCentringTotalsBytes + kCentringKbarBytes +
+                                               kCentringKbarScaledBytes + kCentringFlagsBytes;
+inline constexpr int64_t kCentringSmemBytes = kCentringStageBytes + kCentringFixedBytes;
 
 struct CentringArgs {
   const void* q;
@@ -40,23 +48,23 @@ struct CentringArgs {
   int64_t lse_strides[3];
   int64_t hq, hkv, n, m, lse_len, lse_out_len;
   int d;
-  int cluster;          // blocks per (b, hk): the cluster's size, blockIdx.x its rank
-  int64_t keys_per_block;
-  int64_t resident_rows;  // keys of a block's share kept in shared memory (the rest is read again)
-  int64_t stage_bytes;    // shared memory for the staged keys, then query tiles
-  int esize;              // bytes per element: 2 or 4
-  int vec;                // 1: 16-byte chunks; 0: one element per chunk
-  int dtype;              // ElementType
-  int policy;             // CentringPolicy
+  int cluster;             // blocks per (b, hk): the cluster's size, blockIdx.x its rank
+  int64_t keys_per_block;  // P: a block's share of its (b, hk)'s keys
+  int64_t resident_rows;   // keys of the share kept in the stage (the rest pass through a ring and are read again)
+  int64_t batch_rows;      // keys per load batch (resident_rows is a multiple of it when some are not kept)
+  int64_t query_tile_rows;  // lse rows per query tile (kCentringThreads / query_parts)
+  int query_parts;          // threads per query row (a power of two): each adds every query_parts-th chunk
+  int64_t query_stride;     // bytes between query rows in a tile (the row padded against bank conflicts)
+  int dtype;                // ElementType (the kernel instantiation)
+  int vec;                  // 1: 16-byte chunks and 4-byte words; 0: one element at a time
+  int policy;               // CentringPolicy
   double ratio;
   float scale;
 };
 
-// Dynamic shared memory of one block.
-inline int64_t centring_smem_bytes(const CentringArgs& a) { return a.stage_bytes + kCentringFixedBytes; }
-
 // Launcher: key_centring_launch.cu on the GPU, the emulation glue on the CPU.
-// Grid (cluster, B * Hkv), clusters of (cluster, 1, 1).
+// Grid (cluster, B * Hkv), clusters of (cluster, 1, 1), kCentringSmemBytes of
+// dynamic shared memory a block.
 cudaError_t launch_centring(const CentringArgs& args, int64_t kv_heads_total, cudaStream_t stream);
 
 }  // namespace gaugewatch::gpu::detail

@@ -1,10 +1,14 @@
 // Tests of key centring (kernels/cuda/key_centring.h) against its definition
 // computed here in FP64 (coordinates in order): kbar, the centred keys and the
 // shifted lse bit for bit, on sink-like keys (offset: centred), random keys
-// (auto leaves them), the three policies, GQA, head dims 36 (the one-element
-// path), 64, 80 (FP32), 128 and 256, key counts that no block or cluster size
-// divides, more keys than a block stages (the rest read again), strided q, a
-// padded lse (L > N) with a -inf row and a padded output (L_out > L).
+// (auto leaves them), keys with both kinds of coordinates, the three
+// policies, GQA, every instantiation (BF16, FP16 and FP32, each on the
+// 16-byte path and one element at a time: head dims 36 and 35), head dims 64,
+// 80, 128 and 256, clusters of 1, 2, 4 and 8 blocks, key counts that no block
+// or cluster size divides, more keys than a block stages (the rest through
+// the ring and read again), a full stage (the first query tile after the
+// keys), many query tiles a block, strided q, a padded lse (L > N) with a
+// -inf row and a padded output (L_out > L), infinite and NaN operands.
 //
 // Build: gaugewatch_cuda_tests (GPU; skips without an sm_90 device) and
 // gaugewatch_cuda_centring_emulation_tests (the same kernel source on the CPU
@@ -12,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -56,7 +61,8 @@ namespace gaugewatch::gpu::detail {
 cudaError_t launch_centring(const CentringArgs& args, int64_t kv_heads_total, cudaStream_t) {
   using gaugewatch_emulation::Block;
   using gaugewatch_emulation::Cluster;
-  const size_t smem = static_cast<size_t>(centring_smem_bytes(args));
+  const size_t smem = static_cast<size_t>(kCentringSmemBytes);
+  const CentringKernel kernel = centring_kernel_for(args);
   for (int64_t pair = 0; pair < kv_heads_total; ++pair) {
     Cluster cluster(args.cluster, kCentringThreads);
     for (int r = 0; r < args.cluster; ++r) cluster.blocks.push_back(std::make_unique<Block>(kCentringThreads, smem));
@@ -70,7 +76,7 @@ cudaError_t launch_centring(const CentringArgs& args, int64_t kv_heads_total, cu
           blockIdx.y = static_cast<unsigned>(pair);
           gaugewatch_emulation::current = cluster.blocks[static_cast<size_t>(r)].get();
           gaugewatch_emulation::current_cluster = &cluster;
-          centring_kernel(args);
+          kernel(args);
         });
       }
     }
@@ -91,11 +97,64 @@ struct CentringCase {
   std::string name;
   testing_cuda::KernelCase problem;
   gpu::CentringPolicy policy = gpu::CentringPolicy::kAuto;
-  bool fp32 = false;           // FP32 keys (else BF16)
+  gpu::ElementType dtype = gpu::ElementType::kBf16;  // of q, k, k - kbar and kbar
   bool q_row_major = false;    // q as an SDPA (B, N, H, d) view
   int64_t lse_padding = 0;     // L - N
   int64_t out_padding = 0;     // L_out - L: rows of lse_shifted written 0
+  int64_t plain_columns = 0;   // key coordinates [0, plain_columns) without the offset (random keys there)
+  int64_t infinite_key = -1;   // index into k of an element set to +inf (none: -1)
+  int64_t nan_query = -1;      // index into q of an element set to NaN (none: -1)
 };
+
+// FP16 written out here, independently of the kernel's element_bits.cuh: x
+// rounded to the nearest FP16 value (ties to even, overflow to inf), and the
+// bits of an FP16 value.
+float round_half(float x) {
+  if (!std::isfinite(x) || x == 0.0f) return x;
+  const double a = std::fabs(static_cast<double>(x));
+  if (a >= 65520.0) return std::copysign(INFINITY, x);
+  const int exponent = std::max(std::ilogb(a), -14);  // subnormals share 2^-14's spacing
+  const double ulp = std::ldexp(1.0, exponent - 10);
+  return static_cast<float>(std::copysign(std::nearbyint(a / ulp) * ulp, static_cast<double>(x)));
+}
+uint16_t half_bits(float v) {  // v an FP16 value
+  const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+  const double a = std::fabs(static_cast<double>(v));
+  if (std::isinf(v)) return sign | 0x7c00;
+  if (a < std::ldexp(1.0, -14)) return sign | static_cast<uint16_t>(a * std::ldexp(1.0, 24));
+  const int exponent = std::ilogb(a);
+  const auto mantissa = static_cast<uint16_t>((a / std::ldexp(1.0, exponent) - 1.0) * 1024.0);
+  return sign | static_cast<uint16_t>((exponent + 15) << 10) | mantissa;
+}
+float half_value(uint16_t bits) {
+  const double sign = (bits & 0x8000) != 0 ? -1.0 : 1.0;
+  const int exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+  if (exponent == 31) return static_cast<float>(sign * INFINITY);
+  if (exponent == 0) return static_cast<float>(sign * std::ldexp(mantissa, -24));
+  return static_cast<float>(sign * std::ldexp(1024 + mantissa, exponent - 25));
+}
+
+float to_grid(float x, gpu::ElementType dtype) {
+  switch (dtype) {
+    case gpu::ElementType::kBf16: return ref::round_bf16(x);
+    case gpu::ElementType::kFp16: return round_half(x);
+    default: return x;
+  }
+}
+
+// 2-byte storage of grid values (BF16 or FP16 bits), and back.
+std::vector<uint16_t> to_bits16(const std::vector<float>& x, gpu::ElementType dtype) {
+  if (dtype == gpu::ElementType::kBf16) return testing_cuda::to_bf16_bits(x);
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) bits[i] = half_bits(x[i]);
+  return bits;
+}
+std::vector<float> from_bits16(const std::vector<uint16_t>& bits, gpu::ElementType dtype) {
+  if (dtype == gpu::ElementType::kBf16) return testing_cuda::from_bf16_bits(bits);
+  std::vector<float> x(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) x[i] = half_value(bits[i]);
+  return x;
+}
 
 struct Centred {
   std::vector<float> k, lse, kbar;
@@ -103,10 +162,10 @@ struct Centred {
 
 // The definition (kernels/cuda/key_centring.h) in FP64 on the host.
 Centred expected(const ref::AttentionInputs& in, const std::vector<float>& lse, int64_t lse_len,
-                 gpu::CentringPolicy policy, bool fp32) {
+                 gpu::CentringPolicy policy, gpu::ElementType dtype) {
   const auto& s = in.shape;
   const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
-  auto grid = [fp32](float x) { return fp32 ? x : ref::round_bf16(x); };
+  auto grid = [dtype](float x) { return to_grid(x, dtype); };
   Centred c;
   c.k = in.k;
   c.lse = lse;
@@ -145,17 +204,23 @@ Centred expected(const ref::AttentionInputs& in, const std::vector<float>& lse, 
   return c;
 }
 
-// Element storage of BF16-valued floats: BF16 bits, or the floats themselves.
-std::vector<uint16_t> storage_bf16(const std::vector<float>& x) { return testing_cuda::to_bf16_bits(x); }
-
 void run_case(const CentringCase& c) {
-  const ref::AttentionInputs in = testing_cuda::make_inputs(c.problem);
+  ref::AttentionInputs in = testing_cuda::make_inputs(c.problem);
   const auto& s = in.shape;
+  const int64_t columns = s.head_dim;
+  for (size_t i = 0; i < in.k.size(); ++i) {
+    if (static_cast<int64_t>(i) % columns < c.plain_columns) in.k[i] = in.v[i];  // v: random, no offset
+  }
+  if (c.infinite_key >= 0) in.k[static_cast<size_t>(c.infinite_key)] = INFINITY;
+  if (c.nan_query >= 0) in.q[static_cast<size_t>(c.nan_query)] = NAN;
+  for (auto& x : in.q) x = to_grid(x, c.dtype);
+  for (auto& x : in.k) x = to_grid(x, c.dtype);
+  const bool fp32 = c.dtype == gpu::ElementType::kFp32;
   const int64_t d = s.head_dim, lse_len = s.q_len + c.lse_padding;
   std::vector<float> lse(static_cast<size_t>(s.batch * s.q_heads * lse_len));
   for (size_t i = 0; i < lse.size(); ++i) lse[i] = 3.0f + 0.01f * static_cast<float>(i % 97);
   if (s.q_len > 2) lse[1] = -INFINITY;  // a row that sees no key
-  const Centred want = expected(in, lse, lse_len, c.policy, c.fp32);
+  const Centred want = expected(in, lse, lse_len, c.policy, c.dtype);
 
   // q as given, or permuted to (B, N, H, d) storage.
   std::vector<float> q_store = in.q;
@@ -169,22 +234,22 @@ void run_case(const CentringCase& c) {
                 in.q[static_cast<size_t>(s.q_offset(b, h, i) + col)];
     q_strides = gpu::OperandStrides{s.q_len * s.q_heads * d, d, s.q_heads * d};
   }
-  DeviceBuffer<uint16_t> q16(c.fp32 ? std::vector<uint16_t>{} : storage_bf16(q_store));
-  DeviceBuffer<uint16_t> k16(c.fp32 ? std::vector<uint16_t>{} : storage_bf16(in.k));
-  DeviceBuffer<float> q32(c.fp32 ? q_store : std::vector<float>{}), k32(c.fp32 ? in.k : std::vector<float>{});
+  DeviceBuffer<uint16_t> q16(fp32 ? std::vector<uint16_t>{} : to_bits16(q_store, c.dtype));
+  DeviceBuffer<uint16_t> k16(fp32 ? std::vector<uint16_t>{} : to_bits16(in.k, c.dtype));
+  DeviceBuffer<float> q32(fp32 ? q_store : std::vector<float>{}), k32(fp32 ? in.k : std::vector<float>{});
   const size_t kv = static_cast<size_t>(s.kv_elements()), kbar_count = static_cast<size_t>(s.batch * s.kv_heads * d);
-  DeviceBuffer<uint16_t> kc16(c.fp32 ? 0 : kv), kbar16(c.fp32 ? 0 : kbar_count);
-  DeviceBuffer<float> kc32(c.fp32 ? kv : 0), kbar32(c.fp32 ? kbar_count : 0);
+  DeviceBuffer<uint16_t> kc16(fp32 ? 0 : kv), kbar16(fp32 ? 0 : kbar_count);
+  DeviceBuffer<float> kc32(fp32 ? kv : 0), kbar32(fp32 ? kbar_count : 0);
   const int64_t out_len = lse_len + c.out_padding;
   DeviceBuffer<float> lse_in(lse), lse_out(static_cast<size_t>(s.batch * s.q_heads * out_len));
   lse_out.poison();
 
   gpu::KeyCentringParams p;
   p.shape = testing_cuda::problem_shape(in, nullptr, nullptr);
-  p.dtype = c.fp32 ? gpu::ElementType::kFp32 : gpu::ElementType::kBf16;
+  p.dtype = c.dtype;
   p.policy = c.policy;
-  p.q = c.fp32 ? static_cast<const void*>(q32.get()) : static_cast<const void*>(q16.get());
-  p.k = c.fp32 ? static_cast<const void*>(k32.get()) : static_cast<const void*>(k16.get());
+  p.q = fp32 ? static_cast<const void*>(q32.get()) : static_cast<const void*>(q16.get());
+  p.k = fp32 ? static_cast<const void*>(k32.get()) : static_cast<const void*>(k16.get());
   p.lse = lse_in.get();
   p.q_strides = q_strides;
   p.k_strides = gpu::OperandStrides{s.kv_heads * s.kv_len * d, s.kv_len * d, d};
@@ -193,18 +258,22 @@ void run_case(const CentringCase& c) {
   p.lse_strides[1] = lse_len;
   p.lse_strides[2] = 1;
   p.lse_len = lse_len;
-  p.k_centred = c.fp32 ? static_cast<void*>(kc32.get()) : static_cast<void*>(kc16.get());
+  p.k_centred = fp32 ? static_cast<void*>(kc32.get()) : static_cast<void*>(kc16.get());
   p.lse_shifted = lse_out.get();
   p.lse_shifted_len = c.out_padding > 0 ? out_len : 0;
-  p.kbar = c.fp32 ? static_cast<void*>(kbar32.get()) : static_cast<void*>(kbar16.get());
+  p.kbar = fp32 ? static_cast<void*>(kbar32.get()) : static_cast<void*>(kbar16.get());
   const gpu::Status status = gpu::center_keys(p, nullptr);
   ASSERT_TRUE(status.ok()) << c.name << ": " << status.message;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
-  const std::vector<float> got_k = c.fp32 ? kc32.download() : testing_cuda::from_bf16_bits(kc16.download());
-  const std::vector<float> got_kbar = c.fp32 ? kbar32.download() : testing_cuda::from_bf16_bits(kbar16.download());
+  const std::vector<float> got_k = fp32 ? kc32.download() : from_bits16(kc16.download(), c.dtype);
+  const std::vector<float> got_kbar = fp32 ? kbar32.download() : from_bits16(kbar16.download(), c.dtype);
   const std::vector<float> got_lse = lse_out.download();
-  auto same_bits = [](float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; };
+  // Bit for bit; two NaNs match whatever their payloads (the GPU writes its
+  // canonical NaN, the host keeps the operand's).
+  auto same_bits = [](float x, float y) {
+    return std::memcmp(&x, &y, sizeof x) == 0 || (std::isnan(x) && std::isnan(y));
+  };
   int centred = 0;
   for (size_t i = 0; i < want.kbar.size(); ++i) {
     centred += want.kbar[i] != 0.0f ? 1 : 0;
@@ -259,7 +328,7 @@ TEST(KeyCentring, MatchesDefinition) {
   CentringCase never = make("never", shape(1, 2, 2, 20, 60, 64), 200.0f);
   never.policy = gpu::CentringPolicy::kNever;
   CentringCase fp32 = make("fp32_d80", shape(1, 3, 1, 25, 200, 80), 30.0f);
-  fp32.fp32 = true;
+  fp32.dtype = gpu::ElementType::kFp32;
   for (const CentringCase& c : {sink, random, always, never, fp32}) run_case(c);
 }
 
@@ -286,12 +355,69 @@ TEST(KeyCentring, GqaHeadDimsAndOddLengths) {
 TEST(KeyCentring, MoreKeysThanABlockStages) {
   SKIP_WITHOUT_GPU();
   using testing_cuda::shape;
-  // FP32, d = 256: 1 KiB rows, 176 staged per block; one (b, hk) pair takes a
-  // cluster of 8, so 1500 keys leave 12 per block to read again.
-  CentringCase c = make("fp32_d256_reread", shape(1, 2, 1, 9, 1500, 256), 40.0f);
-  c.fp32 = true;
+  // FP32, d = 256: 1 KiB rows, 200 staged per block; one (b, hk) pair takes a
+  // cluster of 8, so 2000 keys give each block 250: 128 kept (whole batches
+  // of 16, the ring's 4 batches left free), 122 through the ring (it wraps)
+  // and read again.
+  CentringCase c = make("fp32_d256_ring", shape(1, 2, 1, 9, 2000, 256), 40.0f);
+  c.dtype = gpu::ElementType::kFp32;
   c.policy = gpu::CentringPolicy::kAlways;
-  run_case(c);
+  // BF16, d = 128: 5600 keys give each block of the 8 700 (175 KiB, all
+  // staged), so no query tile fits beside them and tile 0 loads after the
+  // keys are written (elsewhere it loads while they are).
+  CentringCase full = make("bf16_d128_full_stage", shape(1, 2, 1, 40, 5600, 128), 60.0f);
+  for (const CentringCase& x : {c, full}) run_case(x);
+}
+
+TEST(KeyCentring, EveryElementTypeAndPath) {
+  SKIP_WITHOUT_GPU();
+  using testing_cuda::shape;
+  // FP16 on the 16-byte path (d 64) and one element at a time (d 36); FP32
+  // one element at a time (d 35: 140-byte rows); BF16 with half its
+  // coordinates plain (chunks with and without kbar: q read for some).
+  CentringCase fp16 = make("fp16_d64", shape(1, 4, 2, 45, 310, 64), 100.0f);
+  fp16.dtype = gpu::ElementType::kFp16;
+  fp16.problem.q_gain = 8.0f;
+  CentringCase fp16_scalar = make("fp16_d36_scalar", shape(1, 2, 1, 21, 150, 36), 60.0f);
+  fp16_scalar.dtype = gpu::ElementType::kFp16;
+  fp16_scalar.lse_padding = 5;
+  CentringCase fp32_scalar = make("fp32_d35_scalar", shape(1, 2, 2, 17, 140, 35), 50.0f);
+  fp32_scalar.dtype = gpu::ElementType::kFp32;
+  CentringCase mixed = make("bf16_half_plain", shape(1, 2, 1, 40, 260, 128), 150.0f);
+  mixed.plain_columns = 64;
+  for (const CentringCase& c : {fp16, fp16_scalar, fp32_scalar, mixed}) run_case(c);
+}
+
+TEST(KeyCentring, NonFiniteOperandsAsTheDefinitionTreatsThem) {
+  SKIP_WITHOUT_GPU();
+  using testing_cuda::shape;
+  // One +inf key (row 100, column 9 of the first head; block 2 of a cluster
+  // of 8 holds it, so that block sums again with conversions): its column's
+  // mean is inf and its spread NaN, so "auto" leaves it (and the inf passes
+  // through k - kbar unchanged); every other column as without it.
+  CentringCase c = make("infinite_key", shape(1, 2, 2, 12, 300, 64), 100.0f);
+  c.infinite_key = 100 * 64 + 9;
+  // And one NaN query (row 5, column 3 of the first head): its row's dot and
+  // shifted lse are NaN (a finite stand-in for the NaN would give -inf).
+  c.nan_query = 5 * 64 + 3;
+  // Policy always on two keys, the second +inf: kbar there is inf (a finite
+  // stand-in for the inf would give a finite mean), k - kbar -inf and NaN,
+  // and the lse rows shift by -scale q_9 inf.
+  CentringCase single = make("infinite_key_always", shape(1, 1, 1, 4, 2, 64), 100.0f);
+  single.infinite_key = 64 + 9;
+  single.policy = gpu::CentringPolicy::kAlways;
+  for (const CentringCase& x : {c, single}) run_case(x);
+}
+
+TEST(KeyCentring, ClusterSizes) {
+  SKIP_WITHOUT_GPU();
+  using testing_cuda::shape;
+  // Clusters of 4 (60 keys: at most 4 blocks of 15+) and of 2 (30 keys), so
+  // the cluster's blocks also meet in groups smaller than 8.
+  CentringCase four = make("clusters_of_4", shape(1, 2, 1, 6, 60, 64), 100.0f);
+  CentringCase two = make("clusters_of_2", shape(1, 2, 2, 5, 30, 64), 100.0f);
+  two.policy = gpu::CentringPolicy::kAlways;
+  for (const CentringCase& c : {four, two}) run_case(c);
 }
 
 TEST(KeyCentring, SinkLikeKeysAreCentredRandomKeysAreNot) {
@@ -303,7 +429,7 @@ TEST(KeyCentring, SinkLikeKeysAreCentredRandomKeysAreNot) {
     CentringCase c = make(offset == 0.0f ? "random" : "sink", shape(1, 1, 1, 8, 400, 64), offset);
     const ref::AttentionInputs in = testing_cuda::make_inputs(c.problem);
     std::vector<float> lse(8, 1.0f);
-    const Centred want = expected(in, lse, 8, gpu::CentringPolicy::kAuto, false);
+    const Centred want = expected(in, lse, 8, gpu::CentringPolicy::kAuto, gpu::ElementType::kBf16);
     int centred = 0;
     for (float x : want.kbar) centred += x != 0.0f ? 1 : 0;
     if (offset == 0.0f) {
