@@ -1,0 +1,44 @@
+// A race-free kernel for compute-sanitizer's racecheck: two warpgroups write
+// their partials of an iteration into shared memory, and after a
+// __syncthreads every thread reads both (the key-outer kernel's D = 64 dQ
+// exchange, bf16_keyouter_kernel.cuh). Variant 0: nothing else; variant 1:
+// the kernel's pingpong besides (warpgroup 0 bar.arrive, warpgroup 1 bar.sync
+// on barrier 3); variant 2: that and a per-warpgroup named barrier (1 + wg).
+//   compute-sanitizer --tool racecheck build-device/bin/racecheck_pingpong_probe 1
+// On the H200 (compute-sanitizer of CUDA 13.0, 2026-12-01): variant 0 reports
+// no hazard, variants 1 and 2 report RAW hazards between the write and the
+// read across the __syncthreads: racecheck's reports on kernels with a
+// bar.arrive are not evidence of a race (kernels/cuda/README.md).
+#include <cstdio>
+#include <cstdlib>
+__global__ void probe(float* out, int variant, int iters) {
+  __shared__ float part[2][2][64 * 8];
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  float acc = 0.f;
+  for (int it = 0; it < iters; ++it) {
+    __syncthreads();
+    if (it > 0) {  // read both warpgroups' partials of iteration it - 1
+      const float* set = part[(it - 1) & 1][0];
+      for (int i = threadIdx.x; i < 64 * 8; i += 256) acc += set[i] + set[64 * 8 + i];
+    }
+    if (variant >= 1) {
+      if (wg == 1) asm volatile("bar.sync 3, 256;" ::: "memory");
+      if (wg == 0) asm volatile("bar.arrive 3, 256;" ::: "memory");
+    }
+    if (variant == 2) asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+    for (int i = t; i < 64 * 8; i += 128) part[it & 1][wg][i] = it + i + wg;  // this iteration's partial
+  }
+  __syncthreads();
+  const float* set = part[(iters - 1) & 1][0];
+  for (int i = threadIdx.x; i < 64 * 8; i += 256) acc += set[i] + set[64 * 8 + i];
+  out[blockIdx.x * 256 + threadIdx.x] = acc;
+}
+int main(int argc, char** argv) {
+  const int variant = argc > 1 ? atoi(argv[1]) : 0;
+  float* out;
+  cudaMalloc(&out, 4 * 256 * sizeof(float));
+  probe<<<4, 256>>>(out, variant, 6);
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::printf("variant %d: %s\n", variant, cudaGetErrorString(e));
+  return e == cudaSuccess ? 0 : 1;
+}
