@@ -13,6 +13,7 @@
 #include "agent/server/agent.h"
 #include "agent/testing/sim_trainer.h"
 #include "gaugewatch/v1/admin_service.grpc.pb.h"
+#include "tests/agent/agent_test_calls.h"
 #include "tests/agent/agent_test_env.h"
 
 namespace gaugewatch::agent {
@@ -21,8 +22,6 @@ namespace {
 namespace v1 = gaugewatch::v1;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-std::string scrape(Agent& agent) { return http_get("127.0.0.1", agent.http_port(), "/metrics").body; }
 
 v1::SampleBatch tripping(std::uint64_t step, std::uint32_t layer, std::vector<v1::Backend> correcting) {
   v1::SampleBatch batch;

@@ -25,6 +25,7 @@
 #include "agent/server/agent.h"
 #include "agent/testing/sim_trainer.h"
 #include "gaugewatch/v1/admin_service.grpc.pb.h"
+#include "tests/agent/agent_test_calls.h"
 #include "tests/agent/agent_test_env.h"
 
 namespace gaugewatch::agent {
@@ -33,20 +34,6 @@ namespace {
 namespace v1 = gaugewatch::v1;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-std::string scrape(const Agent& agent) {
-  return http_get("127.0.0.1", const_cast<Agent&>(agent).http_port(), "/metrics").body;
-}
-
-bool has_line(const std::string& text, const std::string& line) {
-  return text.find("\n" + line + "\n") != std::string::npos || text.rfind(line + "\n", 0) == 0;
-}
-
-double metric_value(const std::string& text, const std::string& series) {
-  const auto at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
 
 int tcp_connect(std::uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -16,6 +16,7 @@
 #include "agent/server/agent.h"
 #include "agent/testing/sim_trainer.h"
 #include "gaugewatch/v1/admin_service.grpc.pb.h"
+#include "tests/agent/agent_test_calls.h"
 #include "tests/agent/agent_test_env.h"
 #include "tests/agent/test_certificate.h"
 
@@ -30,20 +31,6 @@ v1::SampleBatch batch_of(std::uint64_t step, std::uint32_t layer, double dq) {
   v1::SampleBatch batch;
   *batch.add_samples() = SimTrainer::make_sample(step, layer, dq);
   return batch;
-}
-
-v1::ListRunsResponse list_runs(v1::AdminService::Stub& admin, const std::string& run) {
-  grpc::ClientContext context;
-  v1::ListRunsRequest request;
-  request.set_run_id(run);
-  request.set_include_layers(true);
-  v1::ListRunsResponse response;
-  EXPECT_TRUE(admin.ListRuns(&context, request, &response).ok());
-  return response;
-}
-
-std::string scrape(const Agent& agent, const std::string& accept = "") {
-  return http_get("127.0.0.1", agent.http_port(), "/metrics", accept).body;
 }
 
 TEST(AgentIntegration, DefaultRuleSwitchesLayerOverUnixSocket) {

@@ -18,6 +18,7 @@
 #include "agent/server/agent.h"
 #include "agent/testing/sim_trainer.h"
 #include "gaugewatch/v1/admin_service.grpc.pb.h"
+#include "tests/agent/agent_test_calls.h"
 #include "tests/agent/agent_test_env.h"
 
 namespace gaugewatch::agent {
@@ -26,24 +27,6 @@ namespace {
 namespace v1 = gaugewatch::v1;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-std::string scrape(const Agent& agent) {
-  return http_get("127.0.0.1", agent.http_port(), "/metrics", "").body;
-}
-
-bool has_line(const std::string& text, const std::string& line) {
-  return text.find(line + "\n") != std::string::npos;
-}
-
-v1::ListRunsResponse list_runs(v1::AdminService::Stub& admin, const std::string& run) {
-  grpc::ClientContext context;
-  v1::ListRunsRequest request;
-  request.set_run_id(run);
-  request.set_include_layers(true);
-  v1::ListRunsResponse response;
-  EXPECT_TRUE(admin.ListRuns(&context, request, &response).ok());
-  return response;
-}
 
 std::uint64_t rank_samples(v1::AdminService::Stub& admin, const std::string& run) {
   const auto runs = list_runs(admin, run);

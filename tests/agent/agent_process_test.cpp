@@ -49,24 +49,45 @@ std::string write_file(const std::string& path, const std::string& text) {
   return path;
 }
 
+std::vector<std::string> agent_argv(const TempDir& dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {GAUGEWATCH_AGENT_BIN, "--grpc-socket", dir.path() + "/agent.sock",
+                                   "--http-listen", "127.0.0.1:0", "--database", dir.path() + "/agent.db"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+// The gaugewatch-agent binary on a socket and database in `dir`, HTTP on a
+// free port, `extra` flags after those; its log in dir/agent.log.
+struct AgentBinary : Subprocess {
+  explicit AgentBinary(const TempDir& dir, const std::vector<std::string>& extra = {})
+      : Subprocess(agent_argv(dir, extra), dir.path() + "/agent.log"), socket(dir.path() + "/agent.sock") {}
+
+  // Whether it logged that it is ready within 20 s.
+  bool ready() {
+    return eventually([&] { return log().find("ready") != std::string::npos; }, seconds(20));
+  }
+
+  // A trainer's channel to its socket.
+  std::shared_ptr<grpc::Channel> channel() const {
+    return grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  }
+
+  const std::string socket;
+};
+
 TEST(AgentProcess, RunsWithoutConfigServesCtlPromtoolAndStopsOnSigterm) {
   TempDir dir;
-  const std::string socket = dir.path() + "/agent.sock";
-  Subprocess agent({GAUGEWATCH_AGENT_BIN, "--grpc-socket", socket, "--http-listen", "127.0.0.1:0",
-                    "--database", dir.path() + "/agent.db"},
-                   dir.path() + "/agent.log");
+  AgentBinary agent(dir);
+  const std::string& socket = agent.socket;
   ASSERT_TRUE(agent.started());
-  ASSERT_TRUE(eventually([&] { return agent.log().find("ready") != std::string::npos; }, seconds(20)))
-      << agent.log();
+  ASSERT_TRUE(agent.ready()) << agent.log();
   std::smatch match;
   const std::string log = agent.log();
   ASSERT_TRUE(std::regex_search(log, match, std::regex("http port: +([0-9]+)")));
   const auto port = static_cast<std::uint16_t>(std::stoi(match[1]));
 
   // A trainer streams a few samples so /metrics has layer series.
-  AgentConfig config;
-  config.grpc_socket = socket;
-  SimTrainer trainer(unix_channel(config), SimTrainer::make_hello("run-proc", 0, 1, 3));
+  SimTrainer trainer(agent.channel(), SimTrainer::make_hello("run-proc", 0, 1, 3));
   ASSERT_TRUE(trainer.start());
   v1::SampleBatch batch;
   for (std::uint32_t l = 0; l < 3; ++l) *batch.add_samples() = SimTrainer::make_sample(1, l, 0.01);
@@ -125,15 +146,9 @@ TEST(AgentProcess, RunsWithoutConfigServesCtlPromtoolAndStopsOnSigterm) {
 
 TEST(AgentProcess, SigtermWithTrainersConnectedEndsTheirStreams) {
   TempDir dir;
-  const std::string socket = dir.path() + "/agent.sock";
-  Subprocess agent({GAUGEWATCH_AGENT_BIN, "--grpc-socket", socket, "--http-listen", "127.0.0.1:0",
-                    "--database", dir.path() + "/agent.db"},
-                   dir.path() + "/agent.log");
-  ASSERT_TRUE(eventually([&] { return agent.log().find("ready") != std::string::npos; }, seconds(20)))
-      << agent.log();
-  AgentConfig config;
-  config.grpc_socket = socket;
-  SimTrainer trainer(unix_channel(config), SimTrainer::make_hello("run-term", 0, 1, 2));
+  AgentBinary agent(dir);
+  ASSERT_TRUE(agent.ready()) << agent.log();
+  SimTrainer trainer(agent.channel(), SimTrainer::make_hello("run-term", 0, 1, 2));
   ASSERT_TRUE(trainer.start());
   v1::SampleBatch batch;
   *batch.add_samples() = SimTrainer::make_sample(1, 0, 0.01);
@@ -268,17 +283,11 @@ namespace {
 // each a JSON object per line with --log-format json.
 TEST(AgentProcess, EventLogFollowsAnIncidentAsJson) {
   TempDir dir;
-  const std::string socket = dir.path() + "/agent.sock";
-  Subprocess agent({GAUGEWATCH_AGENT_BIN, "--grpc-socket", socket, "--http-listen", "127.0.0.1:0",
-                    "--database", dir.path() + "/agent.db", "--log-format", "json"},
-                   dir.path() + "/agent.log");
+  AgentBinary agent(dir, {"--log-format", "json"});
   ASSERT_TRUE(agent.started());
-  ASSERT_TRUE(eventually([&] { return agent.log().find("\"msg\":\"ready") != std::string::npos; }, seconds(20)))
-      << agent.log();
-  AgentConfig config;
-  config.grpc_socket = socket;
+  ASSERT_TRUE(agent.ready()) << agent.log();
   {
-    SimTrainer trainer(unix_channel(config), SimTrainer::make_hello("run-log", 0, 1, 2));
+    SimTrainer trainer(agent.channel(), SimTrainer::make_hello("run-log", 0, 1, 2));
     ASSERT_TRUE(trainer.start());
     for (std::uint64_t step = 1; step <= 3; ++step) {
       v1::SampleBatch batch;
