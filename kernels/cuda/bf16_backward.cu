@@ -224,20 +224,20 @@ Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, siz
     da.d = static_cast<int>(p.shape.head_dim);
     da.rows = rows;
     const cudaError_t err = bf16::launch_delta(da, stream);
-    if (err != cudaSuccess) return Status{err, std::string("delta pre-pass launch: ") + cudaGetErrorString(err)};
+    if (err != cudaSuccess) return checks::cuda_failure("delta pre-pass launch", err);
   }
 
   cudaError_t err = cudaSuccess;
   if (bf16_uses_key_outer(p)) {
     err = zero_key_outer_accumulators(p, ws, w, stream);
-    if (err != cudaSuccess) return Status{err, std::string("key-outer accumulators: ") + cudaGetErrorString(err)};
+    if (err != cudaSuccess) return checks::cuda_failure("key-outer accumulators", err);
     err = p.shape.head_dim == 64 ? launch_key_outer<64>(a, p.projection, stream)
                                  : launch_key_outer<128>(a, p.projection, stream);
   } else {
     err = p.shape.head_dim == 64 ? launch_projection<64>(a, p.projection, p.kernel_pair, stream)
                                  : launch_projection<128>(a, p.projection, p.kernel_pair, stream);
   }
-  if (err != cudaSuccess) return Status{err, std::string("bf16 backward launch: ") + cudaGetErrorString(err)};
+  if (err != cudaSuccess) return checks::cuda_failure("bf16 backward launch", err);
   return {};
 }
 

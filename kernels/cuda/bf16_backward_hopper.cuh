@@ -344,6 +344,22 @@ __device__ __forceinline__ StagedRows staged_rows(float* base, int buf) {
           reinterpret_cast<int*>(p + 4 * kKvRows), reinterpret_cast<int*>(p + 5 * kKvRows)};
 }
 
+// RowInputs of staged rows `row` and `row + 8` (a thread's two rows: row0 + g
+// of its warp). The lse of a row that sees no key is never read (P is a
+// select on visibility), whatever it holds.
+__device__ __forceinline__ RowInputs staged_row_inputs(const StagedRows& ra, int row) {
+  RowInputs in;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = row + 8 * hh;
+    in.kb[hh] = ra.kb[r];
+    in.ke[hh] = ra.ke[r];
+    in.lse_log2[hh] = ra.lse[r] * kLog2e;
+    in.delta[hh] = ra.delta[r];
+  }
+  return in;
+}
+
 template <int D, Projection P>
 struct KvLayout {
   static constexpr int kRowTile = kKvRows * D;
@@ -430,17 +446,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
     const uint16_t* lqs = smem + (buf ? L::kL1 : L::kL0);  // gproj: bf16(-lambda Q)
     const StagedRows ra = staged_rows(rows_base, buf);
 
-    RowInputs in;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = row0 + g + 8 * hh;
-      in.kb[hh] = ra.kb[r];
-      in.ke[hh] = ra.ke[r];
-      // The lse of a row that sees no key is never read (P is a select on
-      // visibility), whatever it holds.
-      in.lse_log2[hh] = ra.lse[r] * kLog2e;
-      in.delta[hh] = ra.delta[r];
-    }
+    const RowInputs in = staged_row_inputs(ra, row0 + g);
     float s[32], dp[32];
     zero(s);
     zero(dp);

@@ -212,15 +212,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
 
-    RowInputs in;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = row0 + g + 8 * hh;
-      in.kb[hh] = ra.kb[r];
-      in.ke[hh] = ra.ke[r];
-      in.lse_log2[hh] = ra.lse[r] * kLog2e;  // never read for a row with no visible key
-      in.delta[hh] = ra.delta[r];
-    }
+    const RowInputs in = hopper::staged_row_inputs(ra, row0 + g);
     float s[32], dp[32];
     hopper::zero(s);
     hopper::zero(dp);

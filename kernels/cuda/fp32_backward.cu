@@ -126,7 +126,7 @@ Status fp32_attention_backward(const Fp32BackwardParams& p, void* workspace, siz
   const size_t dq_bytes = static_cast<size_t>(a.num_slices * a.num_rows * sh.head_dim) * sizeof(float);
   if (!p.deterministic && dq_bytes > 0) {
     const cudaError_t err = cudaMemsetAsync(p.dq, 0, dq_bytes, stream);
-    if (err != cudaSuccess) return Status{err, std::string("cudaMemsetAsync(dq): ") + cudaGetErrorString(err)};
+    if (err != cudaSuccess) return checks::cuda_failure("cudaMemsetAsync(dq)", err);
   }
   const int64_t kv_heads_total = sh.batch * sh.kv_heads;
   cudaError_t err = cudaSuccess;
@@ -144,7 +144,7 @@ Status fp32_attention_backward(const Fp32BackwardParams& p, void* workspace, siz
       if (err == cudaSuccess) err = detail::launch_fp32_backward<256>(a, stream);
       break;
   }
-  if (err != cudaSuccess) return Status{err, std::string("fp32 attention backward launch: ") + cudaGetErrorString(err)};
+  if (err != cudaSuccess) return checks::cuda_failure("fp32 attention backward launch", err);
   return {};
 }
 

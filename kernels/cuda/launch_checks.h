@@ -1,7 +1,7 @@
 #pragma once
-// Host-side preconditions shared by the kernels' launchers (fp32_backward.cu,
-// bf16_backward.cu, metrics.cu): one check, one message, wherever a launcher
-// needs it.
+// Host-side preconditions and failure statuses shared by the kernels'
+// launchers (fp32_backward.cu, bf16_backward.cu, metrics.cu): one check, one
+// message, wherever a launcher needs it.
 
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +20,11 @@ inline size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kA
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 inline Status invalid(std::string message) { return Status{cudaErrorInvalidValue, std::move(message)}; }
+
+// A failed CUDA call's status: what failed and CUDA's description of `err`.
+inline Status cuda_failure(const char* what, cudaError_t err) {
+  return Status{err, std::string(what) + ": " + cudaGetErrorString(err)};
+}
 
 // GQA divisibility and lengths the kernels index with int.
 inline Status check_heads_and_lengths(int64_t q_heads, int64_t kv_heads, int64_t q_len, int64_t kv_len) {

@@ -28,15 +28,12 @@ size_t geometry_smem_bytes(int d) {
 namespace {
 
 using checks::aligned16;
+using checks::cuda_failure;
 using checks::invalid;
 using checks::kMaxGridY;
 using checks::round_up;
 
 constexpr int64_t kMaxTranslateBlocks = 4096;
-
-Status launch_error(const char* what, cudaError_t err) {
-  return Status{err, std::string(what) + ": " + cudaGetErrorString(err)};
-}
 
 Status validate_shape(const ProblemShape& s) {
   if (s.head_dim < 16 || s.head_dim > detail::kMaxHeadDim || detail::kMetricsThreads % s.head_dim != 0 ||
@@ -120,7 +117,7 @@ Status attention_metrics(const MetricsParams& p, void* workspace, size_t workspa
 
   cudaError_t err = detail::launch_key_centre(detail::CentreArgs{p.k, centre, s.kv_len, d}, s.batch * s.kv_heads,
                                               stream);
-  if (err != cudaSuccess) return launch_error("metrics key centre", err);
+  if (err != cudaSuccess) return cuda_failure("metrics key centre", err);
 
   detail::GeometryArgs g{};
   g.cu_q = s.cu_seqlens_q;
@@ -144,14 +141,14 @@ Status attention_metrics(const MetricsParams& p, void* workspace, size_t workspa
   g.scale_f = static_cast<float>(s.scale);
   g.scale = s.scale;
   err = detail::launch_geometry(g, s.batch * s.q_heads, stream);
-  if (err != cudaSuccess) return launch_error("metrics geometry", err);
+  if (err != cudaSuccess) return cuda_failure("metrics geometry", err);
   err = detail::launch_row_finish(g, s.q_rows(), stream);
-  if (err != cudaSuccess) return launch_error("metrics row finish", err);
+  if (err != cudaSuccess) return cuda_failure("metrics row finish", err);
 
   err = detail::launch_row_stats(detail::RowStatsArgs{p.row_mass, p.abs_row_mass, g.offset, g.ratio, g.p_max,
                                                       g.logit_max, s.q_rows(), at(w.row_partials)},
                                  stream);
-  if (err != cudaSuccess) return launch_error("metrics row statistics", err);
+  if (err != cudaSuccess) return cuda_failure("metrics row statistics", err);
 
   detail::NormArgs norms{};
   auto job = [](const TensorView& x, const TensorView* ref, int64_t count) {
@@ -171,15 +168,15 @@ Status attention_metrics(const MetricsParams& p, void* workspace, size_t workspa
   norms.jobs[detail::kJobKeySquares] = job(TensorView{p.k, ElementType::kFp32}, nullptr, nk);
   norms.partials = at(w.norm_partials);
   err = detail::launch_norms(norms, stream);
-  if (err != cudaSuccess) return launch_error("metrics norms", err);
+  if (err != cudaSuccess) return cuda_failure("metrics norms", err);
 
   err = detail::launch_medians(detail::MedianArgs{{g.offset, g.spread, g.ratio}, s.q_rows(), at(w.medians)}, stream);
-  if (err != cudaSuccess) return launch_error("metrics medians", err);
+  if (err != cudaSuccess) return cuda_failure("metrics medians", err);
 
   err = detail::launch_finish(
       detail::FinishArgs{at(w.row_partials), at(w.norm_partials), at(w.medians), s.batch * s.kv_heads * s.kv_len, p.out},
       stream);
-  if (err != cudaSuccess) return launch_error("metrics finish", err);
+  if (err != cudaSuccess) return cuda_failure("metrics finish", err);
   return {};
 }
 
@@ -208,7 +205,7 @@ Status translate_keys(const TranslateParams& p, void* workspace, size_t workspac
   const int d = static_cast<int>(s.head_dim);
   cudaError_t err = detail::launch_key_centre(detail::CentreArgs{p.k, centre, s.kv_len, d}, s.batch * s.kv_heads,
                                               stream);
-  if (err != cudaSuccess) return launch_error("translate key centre", err);
+  if (err != cudaSuccess) return cuda_failure("translate key centre", err);
   detail::TranslateArgs t{};
   t.q = p.q;
   t.k = p.k;
@@ -227,7 +224,7 @@ Status translate_keys(const TranslateParams& p, void* workspace, size_t workspac
   const int64_t blocks = (t.kv_total + detail::kMetricsThreads - 1) / detail::kMetricsThreads;
   t.k_blocks = blocks < kMaxTranslateBlocks ? blocks : kMaxTranslateBlocks;
   err = detail::launch_translate(t, stream);
-  if (err != cudaSuccess) return launch_error("translate keys", err);
+  if (err != cudaSuccess) return cuda_failure("translate keys", err);
   return {};
 }
 

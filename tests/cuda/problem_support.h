@@ -37,14 +37,7 @@ struct KernelCase {
 inline void PrintTo(const KernelCase& c, std::ostream* os) { *os << c.name; }
 
 inline ref::AttentionShape shape(int64_t b, int64_t hq, int64_t hkv, int64_t n, int64_t m, int64_t d) {
-  ref::AttentionShape s;
-  s.batch = b;
-  s.q_heads = hq;
-  s.kv_heads = hkv;
-  s.q_len = n;
-  s.kv_len = m;
-  s.head_dim = d;
-  return s;
+  return {.batch = b, .q_heads = hq, .kv_heads = hkv, .q_len = n, .kv_len = m, .head_dim = d};
 }
 
 inline ref::AttentionInputs make_inputs(const KernelCase& c) {

@@ -2,8 +2,11 @@
 compute-sanitizer (memcheck, racecheck, synccheck) in scripts/device.sh:
 multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64
 and 128; bf16 and pivot both on the key-outer kernel (default) and on the
-two-kernel pair (deterministic=True). Exits non-zero on any Python-side failure; the sanitizer's own exit
-code (--error-exitcode) reports hazards.
+two-kernel pair (deterministic=True); and the one-launch key centring
+(center_keys) on GQA with a padded lse, head dims 64, 128 and 256, and on
+long keys (the ring of batches past a block's stage). Exits non-zero on any
+Python-side failure; the sanitizer's own exit code (--error-exitcode)
+reports hazards.
 """
 
 import os
@@ -45,4 +48,23 @@ for case in CASES:
         if not all(torch.isfinite(x).all().item() for x in grads):
             print(f"non-finite gradient: backend {backend}, deterministic {deterministic}, case {case}")
             sys.exit(1)
-print(f"sanitize_kernels: {len(CASES)} cases x {len(runs)} runs (backends, key-outer and pair) ran")
+
+CENTRING = [dict(B=2, Hq=4, Hkv=2, N=300, L=320, d=d) for d in (64, 128, 256)]
+# 7000 keys of d = 128 over a cluster of 8: 875 a block, more than the 800 a
+# block stages, so the copies also cycle through the ring of batches.
+CENTRING.append(dict(B=1, Hq=2, Hkv=1, N=7000, L=7000, d=128))
+for case in CENTRING:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    B, Hq, Hkv, N, L, d = (case[x] for x in ("B", "Hq", "Hkv", "N", "L", "d"))
+    q = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
+    # An offset shared by every key: the centring has something to take out.
+    k = (torch.randn(B, Hkv, N, d, device="cuda", generator=g) + 8.0).bfloat16()
+    lse = torch.full((B, Hq, L), 5.0, device="cuda")
+    for policy in ("auto", "always"):
+        k_c, lse_c, kbar = ops.center_keys(q, k, lse, policy=policy)
+        torch.cuda.synchronize()
+        if not (torch.isfinite(k_c).all().item() and torch.isfinite(lse_c).all().item()):
+            print(f"non-finite centring output: policy {policy}, case {case}")
+            sys.exit(1)
+print(f"sanitize_kernels: {len(CASES)} cases x {len(runs)} runs (backends, key-outer and pair) "
+      f"and {len(CENTRING)} centring cases ran")
