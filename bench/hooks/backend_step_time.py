@@ -7,7 +7,7 @@ layer's backward on one backend, and the monitor's overhead at its defaults:
                       (1 step in 100, a quarter of the layers, 2% budget)
   gproj, pivot, center  every layer's backward on that backend, sampling off
 
-Method (bench/hooks/step_time.py's): every variant runs in --procs
+Method (bench/hooks/paired_rounds.py): every variant runs in --procs
 long-lived processes, warmed up once; then rounds, in each of which every
 variant runs one burst (--burst-warmup untimed + --burst timed steps) in a
 rotating order; each variant's burst median is paired with the no_library
@@ -15,8 +15,15 @@ burst (and with the stock burst) of the same round; reported: the median
 over rounds of these paired differences, a bootstrap 95% interval, min / max.
 
     python3 bench/hooks/backend_step_time.py                       # GPU: config gpu, ~3 min on an H200
+    python3 bench/hooks/backend_step_time.py --model gpt2_4k --deadline-s 400   # GPU-bound GPT-2 small
     .venv/bin/python bench/hooks/backend_step_time.py --tiny      # CPU, seconds: the test's configuration
-    ... [--budget-s S] [--rounds N] [--procs P] [--burst N] [--out FILE.json]
+    ... [--budget-s S] [--rounds N] [--procs P] [--burst N] [--deadline-s S] [--out FILE.json]
+
+--model: the example's configuration for the device (default; tiny with
+--tiny), or a plain GPT of examples/sink_gpt.py without the sink regime on
+random tokens: gpt2_4k is GPT-2 small (12 layers, 12 heads of 64, vocab
+50304) at batch 4 x 4096 tokens, GPU-bound, attention's backward about a
+fifth of the step; gpt2_cpu the same code path at a size for the CPU.
 
 Writes --out, else $GAUGEWATCH_BENCH_OUT/backend_step_time-<device>-<date>.json
 (and .md beside it); without either, prints only. The stats of each hooked
@@ -30,28 +37,34 @@ import os
 import pathlib
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from step_time import pct, summarize  # noqa: E402
+import paired_rounds  # noqa: E402
 
 WORKER = r"""
-import json, sys, time
-a = json.loads(sys.argv[1])
 sys.path.insert(0, a["examples"])
 import torch, sink_gpt
-if a["device"] == "cpu":
-    torch.set_num_threads(a["threads"])
+# Also on CUDA: the processes start at once, and each would take every core.
+torch.set_num_threads(a["threads"])
 if a["lib"]:
     torch.ops.load_library(a["lib"])
-config = dict(sink_gpt.CONFIGS[a["model"]])
-model, data = sink_gpt.build(config, a["device"], seed=0)
+if a["plain"] is None:
+    config = dict(sink_gpt.CONFIGS[a["model"]])
+    model, data = sink_gpt.build(config, a["device"], seed=0)
+    batches = [tuple(t.to(a["device"]) for t in data.next_batch()) for _ in range(8)]
+else:
+    config = a["plain"]
+    torch.manual_seed(0)
+    model = sink_gpt.GPT(config["vocab"], config["dim"], config["heads"], config["layers"], config["seq"])
+    model = model.to(a["device"])
+    tokens = torch.randint(0, config["vocab"], (2, config["batch"], config["seq"] + 1),
+                           generator=torch.Generator().manual_seed(0))
+    batches = [(t[:, :-1].to(a["device"]), t[:, 1:].to(a["device"])) for t in tokens]
 opt = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=0.0)
-batches = [tuple(t.to(a["device"]) for t in data.next_batch()) for _ in range(8)]
 count = 0
 
 def step():
@@ -69,16 +82,13 @@ def step():
 def stats():
     return json.loads(torch.ops.gaugewatch_hooks.stats()) if a["lib"] else None
 
-for _ in range(a["warmup"]):
-    step()
-print(json.dumps({"ready": True}), flush=True)
-for line in sys.stdin:
-    cmd = json.loads(line)
-    if cmd.get("quit"):
-        print(json.dumps({"stats": stats()}), flush=True)
-        break
-    print(json.dumps({"times": [step() for _ in range(cmd["run"])]}), flush=True)
 """
+
+# Plain GPTs on random tokens (--model): no sink regime, no synthetic language.
+PLAIN_MODELS = {
+    "gpt2_4k": dict(vocab=50304, dim=768, heads=12, layers=12, seq=4096, batch=4, lr=6e-4),
+    "gpt2_cpu": dict(vocab=512, dim=64, heads=2, layers=2, seq=64, batch=2, lr=6e-4),
+}
 
 OFF = {"GAUGEWATCH_SAMPLE_EVERY": "0"}
 VARIANTS = {
@@ -91,38 +101,14 @@ VARIANTS = {
 }
 
 
-class Worker:
-    def __init__(self, name, args):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GAUGEWATCH_") and k != "LD_PRELOAD"}
-        extra = VARIANTS[name]
-        lib = ""
-        if extra is not None:
-            lib = args.lib
-            env.update({"GAUGEWATCH_SOCKET": "none", "GAUGEWATCH_RUN_ID": f"bench-{name}", **extra})
-        spec = {"examples": str(ROOT / "examples"), "device": args.device, "threads": args.threads, "lib": lib,
-                "model": args.model, "warmup": args.warmup}
-        self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(spec)], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1)
-
-    def reply(self):
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(60)
-            raise SystemExit(f"{self.name} failed:\n{self.proc.stderr.read()[-3000:]}")
-        return json.loads(line)
-
-    def run(self, steps):
-        self.proc.stdin.write(json.dumps({"run": steps}) + "\n")
-        return self.reply()["times"]
-
-    def quit(self):
-        self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
-        stats = self.reply()["stats"]
-        self.proc.stdin.close()
-        self.proc.wait(60)
-        return stats
+def worker(name, args):
+    """A process of variant `name`: it loads the hooks library unless the variant is no_library."""
+    extra = VARIANTS[name]
+    spec = {"examples": str(ROOT / "examples"), "device": args.device, "threads": args.threads,
+            "lib": "" if extra is None else args.lib, "model": args.model, "plain": PLAIN_MODELS.get(args.model),
+            "warmup": args.warmup}
+    env = paired_rounds.clean_env() if extra is None else paired_rounds.hooked_env(name, extra)
+    return paired_rounds.Worker(name, WORKER, spec, env, hooked=extra is not None)
 
 
 def main():
@@ -130,21 +116,15 @@ def main():
     p.add_argument("--tiny", action="store_true", help="tiny model on the CPU, 3 rounds: seconds")
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--procs", type=int, default=None, help="processes per variant (1 CUDA, 2 CPU)")
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--burst", type=int, default=None)
-    p.add_argument("--burst-warmup", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=0, help="0: rounds for --budget-s (at least 10)")
-    p.add_argument("--budget-s", type=float, default=None)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--lib", default=str(pathlib.Path(os.environ.get("GAUGEWATCH_BUILD_DIR", ROOT / "build"))
-                                       / "lib" / "libgaugewatch_hooks.so"))
-    p.add_argument("--out")
+    p.add_argument("--model", choices=["example", *PLAIN_MODELS], default="example",
+                   help="example: examples/sink_gpt.py's configuration for the device; else a plain GPT")
+    paired_rounds.add_arguments(p, ROOT)
     args = p.parse_args()
     import torch
     if args.device is None:
         args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
-    args.model = "tiny" if args.tiny else ("gpu" if args.device == "cuda" else "cpu")
+    if args.model == "example":
+        args.model = "tiny" if args.tiny else ("gpu" if args.device == "cuda" else "cpu")
     cuda = args.device == "cuda"
     if args.tiny:
         args.rounds = args.rounds or 3
@@ -159,40 +139,23 @@ def main():
         names.insert(0, "no_library")
 
     started = time.monotonic()
-    workers = {n: [Worker(n, args) for _ in range(args.procs)] for n in names}
-    for ws in workers.values():
-        for w in ws:
-            w.reply()
+    workers = {n: [worker(n, args) for _ in range(args.procs)] for n in names}
+    paired_rounds.wait_ready(workers)
     print(f"started {len(names) * args.procs} processes in {time.monotonic() - started:.1f} s", flush=True)
-    medians = {n: [] for n in names}
-    means = {n: [] for n in names}
-    rounds_started = time.monotonic()
-    r = 0
-    while True:
-        if args.rounds:
-            if r >= args.rounds:
-                break
-        elif r >= 200 or (r >= 10 and time.monotonic() - rounds_started >= args.budget_s):
-            break
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            burst = workers[name][r % args.procs].run(args.burst_warmup + args.burst)[args.burst_warmup:]
-            medians[name].append(statistics.median(burst))
-            means[name].append(statistics.fmean(burst))
-        if r % 5 == 0:
-            print(f"round {r}: " + ", ".join(f"{n} {1e3 * medians[n][-1]:.1f} ms" for n in names), flush=True)
-        r += 1
+    bursts = paired_rounds.run_rounds(workers, args, run_started=started)
+    r = len(bursts["no_library"])
 
     results = {}
     for name in names:
         stats = None
         for w in workers[name]:
             stats = w.quit()
-        row = {"median_ms": 1e3 * statistics.median(medians[name]), "bursts": len(medians[name])}
+        row = {"median_ms": 1e3 * statistics.median(statistics.median(b) for b in bursts[name]), "bursts": r}
         if name != "no_library":
-            row["vs_no_library"] = summarize([pct(m, b) for m, b in zip(medians[name], medians["no_library"])])
-            row["vs_no_library_of_means"] = summarize([pct(m, b) for m, b in zip(means[name], means["no_library"])])
-            if "stock" in medians and name != "stock":
-                row["vs_stock"] = summarize([pct(m, b) for m, b in zip(medians[name], medians["stock"])])
+            row["vs_no_library"] = paired_rounds.paired(bursts, name, "no_library")
+            row["vs_no_library_of_means"] = paired_rounds.paired(bursts, name, "no_library", of=statistics.fmean)
+            if "stock" in bursts and name != "stock":
+                row["vs_stock"] = paired_rounds.paired(bursts, name, "stock")
         if stats:
             wanted = (VARIANTS[name] or {}).get("GAUGEWATCH_BACKEND", "stock")
             row["backward_calls"] = stats.get("backward_calls")

@@ -46,19 +46,18 @@ import json
 import os
 import pathlib
 import platform
-import random
 import statistics
-import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import paired_rounds  # noqa: E402
 
 WORKER = r"""
-import json, os, sys, time
 import torch, torch.nn.functional as F
 from torch import nn
-a = json.loads(sys.argv[1])
 torch.manual_seed(0)
 if a["device"] == "cpu":
     torch.set_num_threads(a["threads"])
@@ -102,16 +101,6 @@ def stats():
     except Exception:
         return None
 
-# Commands on stdin, one JSON line each: {"run": n} -> {"times": [...]};
-# {"quit": true} -> {"stats": ...}.
-warm = [step() for _ in range(a["warmup"])]
-print(json.dumps({"ready": True, "warmup_times": warm}), flush=True)
-for line in sys.stdin:
-    cmd = json.loads(line)
-    if cmd.get("quit"):
-        print(json.dumps({"stats": stats()}), flush=True)
-        break
-    print(json.dumps({"times": [step() for _ in range(cmd["run"])]}), flush=True)
 """
 
 CONFIGS = {
@@ -124,62 +113,15 @@ CONFIGS = {
 }
 
 
-class Worker:
-    """One process of a variant, alive for the whole run (commands on its stdin)."""
-
-    def __init__(self, name, args, lib):
-        env = dict(os.environ)
-        env.pop("LD_PRELOAD", None)
-        for key in list(env):
-            if key.startswith("GAUGEWATCH_"):
-                del env[key]
-        extra = CONFIGS[name]
-        if extra is not None:
-            env["LD_PRELOAD"] = str(lib)
-            env["GAUGEWATCH_SOCKET"] = "none"
-            env["GAUGEWATCH_RUN_ID"] = f"bench-{name}"
-            env.update(extra)
-        worker_args = {k: getattr(args, k) for k in ("device", "dtype", "dim", "heads", "layers", "seq", "batch",
-                                                      "threads", "warmup")}
-        self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(worker_args)], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1)
-
-    def reply(self):
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(60)
-            raise SystemExit(f"{self.name} failed:\n{self.proc.stderr.read()[-3000:]}")
-        return json.loads(line)
-
-    def run(self, steps):
-        self.proc.stdin.write(json.dumps({"run": steps}) + "\n")
-        return self.reply()["times"]
-
-    def quit(self):
-        self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
-        stats = self.reply()["stats"]
-        self.proc.stdin.close()
-        self.proc.wait(60)
-        if CONFIGS[self.name] is not None and stats is None:
-            raise SystemExit(f"{self.name}: the hooks library was not active:\n{self.proc.stderr.read()[-2000:]}")
-        return stats
-
-
-def pct(x, base):
-    return 100.0 * (x / base - 1.0)
-
-
-def summarize(diffs, seed=1, resamples=2000):
-    """Median of the per-round paired differences, its bootstrap 95% interval, min / max."""
-    rng = random.Random(seed)
-    n = len(diffs)
-    medians = sorted(statistics.median(rng.choices(diffs, k=n)) for _ in range(resamples))
-    lo, hi = medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
-    return {"median_pct": statistics.median(diffs), "ci95_pct": [lo, hi], "min_pct": min(diffs),
-            "max_pct": max(diffs), "rounds": n, "resolution_pct": (hi - lo) / 2.0,
-            "per_round_pct": [round(d, 4) for d in diffs]}
+def worker(name, args, lib):
+    """A process of variant `name`: the hooks library preloaded unless the variant is no_library."""
+    extra = CONFIGS[name]
+    spec = {k: getattr(args, k) for k in ("device", "dtype", "dim", "heads", "layers", "seq", "batch", "threads",
+                                          "warmup")}
+    env = paired_rounds.clean_env()
+    if extra is not None:
+        env = {**paired_rounds.hooked_env(name, extra), "LD_PRELOAD": str(lib)}
+    return paired_rounds.Worker(name, WORKER, spec, env, hooked=extra is not None)
 
 
 def main():
@@ -191,17 +133,8 @@ def main():
     p.add_argument("--layers", type=int)
     p.add_argument("--seq", type=int)
     p.add_argument("--batch", type=int)
-    p.add_argument("--procs", type=int, default=2, help="processes per variant")
-    p.add_argument("--warmup", type=int, default=20, help="untimed steps of each process at its start")
-    p.add_argument("--burst", type=int, default=None, help="timed steps per burst (25 CUDA, 10 CPU)")
-    p.add_argument("--burst-warmup", type=int, default=2, help="untimed steps before each burst")
-    p.add_argument("--rounds", type=int, default=0, help="0: rounds for --budget-s seconds (at least 10)")
-    p.add_argument("--budget-s", type=float, default=None, help="seconds of rounds (150 CUDA, 25 CPU)")
-    p.add_argument("--max-rounds", type=int, default=200)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--lib", default=str(pathlib.Path(os.environ.get("GAUGEWATCH_BUILD_DIR", ROOT / "build"))
-                                       / "lib" / "libgaugewatch_hooks.so"))
-    p.add_argument("--out")
+    paired_rounds.add_arguments(p, ROOT)
+    p.set_defaults(procs=2, warmup=20)
     args = p.parse_args()
     if args.device is None:
         import torch
@@ -222,36 +155,16 @@ def main():
     started = time.monotonic()
     # CUPTI times CUDA kernels only: no such variant on the CPU.
     names = [n for n in CONFIGS if args.device == "cuda" or n != "sampling_cupti"]
-    workers = {name: [Worker(name, args, lib) for _ in range(args.procs)] for name in names}
-    for ws in workers.values():
-        for w in ws:
-            w.reply()  # warmed up (all at once: their warm-up times are not the step time)
+    workers = {name: [worker(name, args, lib) for _ in range(args.procs)] for name in names}
+    paired_rounds.wait_ready(workers)
     print(f"started {len(names) * args.procs} processes in {time.monotonic() - started:.1f} s; rounds of "
           f"{args.burst} timed steps per variant " + (f"x {args.rounds}" if args.rounds else
                                                        f"for {args.budget_s:.0f} s (at least 10 rounds)"),
           flush=True)
 
-    times = {name: [] for name in names}
-    burst_medians = {name: [] for name in names}
-    burst_means = {name: [] for name in names}
-    rounds_started = time.monotonic()
-    r = 0
-    while True:
-        if args.rounds:
-            if r >= args.rounds:
-                break
-        elif r >= args.max_rounds or (r >= 10 and time.monotonic() - rounds_started >= args.budget_s):
-            break
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            burst = workers[name][r % args.procs].run(args.burst_warmup + args.burst)[args.burst_warmup:]
-            times[name].extend(burst)
-            burst_medians[name].append(statistics.median(burst))
-            burst_means[name].append(statistics.fmean(burst))
-        if r % 10 == 0:
-            print(f"round {r}: " + ", ".join(f"{n} {1e3 * burst_medians[n][-1]:.2f} ms" for n in names), flush=True)
-        r += 1
-    rounds = r
+    bursts = paired_rounds.run_rounds(workers, args, run_started=started)
+    times = {name: [t for burst in bursts[name] for t in burst] for name in names}
+    rounds = len(bursts["no_library"])
     last_stats = {}
     samples_total = {}
     for name in names:
@@ -269,11 +182,11 @@ def main():
         med = statistics.median(times[name])
         mean = statistics.fmean(times[name])
         rows[name] = {"median_ms": 1e3 * med, "mean_ms": 1e3 * mean, "steps": len(times[name]),
-                      "overhead_pooled_median_pct": pct(med, base),
-                      "overhead_pooled_mean_pct": pct(mean, base_mean)}
+                      "overhead_pooled_median_pct": paired_rounds.pct(med, base),
+                      "overhead_pooled_mean_pct": paired_rounds.pct(mean, base_mean)}
         if name != "no_library":
-            paired_median = summarize([pct(m, b) for m, b in zip(burst_medians[name], burst_medians["no_library"])])
-            paired_mean = summarize([pct(m, b) for m, b in zip(burst_means[name], burst_means["no_library"])])
+            paired_median = paired_rounds.paired(bursts, name, "no_library")
+            paired_mean = paired_rounds.paired(bursts, name, "no_library", of=statistics.fmean)
             rows[name]["overhead_median_pct"] = paired_median["median_pct"]
             rows[name]["overhead_mean_pct"] = paired_mean["median_pct"]
             rows[name]["paired"] = {"of_burst_medians": paired_median, "of_burst_means": paired_mean}
