@@ -28,6 +28,7 @@ import pathlib
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,10 @@ import torch.nn.functional as F
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import capture_file  # noqa: E402
+
+# Autograd's device thread makes the primary context current itself on its
+# first cuBLAS call; torch warns about it once, and nothing is wrong.
+warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
 
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH"}
@@ -74,6 +79,20 @@ def relative(x, ref):
     return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
+def measure(make_backward, truth, device, repeat):
+    """Time (ms) and dQ / dK / dV errors against `truth` of the backward that
+    make_backward() returns (after the forward it needs, if any); a
+    RuntimeError (a backend this device, shape or build lacks) makes it
+    "unavailable" with the error's first line."""
+    try:
+        backward = make_backward()
+        grads = backward()
+        return {"time_ms": 1e3 * timed(backward, device, repeat),
+                **{f"d{x}_error": relative(g, r) for x, g, r in zip("qkv", grads, truth)}}
+    except RuntimeError as error:
+        return {"unavailable": str(error).splitlines()[0][:160]}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True)
@@ -107,21 +126,14 @@ def main():
     rows = []
     sdpa = SDPA_BACKENDS if device == "cuda" else {"flash": "FLASH_ATTENTION", "math": "MATH"}
     for name, enum in sdpa.items():
-        row = {"backward": f"sdpa {name}"}
-        try:
+        def sdpa_forward():
+            """SDPA's forward on this backend; returns its backward (the graph kept)."""
             qq, kk, vv = (t[x].clone().requires_grad_() for x in ("q", "k", "v"))
             with sdpa_kernel([getattr(SDPBackend, enum)]):
                 out = F.scaled_dot_product_attention(qq, kk, vv, scale=scale, **mask)
+            return lambda: torch.autograd.grad(out, (qq, kk, vv), t["grad_out"], retain_graph=True)
 
-            def backward():
-                return torch.autograd.grad(out, (qq, kk, vv), t["grad_out"], retain_graph=True)
-
-            grads = backward()
-            row.update(time_ms=1e3 * timed(backward, device, args.repeat))
-            row.update({f"d{x}_error": relative(g, r) for x, g, r in zip("qkv", grads, truth)})
-        except RuntimeError as error:
-            row["unavailable"] = str(error).splitlines()[0][:160]
-        rows.append(row)
+        rows.append({"backward": f"sdpa {name}", **measure(sdpa_forward, truth, device, args.repeat)})
 
     ops_error = None
     try:
@@ -131,22 +143,16 @@ def main():
     for backend in GAUGEWATCH_BACKENDS:
         row = {"backward": f"gaugewatch {backend}"}
         if ops_error:
-            row["unavailable"] = ops_error
-            rows.append(row)
+            rows.append({**row, "unavailable": ops_error})
             continue
         kwargs = {"is_causal": causal != "none", "scale": scale, "backend": backend,
                   "causal_alignment": causal if causal != "none" else "top_left"}
 
-        def backward():
+        def ops_backward():
             return torch.ops.gaugewatch.attention_backward(t["grad_out"], t["q"], t["k"], t["v"], t["out"], t["lse"],
                                                            **kwargs)
-        try:
-            grads = backward()
-            row.update(time_ms=1e3 * timed(backward, device, args.repeat))
-            row.update({f"d{x}_error": relative(g, r) for x, g, r in zip("qkv", grads, truth)})
-        except RuntimeError as error:
-            row["unavailable"] = str(error).splitlines()[0][:160]
-        rows.append(row)
+
+        rows.append({**row, **measure(lambda: ops_backward, truth, device, args.repeat)})
 
     shape = list(t["q"].shape)
     if args.json:

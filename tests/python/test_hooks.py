@@ -164,7 +164,9 @@ def trainer_env(lib, workdir, run_id, socket, mode, **extra):
         "GAUGEWATCH_TEST_WATCHDOG_S": "200",
     })
     if mode == "plain":
-        env["LD_PRELOAD"] = str(lib)
+        # As `gaugewatch run` preloads: the shim, which loads the hooks in
+        # Python processes only (not in the compilers Inductor starts).
+        env["LD_PRELOAD"] = str(pathlib.Path(lib).parent / "libgaugewatch_preload.so")
     else:
         env.pop("LD_PRELOAD", None)
         env["GAUGEWATCH_HOOKS_LIB"] = str(lib)
@@ -316,7 +318,7 @@ def test_agent_killed_mid_run_then_reconnects(binaries, workdir, agent_factory):
         wait_for(lambda: any(int(l.get("samples", 0)) > 0 for l in agent.layers(run_id)), 60,
                  what="samples at the first agent")
         agent.kill()
-        killed_at = stats()["step"]
+        killed_at = wait_for(stats, 30, what="the stats file")["step"]
         # Training goes on without the agent.
         wait_for(lambda: (s := stats()) and s["step"] >= killed_at + 20 and not s["reporter"]["connected"], 60,
                  what="steps while the agent is down")

@@ -78,7 +78,8 @@ def test_compiled_trainer_monitored_and_switched_like_eager(mode, binaries, work
     agent = agent_factory(SWITCH_RULE)
     run_id = f"compiled-{mode}"
     env = compile_env(lib, workdir, run_id, agent.socket, mode)
-    losses, done, steps, log = run_compiled(env, "--steps", STEPS, "--compile", "default", "--mode", mode)
+    losses, done, steps, log = run_compiled(env, "--steps", STEPS, "--compile", "default", "--mode", mode,
+                                            "--drain-audits")
     stats = done["stats"]
     assert losses[-1] < losses[0], losses
     assert_monitored_like_eager(stats, eager["stats"], STEPS)

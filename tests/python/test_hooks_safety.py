@@ -94,7 +94,7 @@ def test_nan_queries_skip_the_audit_and_fall_back_never_crash(binaries, workdir)
     lib = binaries[2]
     run_id = "hooks-nan"
     env = trainer_env(lib, workdir, run_id, "none", "plain", GAUGEWATCH_LAYER_BACKENDS="1=gproj")
-    result = run_trainer(env, "--steps", 12, "--nan-pass-at", 4)
+    result = run_trainer(env, "--steps", 12, "--nan-pass-at", 4, "--drain-audits")
     losses, done = parse_output(result.stdout)
     assert_loss_decreases(losses)
     assert records(result.stdout, "nan_pass") == [4]

@@ -46,6 +46,7 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--stop-file")
+    parser.add_argument("--drain-audits", action="store_true", help="wait for the auditor after every step")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -69,16 +70,12 @@ def main():
         loss = F.cross_entropy(compiled(x).float().reshape(-1, vocab), y.reshape(-1))
         loss.backward()
         optimizer.step()
+        if args.drain_audits:
+            tiny_gpt.drain_audits()
         print(json.dumps({"step": step, "loss": loss.item(), "compiles": compiles()}), flush=True)
         if args.stop_file and os.path.exists(args.stop_file):
             break
-    stats = None
-    if hasattr(torch.ops, "gaugewatch_hooks"):
-        try:
-            torch.ops.gaugewatch_hooks.flush(5.0)
-            stats = json.loads(torch.ops.gaugewatch_hooks.stats())
-        except (AttributeError, RuntimeError):
-            stats = None
+    stats = tiny_gpt.hooks_stats()
     from torch._dynamo.utils import counters
     print(json.dumps({"done": True, "stats": stats, "compiles": compiles(),
                       "recompiles": int(sum(counters["recompiles"].values()))}), flush=True)

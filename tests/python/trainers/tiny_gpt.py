@@ -120,37 +120,8 @@ from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-
-
-class Attention(nn.Module):
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.poison = False  # NaN in the last query row (--nan-pass-at)
-
-    def forward(self, x):
-        b, n, d = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        if self.poison:
-            q = q.clone()
-            q[:, :, -1, 0] = float("nan")
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, n, d))
-
-
-class Block(nn.Module):
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
-        self.ln2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+sys.path.insert(0, str(ROOT / "examples"))
+from sink_gpt import Block  # noqa: E402  (pre-LayerNorm: causal SDPA attention, GELU MLP)
 
 
 class TinyGPT(nn.Module):
@@ -158,7 +129,7 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.zeros(seq, dim))
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio=2) for _ in range(layers))
         self.head = nn.Linear(dim, vocab)
         self.use_checkpoint = use_checkpoint
 
@@ -167,6 +138,43 @@ class TinyGPT(nn.Module):
         for block in self.blocks:
             x = checkpoint(block, x, use_reentrant=False) if self.use_checkpoint else block(x)
         return self.head(x)
+
+
+def poison_queries(attention):
+    """NaN in coordinate 0 of every head's last query row in `attention`'s
+    forward passes (--nan-pass-at), until the returned handle is removed: a
+    forward hook on its qkv projection, whose output holds the queries first,
+    head after head."""
+    dim = attention.proj.in_features
+    head_dim = dim // attention.heads
+
+    def hook(qkv, inputs, out):
+        out = out.clone()
+        out[:, -1, 0:dim:head_dim] = float("nan")
+        return out
+    return attention.qkv.register_forward_hook(hook)
+
+
+def hooks_stats(flush_s=5.0):
+    """The hooks library's stats after flushing its reports (at most flush_s
+    seconds; 0: no flush), or None where the library is not loaded."""
+    if not hasattr(torch.ops, "gaugewatch_hooks"):
+        return None
+    try:
+        if flush_s:
+            torch.ops.gaugewatch_hooks.flush(flush_s)
+        return json.loads(torch.ops.gaugewatch_hooks.stats())
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def drain_audits():
+    """Waits until the hooks' auditor has measured every queued sample (for
+    tests that count samples: on a loaded machine the auditor can fall a
+    step behind, and a full queue drops samples by design, counted as
+    "auditor busy"). No-op where the library is not loaded."""
+    if hasattr(torch.ops, "gaugewatch_hooks"):
+        torch.ops.gaugewatch_hooks.flush(30.0)  # a failure here is the test's failure, not skipped
 
 
 def batches(vocab, seq, batch, generator):
@@ -229,12 +237,7 @@ def forked_child_pass(out_path, parent_device):
     out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
     if backward:
         out.float().sum().backward()
-    stats = None
-    if hasattr(torch.ops, "gaugewatch_hooks"):
-        try:
-            stats = json.loads(torch.ops.gaugewatch_hooks.stats())
-        except (AttributeError, RuntimeError):
-            stats = None
+    stats = hooks_stats(flush_s=0)
     if out_path:
         grad_finite = bool(torch.isfinite(q.grad).all()) if backward else None
         pathlib.Path(out_path).write_text(json.dumps({"backward": backward, "grad_finite": grad_finite,
@@ -287,6 +290,7 @@ def main():
     parser.add_argument("--fork-at", type=int, default=-1)
     parser.add_argument("--fork-out")
     parser.add_argument("--nan-pass-at", type=int, default=-1)
+    parser.add_argument("--drain-audits", action="store_true", help="wait for the auditor after every pass")
     parser.add_argument("--hold-cupti", action="store_true")
     parser.add_argument("--sdpa", choices=["default", "flash", "cudnn", "efficient"], default="default",
                         help="CUDA: the SDPA backend (torch.nn.attention.sdpa_kernel)")
@@ -327,17 +331,17 @@ def train(args):
         x, y = next(data)
         return x.to(device), y.to(device)
 
-    attentions = [m for m in model.modules() if isinstance(m, Attention)]
     for step in range(args.steps):
         if step == args.nan_pass_at:
-            for m in attentions:
-                m.poison = True
+            poisoned = [poison_queries(block.attn) for block in model.blocks]
             x, y = next_batch()
             F.cross_entropy(model(x).float().reshape(-1, vocab), y.reshape(-1)).backward()
-            for m in attentions:
-                m.poison = False
+            for handle in poisoned:
+                handle.remove()
             grads_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
             print(json.dumps({"nan_pass": step, "grads_finite": grads_finite}), flush=True)
+            if args.drain_audits:
+                drain_audits()
         optimizer.zero_grad()
         total = 0.0
         for _ in range(args.grad_accum):
@@ -346,6 +350,8 @@ def train(args):
             loss.backward()
             total += loss.item()
         optimizer.step()
+        if args.drain_audits:
+            drain_audits()
         if args.eval_every and step % args.eval_every == 0:
             with torch.no_grad():
                 model(next_batch()[0])
@@ -356,14 +362,7 @@ def train(args):
             time.sleep(args.step_sleep)
         if args.stop_file and os.path.exists(args.stop_file):
             break
-    stats = None
-    if hasattr(torch.ops, "gaugewatch_hooks"):
-        try:
-            torch.ops.gaugewatch_hooks.flush(5.0)
-            stats = json.loads(torch.ops.gaugewatch_hooks.stats())
-        except (AttributeError, RuntimeError):
-            stats = None
-    print(json.dumps({"done": True, "stats": stats}), flush=True)
+    print(json.dumps({"done": True, "stats": hooks_stats()}), flush=True)
 
 
 if __name__ == "__main__":
