@@ -1,5 +1,6 @@
 // The process-wide runtime (runtime.h): configuration read and checked once,
 // fork handlers, flush and the bounded shutdown at exit.
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include <chrono>
@@ -14,6 +15,28 @@
 namespace gaugewatch::hooks {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+void shutdown_at_interpreter_exit() { runtime().shutdown(); }
+}  // namespace
+
+// In a Python process the shutdown also runs at the end of the interpreter's
+// finalization (Py_AtExit), before exit() runs any C exit handler or C++
+// static destructor: the reporter's gRPC stream and the auditor's torch calls
+// then end while every library they use is intact, whatever the order in
+// which those libraries registered their own teardown (gRPC constructs its
+// statics lazily, after our std::atexit handler, so they are destroyed before
+// it runs). Called on the first backward, when the interpreter is running.
+void Runtime::register_interpreter_exit() {
+  using AtExit = int (*)(void (*)());
+  using IsInitialized = int (*)();
+  auto* at_exit = reinterpret_cast<AtExit>(::dlsym(RTLD_DEFAULT, "Py_AtExit"));
+  auto* initialized = reinterpret_cast<IsInitialized>(::dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+  if (at_exit == nullptr || initialized == nullptr || initialized() == 0) return;  // not Python: std::atexit only
+  if (at_exit(&shutdown_at_interpreter_exit) != 0) {
+    log_line("the interpreter's exit handler table is full: the hooks stop in the C exit handlers instead");
+  }
+}
 
 void Runtime::prepare_fork() { mu_.lock(); }
 

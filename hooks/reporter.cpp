@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <random>
@@ -23,6 +24,10 @@ constexpr std::size_t kMaxBatch = 256;
 constexpr std::size_t kMaxAcks = 4096;
 constexpr auto kHeartbeat = std::chrono::seconds(1);
 constexpr auto kRestoreWindow = std::chrono::seconds(1);
+// After the stream is cancelled its calls return at once, but a loaded
+// machine may take a while to schedule the thread: stop() waits this long
+// rather than leave it running into the process's teardown.
+constexpr auto kCancelledStopWait = std::chrono::seconds(5);
 }  // namespace
 
 // One connection: the stream, its context, and the reader thread.
@@ -105,12 +110,15 @@ void Reporter::stop(double timeout_s) {
     impl->context.TryCancel();
     lock.lock();
   }
-  if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s / 2), [this] { return exited_; })) {
+  const auto rest = std::max<std::chrono::duration<double>>(std::chrono::duration<double>(timeout_s / 2),
+                                                            kCancelledStopWait);
+  if (cv_.wait_for(lock, rest, [this] { return exited_; })) {
     lock.unlock();
     thread_.join();
   } else {
     lock.unlock();
-    log_line("reporter did not stop in time; leaving it");
+    log_line("reporter did not stop within " + std::to_string(timeout_s / 2 + rest.count()).substr(0, 4) +
+             " s of the exit (its stream cancelled); leaving it");
     thread_.detach();
   }
 }

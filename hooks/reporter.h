@@ -53,7 +53,10 @@ class Reporter {
   void enqueue_ack(CommandAck ack);
   // Waits until every queued sample and ack was written (or timeout).
   bool flush(double timeout_s);
-  // Stops the thread: cancels the stream, waits at most `timeout_s`.
+  // Stops the thread: a connected reporter says Goodbye within half of
+  // `timeout_s`, then the stream is cancelled and the thread joined (waiting
+  // up to 5 s for a loaded machine to schedule it; detached, and logged, only
+  // past that).
   void stop(double timeout_s);
 
   std::uint64_t sent() const { return sent_.load(); }

@@ -402,6 +402,10 @@ void Runtime::count_audit_device(const std::string& device) {
 
 void Runtime::start_reporter_locked() {
   if (reporter_ || shut_down_ || forked_child_) return;
+  if (!interpreter_exit_registered_) {
+    interpreter_exit_registered_ = true;
+    register_interpreter_exit();
+  }
   if (!config_.agent_enabled()) {
     log_once("no-agent", "no agent configured (GAUGEWATCH_SOCKET=none): local log only, no switching");
     return;

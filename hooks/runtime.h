@@ -162,6 +162,8 @@ class Runtime final : public Reporter::Source {
   // Called at exit, and earlier by an exit handler registered after CUDA /
   // CUPTI initialized (so that it runs before their own teardown).
   void shutdown();
+  // Also runs shutdown() at the Python interpreter's exit, where there is one.
+  void register_interpreter_exit();
   void add_shutdown_hook(std::function<void()> hook);
 
  private:
@@ -231,6 +233,7 @@ class Runtime final : public Reporter::Source {
   std::uint64_t optimizer_steps_ = 0;
   std::uint64_t backward_passes_ = 0;  // passes that ran a backward (micro-batches)
   bool forked_child_ = false;
+  bool interpreter_exit_registered_ = false;  // register_interpreter_exit() ran
   std::string torch_version_, cuda_version_, driver_version_;
   std::string gpu_uuid_, pci_bus_id_;
 
