@@ -37,6 +37,7 @@
 #include "kernels/cuda/bf16_backward.h"
 #include "kernels/reference/attention_problem.h"
 #include "kernels/reference/bf16.h"
+#include "kernels/reference/exact_attention.h"
 #include "kernels/reference/fused_backward_bf16.h"
 #include "kernels/reference/fused_forward_bf16.h"
 #include "tests/cuda/device_support.h"
@@ -234,8 +235,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Bf16BackwardCase, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Bf16Case>& param) { return param.param.name; });
 
 // The key-outer one-pass kernel (bf16_keyouter_kernel.cuh) on the same shapes:
-// bf16 and pivot against the reference emulation with the pair's tolerances,
-// and dV (bf16: dK too) bit for bit against the pair.
+// bf16, pivot and gproj (D = 64; at D = 128 gproj stays on the pair) against
+// the reference emulation with the pair's tolerances, and dV (bf16: dK too)
+// bit for bit against the pair; gproj's dQ and dK against the pair's to the
+// rounding that the atomics' order moves (rho, m, lambda and the FP32 sums).
 class Bf16KeyOuterCase : public ::testing::TestWithParam<Bf16Case> {};
 
 TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
@@ -244,11 +247,12 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
   const ref::AttentionInputs in = make_inputs(c);
   const ref::SavedForward saved = ref::forward_fused_bf16(in);
   const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
-  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot}) {
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot, gpu::Projection::kGproj}) {
     SCOPED_TRACE(name_of(projection));
     const KernelRun got = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
     ASSERT_TRUE(got.status.ok()) << got.status.message;
-    ASSERT_TRUE(got.key_outer) << "the launcher did not choose the key-outer kernel";
+    const bool expect_key_outer = projection != gpu::Projection::kGproj || c.shape.head_dim == 64;
+    ASSERT_EQ(got.key_outer, expect_key_outer) << "the launcher chose the wrong structure";
     const ref::Gradients& expect = reference_of(want, projection);
     const double eq = relative(got.grads.dq, expect.dq), ek = relative(got.grads.dk, expect.dk),
                  ev = relative(got.grads.dv, expect.dv);
@@ -272,6 +276,12 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
     if (projection == gpu::Projection::kNone) {
       EXPECT_EQ(std::memcmp(got.grads.dk.data(), pair.grads.dk.data(), got.grads.dk.size() * sizeof(float)), 0)
           << "dK differs from the pair's";
+    }
+    if (projection == gpu::Projection::kGproj) {
+      const double pq = relative(got.grads.dq, pair.grads.dq), pk = relative(got.grads.dk, pair.grads.dk);
+      std::printf("[ %s gproj key-outer ] vs the pair: dq %.2e dk %.2e\n", c.name.c_str(), pq, pk);
+      EXPECT_LE(pq, 1e-2);
+      EXPECT_LE(pk, 1e-2);
     }
   }
 }
@@ -394,6 +404,57 @@ TEST(Bf16Backward, PivotSinkSharedByEveryRow) {
       EXPECT_LE(ek, 2e-2);
       EXPECT_LE(ev, 2e-2);
     }
+  }
+}
+
+// Relative L2 error of BF16-valued outputs against the FP64 truth.
+double relative_to_exact(const std::vector<float>& x, const std::vector<double>& exact) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double d = static_cast<double>(x[i]) - exact[i];
+    num += d * d;
+    den += exact[i] * exact[i];
+  }
+  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// gproj on the key-outer path where it matters: sink-like inputs (an offset
+// mu of RMS 200 common to every key), GQA, ragged N and M (several query
+// tiles and key blocks, tails in both), each masking mode. The true dQ is
+// invariant to mu (so is softmax); dQ'_i = alpha sum_j t'_ij k_j carries mu
+// with the weight sum_j t'_ij = rho_i - lambda_i m_i, ~0 by construction,
+// while bf16's dQ carries rho_i mu (a BF16 rounding residual times |mu|).
+// So: key-outer gproj's dQ against FP64 at the BF16 level and far below
+// key-outer bf16's, as close to FP64 as the pair's gproj; dK and dV too.
+TEST(Bf16Backward, GprojKeyOuterSinkLikeRowMass) {
+  SKIP_WITHOUT_GPU();
+  for (const auto causal : {ref::CausalMode::kNone, ref::CausalMode::kTopLeft, ref::CausalMode::kBottomRight}) {
+    Bf16Case c = make_case("gproj_sink", {1, 4, 2, 150, 170, 64}, causal);
+    SCOPED_TRACE(ref::to_string(causal));
+    c.key_offset = 200.0f;
+    c.q_gain = 3.0f;
+    const ref::AttentionInputs in = make_inputs(c);
+    const ref::SavedForward saved = ref::forward_fused_bf16(in);
+    const ref::ExactAttention exact = ref::attention_fp64(in);
+    const KernelRun gproj = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper,
+                                       Path::kKeyOuter);
+    const KernelRun pair = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper, Path::kPair);
+    const KernelRun plain = run_kernel(in, saved, gpu::Projection::kNone, gpu::Bf16KernelPair::kHopper,
+                                       Path::kKeyOuter);
+    ASSERT_TRUE(gproj.status.ok() && pair.status.ok() && plain.status.ok());
+    ASSERT_TRUE(gproj.key_outer);
+    const double eq = relative_to_exact(gproj.grads.dq, exact.dq), ek = relative_to_exact(gproj.grads.dk, exact.dk),
+                 ev = relative_to_exact(gproj.grads.dv, exact.dv);
+    const double pair_eq = relative_to_exact(pair.grads.dq, exact.dq);
+    const double plain_eq = relative_to_exact(plain.grads.dq, exact.dq);
+    std::printf("[ gproj_sink %s ] vs FP64: key-outer gproj dq %.2e dk %.2e dv %.2e; pair gproj dq %.2e; "
+                "key-outer bf16 dq %.2e\n",
+                std::string(ref::to_string(causal)).c_str(), eq, ek, ev, pair_eq, plain_eq);
+    EXPECT_LE(eq, 3e-2);
+    EXPECT_LE(eq, 1.25 * pair_eq + 1e-3);
+    EXPECT_LE(eq, 0.1 * plain_eq) << "the key offset leaks into gproj's dQ";
+    EXPECT_LE(ek, 3e-2);
+    EXPECT_LE(ev, 3e-2);
   }
 }
 
