@@ -98,10 +98,11 @@ __device__ __forceinline__ void scores_mma(float (&s)[32], const uint16_t* x, in
   }
 }
 
-// P_ij = exp2(s_ij alpha log2e - lse_i log2e) as FlashAttention forms it; a
-// select, not a multiply, for masked keys, so NaN or Inf in padding never
-// leaks. Every kernel that recomputes P calls this one expression (the
-// key-outer gproj's second pass must reproduce its first pass's r bit for bit).
+// P_ij = exp2(s_ij alpha log2e - lse_i log2e), the expression of scores_to_tr
+// below, for kernels that need r only (the key-outer gproj's second pass,
+// which must reproduce its first pass's r bit for bit: the same FFMA and
+// ex2.approx of the same operands). scores_to_tr keeps its own copy inline:
+// through this call ptxas predicates the tuned kernels' select differently.
 __device__ __forceinline__ float probability(const Args& a, float s, float lse_log2, bool visible) {
   return visible ? mma::exp2_approx(fmaf(s, a.scale_log2, -lse_log2)) : 0.0f;
 }
@@ -122,7 +123,9 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], floa
     const int half = (i >> 1) & 1;
     const int j = j_base + 8 * (i >> 2) + 2 * c + (i & 1);
     const bool visible = j >= in.kb[half] && j < in.ke[half];
-    const float p = probability(a, s[i], in.lse_log2[half], visible);
+    // exp2(s alpha log2e - lse log2e) as FlashAttention forms it; a select,
+    // not a multiply, for masked keys, so NaN or Inf in padding never leaks.
+    const float p = visible ? mma::exp2_approx(fmaf(s[i], a.scale_log2, -in.lse_log2[half])) : 0.0f;
     const float t_exact = visible ? p * (dp[i] - in.delta[half]) : 0.0f;
     const float t = kRound ? mma::round_bf16(t_exact) : t_exact;
     const float r = kRound ? mma::round_bf16(p) : p;

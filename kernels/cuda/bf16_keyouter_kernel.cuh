@@ -1,9 +1,11 @@
 #pragma once
-// Key-outer one-pass Hopper kernel of the fused BF16 backward, backends bf16
-// and pivot (math: kernels/cuda/bf16_backward.h), the default when the caller
-// does not ask for bitwise determinism. One kernel computes the five products
-// per tile pair (S, dP, dV, dK, dQ) where the two-kernel pair of
-// bf16_backward_hopper.cuh needs seven; dQ is accumulated in FP32 by atomics.
+// Key-outer one-pass Hopper kernel of the fused BF16 backward, backends bf16,
+// pivot and (D = 64) gproj's first pass (math: kernels/cuda/bf16_backward.h),
+// the default when the caller does not ask for bitwise determinism. One
+// kernel computes the five products per tile pair (S, dP, dV, dK, dQ) where
+// the two-kernel pair of bf16_backward_hopper.cuh needs seven; dQ is
+// accumulated in FP32 by atomics. gproj adds a sixth, U = r K, and a second
+// pass over the keys (bf16_gproj_keys_kernel.cuh) for its dK term.
 //
 // keyouter_kernel: block = 128 keys of one (batch, kv head), two warpgroups
 // (wg: keys 64 wg..), loop over query tiles of 64 rows of every query head of
@@ -37,8 +39,17 @@
 //                                  wgmma makes ptxas serialize them)
 //   pivot: per row, this block's partial sum of t (rho) and its max P with
 //   the key index, both by atomics (FP32 add; 64-bit max of pivot_code()).
+//   gproj (D = 64): per row, this block's partial sums of the BF16-rounded
+//   t (rho) and r (m), by FP32 atomics; after the block barrier warpgroup 0
+//   computes dQ_tile = t K and warpgroup 1 U_tile = r K, each over all 128
+//   keys (ss, m64n64, 8 steps; the same work per warpgroup as bf16's two
+//   key halves), into two FP32 staging tiles [64][72] that threads 0..63
+//   (dQ) and 64..127 (U) add to dQacc and Uacc by one bulk reduction per
+//   row after the next barrier, as D = 128 does; dK is left in FP32 (dKacc).
 // Then finish_rows_kernel (per 64 query rows): dQ = bf16(alpha (dQacc -
-// rho_i k_{j*(i)})) (pivot) or bf16(alpha dQacc); for pivot it also subtracts
+// rho_i k_{j*(i)})) (pivot), bf16(alpha (dQacc - lambda_i Uacc)) with
+// lambda_i = rho_i / m_i (gproj, which also writes bf16(-lambda_i q_i), the
+// pair's rounding, for the second pass) or bf16(alpha dQacc); for pivot it also subtracts
 // rho_i q_i from the FP32 dK accumulator of key j*(i), the rows of its tile
 // grouped by pivot key first (one atomic per key and column per tile, so many
 // rows sharing one pivot, e.g. an attention sink, do not serialize on it).
@@ -48,19 +59,26 @@
 // of the blocks' FP32 tile partials in the order the atomics land; rho_i the
 // FP32 sum of the per-(block, warpgroup) partial row sums, in landing order;
 // dKacc_j (pivot) the kernel's FP32 accumulator minus, in landing order, one
-// FP32 sum per query tile of the rho_i q_i of its rows with j*(i) = j. The
+// FP32 sum per query tile of the rho_i q_i of its rows with j*(i) = j; gproj:
+// Uacc_i like dQacc_i, rho_i and m_i FP32 sums of per-(block, warpgroup)
+// partials in landing order (so lambda_i, and through it dQ' and the BF16
+// rows -lambda_i q_i, carry that order's rounding), dKacc_j no atomics. The
 // pivot j*(i) itself is exact: the 64-bit max of (bits of P, ~j) picks the
 // largest P and, among equal P, the lowest key, whatever the order, as the
 // pair's dq kernel does. Every other value is computed as in the pair.
 // deterministic = true (Bf16BackwardParams) keeps the two-kernel pair.
 //
 // Layouts: operands and outputs as bf16_backward.h; workspace (zeroed by the
-// launcher unless stated): dQacc (B, Hq, N, d) FP32; pivot: rho in
-// row_factor (B, Hq, N) FP32, pivot_code (B, Hq, N) u64, dKacc (B, Hkv, M, d)
-// FP32 (written whole by the kernel, not zeroed).
-// Build: instantiated in bf16_keyouter_d{64,128}.cu; emulation:
+// launcher unless stated): dQacc (B, Hq, N, d) FP32; pivot and gproj: rho in
+// row_factor (B, Hq, N) FP32, dKacc (B, Hkv, M, d) FP32 (written whole by the
+// kernel, not zeroed); pivot: pivot_code (B, Hq, N) u64; gproj: Uacc
+// (B, Hq, N, d) FP32, m in mass_accum (B, Hq, N) FP32, neg_lambda_q
+// (B, Hq, N, d) BF16 (written by finish_rows_kernel).
+// Build: instantiated in bf16_keyouter_d{64,128}.cu and (gproj)
+// bf16_keyouter_d64_gproj.cu; emulation:
 // tests/cuda/emulation/bf16_launcher.cpp. Tests: tests/cuda/bf16_backward_test.cpp
-// (Bf16KeyOuterCase, PivotSinkSharedByEveryRow, ...), tests/python/test_gpu_bf16_backward.py.
+// (Bf16KeyOuterCase, PivotSinkSharedByEveryRow, GprojKeyOuterSinkLikeRowMass,
+// ...), tests/python/test_gpu_bf16_backward.py.
 
 #include <cuda_runtime.h>
 

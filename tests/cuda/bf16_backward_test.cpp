@@ -450,11 +450,11 @@ TEST(Bf16Backward, GprojKeyOuterSinkLikeRowMass) {
     std::printf("[ gproj_sink %s ] vs FP64: key-outer gproj dq %.2e dk %.2e dv %.2e; pair gproj dq %.2e; "
                 "key-outer bf16 dq %.2e\n",
                 std::string(ref::to_string(causal)).c_str(), eq, ek, ev, pair_eq, plain_eq);
-    EXPECT_LE(eq, 3e-2);
+    EXPECT_LE(eq, 1e-2);
     EXPECT_LE(eq, 1.25 * pair_eq + 1e-3);
     EXPECT_LE(eq, 0.1 * plain_eq) << "the key offset leaks into gproj's dQ";
-    EXPECT_LE(ek, 3e-2);
-    EXPECT_LE(ev, 3e-2);
+    EXPECT_LE(ek, 1e-2);
+    EXPECT_LE(ev, 1e-2);
   }
 }
 
