@@ -5,7 +5,7 @@
       python3 bench/kernels/_profile_one.py --backend pivot --d 128 --sink
   ncu --kernel-name regex:centring -c 2 --section SpeedOfLight ... \
       python3 bench/kernels/_profile_one.py --backend center_keys --offset
-(bf16 and pivot run the key-outer kernel unless --deterministic: then the pair;
+(bf16, gproj and pivot run the key-outer kernel unless --deterministic: then the pair;
 center_keys runs the key centring alone on the forward's lse.)
 (The leading underscore keeps scripts/device.sh from running it as a benchmark.)
 """

@@ -21,8 +21,8 @@ namespace bf16 {
 template <int D, Projection P>
 cudaError_t launch(const Args& args, Bf16KernelPair pair, cudaStream_t stream);
 
-// The key-outer kernel and its epilogue (bf16_keyouter_launch.cuh), P = kNone
-// or kPivot, or kGproj at D = 64 (with its second pass).
+// The key-outer kernel and its epilogue (bf16_keyouter_launch.cuh); for
+// kGproj also its second pass.
 template <int D, Projection P>
 cudaError_t launch_keyouter(const Args& args, cudaStream_t stream);
 
@@ -131,11 +131,7 @@ Status validate(const Bf16BackwardParams& params) {
 }
 
 bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
-  // gproj at D = 128 stays on the pair: the key-outer kernel's U staging tile
-  // does not fit beside dQ's in shared memory (kernels/cuda/README.md).
-  const bool projection_ok = p.projection == Projection::kNone || p.projection == Projection::kPivot ||
-                             (p.projection == Projection::kGproj && p.shape.head_dim == 64);
-  return !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper && projection_ok && !p.diagnostics.any();
+  return !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper && !p.diagnostics.any();
 }
 
 size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layout_of(p).total; }
@@ -216,9 +212,7 @@ template <int D>
 cudaError_t launch_key_outer(const bf16::Args& a, Projection projection, cudaStream_t stream) {
   switch (projection) {
     case Projection::kPivot: return bf16::launch_keyouter<D, Projection::kPivot>(a, stream);
-    case Projection::kGproj:
-      if constexpr (D == 64) return bf16::launch_keyouter<D, Projection::kGproj>(a, stream);
-      return cudaErrorInvalidValue;  // unreachable: bf16_uses_key_outer keeps gproj at D = 128 on the pair
+    case Projection::kGproj: return bf16::launch_keyouter<D, Projection::kGproj>(a, stream);
     default: return bf16::launch_keyouter<D, Projection::kNone>(a, stream);
   }
 }

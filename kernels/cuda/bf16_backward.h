@@ -23,9 +23,9 @@
 //   dK'_j = alpha (sum_i t_ij q_i - sum_{i : j*(i) = j} rho_i q_i)   (FP32)
 //
 // Two structures (kernels/cuda/README.md counts their products):
-// * key-outer (bf16_keyouter_kernel.cuh; the default for bf16, pivot, and
-//   gproj at head dim 64, on the Hopper pair when deterministic is false and
-//   no row diagnostics are asked for): per key tile, loop over query tiles:
+// * key-outer (bf16_keyouter_kernel.cuh; the default for every backend on
+//   the Hopper pair when deterministic is false and no row diagnostics are
+//   asked for): per key tile, loop over query tiles:
 //   S, dP, t, r, dV, dK, and dQ accumulated in FP32 by atomics; pivot's rho_i
 //   and j*(i) by atomics, then an O(N d) epilogue applies both rank-one
 //   fix-ups. gproj, in two passes over the keys:
@@ -38,14 +38,12 @@
 //     pass 2 (bf16_gproj_keys_kernel.cuh, 2 products per tile pair): S and
 //       r recomputed by the same instructions (bit-identical r), C_j = sum_i
 //       r_ij bf16(-lambda_i q_i), dK'_j = bf16(alpha (dKacc_j + C_j)).
-//   8 products per tile pair against the pair's 9 for gproj. At head dim
-//   128 gproj stays on the pair (the U staging tile does not fit the
-//   key-outer kernel's shared memory).
+//   8 products per tile pair against the pair's 9 for gproj.
 //   Not bitwise repeatable: the FP32 sums of dQ, U, rho, m and pivot's dK
 //   fix-up take the order the atomics land in (the header states the
 //   rounding); every other value is computed as in the pair.
-// * the two-kernel pair (deterministic = true, gproj at head dim 128, row
-//   diagnostics, the mma.sync pair): a delta pre-pass; a query-outer kernel (per query tile,
+// * the two-kernel pair (deterministic = true, row diagnostics, the mma.sync
+//   pair): a delta pre-pass; a query-outer kernel (per query tile,
 //   loop over key tiles: S, dP, t, r, dQ += t K, and for gproj U += r K and
 //   the row sums), which finishes dQ and writes lambda (gproj) or rho and j*
 //   (pivot) per row; then a key-outer kernel (per key tile, loop over the
@@ -135,8 +133,7 @@ struct Bf16BackwardParams {
   Projection projection = Projection::kGproj;
   Bf16KernelPair kernel_pair = Bf16KernelPair::kHopper;
   // true: bitwise repeatable results (the two-kernel pair, no atomics);
-  // false: bf16, pivot and gproj at head dim 64 run the key-outer kernel
-  // (FP32 atomics).
+  // false: the key-outer kernel (FP32 atomics).
   bool deterministic = false;
 
   Bf16RowDiagnostics diagnostics;
@@ -148,8 +145,7 @@ struct Bf16BackwardParams {
 Status validate(const Bf16BackwardParams& params);
 
 // Whether `params` run the key-outer kernel (otherwise the pair): Hopper
-// pair, projection kNone or kPivot (or kGproj at head dim 64), not
-// deterministic, no diagnostics.
+// pair, not deterministic, no diagnostics.
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
 // Device scratch (delta, lambda or rho/j* per row, and for gproj

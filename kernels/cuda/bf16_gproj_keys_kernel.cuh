@@ -23,7 +23,7 @@
 //
 // Layouts: operands and outputs as bf16_backward.h; workspace: dk_accum
 // (B, Hkv, M, d) FP32, neg_lambda_q (B, Hq, N, d) BF16.
-// Build: launched by bf16_keyouter_launch.cuh (gproj, D = 64); emulation:
+// Build: launched by bf16_keyouter_launch.cuh (gproj); emulation:
 // tests/cuda/emulation/bf16_launcher.cpp. Tests: tests/cuda/bf16_backward_test.cpp
 // (Bf16KeyOuterCase, GprojKeyOuter*).
 
@@ -39,8 +39,10 @@ using hopper::kKvKeys;
 using hopper::kKvRows;
 using hopper::kThreads;
 
-// Two blocks per SM: the kernel holds C (D / 2) and S (32) accumulators only.
-inline constexpr int kBlocksPerSm = 2;
+// D = 64: two blocks per SM (C, D / 2 registers, and S, 32, are its only
+// accumulators; 68 KB of shared memory); D = 128: one (116 KB).
+template <int D>
+inline constexpr int kBlocksPerSm = D == 64 ? 2 : 1;
 inline constexpr int kRowArrays = 3;  // staged per query row: lse, first key, end key
 
 // Shared memory (BF16 elements, offsets 1024-byte aligned): K (128 keys), two
@@ -70,7 +72,7 @@ __device__ __forceinline__ StagedLse staged_lse(float* base, int buf) {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) gproj_keys_kernel(const Args a) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(const Args a) {
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = Layout<D>;

@@ -1,6 +1,6 @@
 #pragma once
 // Key-outer one-pass Hopper kernel of the fused BF16 backward, backends bf16,
-// pivot and (D = 64) gproj's first pass (math: kernels/cuda/bf16_backward.h),
+// pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h),
 // the default when the caller does not ask for bitwise determinism. One
 // kernel computes the five products per tile pair (S, dP, dV, dK, dQ) where
 // the two-kernel pair of bf16_backward_hopper.cuh needs seven; dQ is
@@ -45,7 +45,10 @@
 //   keys (ss, m64n64, 8 steps; the same work per warpgroup as bf16's two
 //   key halves), into two FP32 staging tiles [64][72] that threads 0..63
 //   (dQ) and 64..127 (U) add to dQacc and Uacc by one bulk reduction per
-//   row after the next barrier, as D = 128 does; dK is left in FP32 (dKacc).
+//   row after the next barrier, as D = 128 does; gproj (D = 128; no room for
+//   a second 34 KB staging tile): each warpgroup also computes U columns
+//   64 wg.. over all 128 keys (8 more steps) into registers and adds them to
+//   Uacc by float2 atomics (one per element pair); dK is left in FP32 (dKacc).
 // Then finish_rows_kernel (per 64 query rows): dQ = bf16(alpha (dQacc -
 // rho_i k_{j*(i)})) (pivot), bf16(alpha (dQacc - lambda_i Uacc)) with
 // lambda_i = rho_i / m_i (gproj, which also writes bf16(-lambda_i q_i), the
@@ -75,7 +78,7 @@
 // (B, Hq, N, d) FP32, m in mass_accum (B, Hq, N) FP32, neg_lambda_q
 // (B, Hq, N, d) BF16 (written by finish_rows_kernel).
 // Build: instantiated in bf16_keyouter_d{64,128}.cu and (gproj)
-// bf16_keyouter_d64_gproj.cu; emulation:
+// bf16_keyouter_d{64,128}_gproj.cu; emulation:
 // tests/cuda/emulation/bf16_launcher.cpp. Tests: tests/cuda/bf16_backward_test.cpp
 // (Bf16KeyOuterCase, PivotSinkSharedByEveryRow, GprojKeyOuterSinkLikeRowMass,
 // ...), tests/python/test_gpu_bf16_backward.py.
@@ -108,7 +111,7 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
   using Base = hopper::KvLayout<D, Projection::kNone>;
   static constexpr size_t kDqTileBytes = static_cast<size_t>(kKvRows) * (D == 64 ? 72 : kDqStride<D>) * 4;
   static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
-  static constexpr int kTiles = P == Projection::kGproj ? 2 : (D == 64 ? 4 : 1);
+  static constexpr int kTiles = P == Projection::kGproj && D == 64 ? 2 : (D == 64 ? 4 : 1);
   static constexpr size_t kBytes = Base::kBytes + kTiles * kDqTileBytes;
 };
 
@@ -136,7 +139,9 @@ __device__ __forceinline__ int pivot_of(unsigned long long code) {
 template <int D, Projection P>
 __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kernel(const Args a) {
   constexpr bool kGproj = P == Projection::kGproj;
-  static_assert(!kGproj || D == 64, "gproj at D = 128 runs on the two-kernel pair (shared memory: README)");
+  // gproj at D = 64: dQ and U through two staging tiles; at D = 128 (no room
+  // for a second tile) U from registers by float2 atomics.
+  constexpr bool kStagedU = kGproj && D == 64;
   static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
@@ -198,13 +203,13 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
   constexpr int kPartialFloats = kKvRows * kStride;  // one warpgroup's partial
   float* partial = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + L::kDqPartial);
   // Whether this thread issues bulk reductions (and waits for their reads).
-  const bool issues_rows = (D == 128 || kGproj) && threadIdx.x < (kGproj ? 2 : 1) * kKvRows;
+  const bool issues_rows = (D == 128 || kGproj) && threadIdx.x < (kStagedU ? 2 : 1) * kKvRows;
   // Whether dQ (and U) are staged in one set of tiles through bulk reductions.
   constexpr bool kStaged = D == 128 || kGproj;
   auto add_dq_tile = [&](int it) {
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
-    if constexpr (kGproj) {
+    if constexpr (kStagedU) {
       const int r = threadIdx.x & (kKvRows - 1);
       const bool u_row = threadIdx.x >= kKvRows;
       if (!issues_rows || i0 + r >= a.n) return;
@@ -343,11 +348,23 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
 #pragma unroll
     for (int kq = 0; kq < kDqSteps; ++kq) {
       const int k = kStaged ? kq : 4 * wg + kq;
-      const uint16_t* tw = t_tiles + (k >> 2) * 2 * L::kScoreTile + (kGproj ? wg * L::kScoreTile : 0);
+      const uint16_t* tw = t_tiles + (k >> 2) * 2 * L::kScoreTile + (kStagedU ? wg * L::kScoreTile : 0);
       const int column_block = D == 128 ? wg : 0;
       const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block);
       wgmma::mma_ss<false, true>(dq, wgmma::desc_k_major(tw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
                                  wgmma::desc_mn_major(kk, kKeySubTile));
+    }
+    // gproj at D = 128: U = r K, columns 64 wg.., over all 128 keys.
+    [[maybe_unused]] float u[kGproj && D == 128 ? 32 : 1];
+    if constexpr (kGproj && D == 128) {
+      hopper::zero(u);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint16_t* rw = t_tiles + (k >> 2) * 2 * L::kScoreTile + L::kScoreTile;
+        const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * wg);
+        wgmma::mma_ss<false, true>(u, wgmma::desc_k_major(rw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
+                                   wgmma::desc_mn_major(kk, kKeySubTile));
+      }
     }
     wgmma::commit();
 
@@ -355,13 +372,27 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     wgmma::fence_operand(dk);
     wgmma::fence_operand(dv);
     wgmma::fence_operand(dq);
+    if constexpr (kGproj && D == 128) {
+      wgmma::fence_operand(u);
+      // Uacc += U, one float2 atomic per element pair (rows past N skipped).
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = i0 + row0 + g + 8 * hh;
+        if (row >= a.n) continue;
+        float* ur = a.u_accum + (row_base + row) * D + 64 * wg + 2 * c;
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn) {
+          atomicAdd(reinterpret_cast<float2*>(ur + 8 * jn), make_float2(u[4 * jn + 2 * hh], u[4 * jn + 2 * hh + 1]));
+        }
+      }
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       // D = 64: this warpgroup's partial in set it % 2 (free: iteration
       // it - 2's were added before this iteration's first barrier); D = 128:
       // its column half of the staging tile (free: see the wait above).
       const int r = row0 + g + 8 * hh;
-      float* mine = kGproj    ? partial + wg * kPartialFloats + r * kStride + 2 * c
+      float* mine = kStagedU  ? partial + wg * kPartialFloats + r * kStride + 2 * c
                     : D == 64 ? partial + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
                               : partial + r * kStride + 64 * wg + 2 * c;
 #pragma unroll

@@ -2,7 +2,7 @@
 // Launch template of the key-outer one-pass backward (bf16_keyouter_kernel.cuh)
 // for one (head dim, projection): the key-outer kernel, the per-row finish
 // (dQ, pivot's fix-ups, gproj's lambda and bf16(-lambda q)), then for pivot
-// the dK rounding and for gproj (D = 64) the second pass over the keys
+// the dK rounding and for gproj the second pass over the keys
 // (bf16_gproj_keys_kernel.cuh), on one stream. The caller (bf16_backward.cu)
 // has run the delta pre-pass and zeroed the accumulators. Instantiated in
 // bf16_keyouter_d{64,128}.cu.
@@ -46,7 +46,7 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
   }
   if constexpr (P == Projection::kGproj) {
     constexpr int kKeysSmem = static_cast<int>(gproj_keys::Layout<D>::kBytes);
-    static_assert(gproj_keys::kBlocksPerSm * (kKeysSmem + 1024) <= 228 * 1024,
+    static_assert(gproj_keys::kBlocksPerSm<D> * (kKeysSmem + 1024) <= 228 * 1024,
                   "gproj second pass: blocks do not fit one SM's shared memory");
     err = cudaFuncSetAttribute(gproj_keys::gproj_keys_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                kKeysSmem);

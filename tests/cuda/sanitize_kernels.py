@@ -1,8 +1,9 @@
 """Small calls of every CUDA backend of gaugewatch::attention_backward, for
 compute-sanitizer (memcheck, racecheck, synccheck) in scripts/device.sh:
 multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64
-and 128; bf16 and pivot both on the key-outer kernel (default) and on the
-two-kernel pair (deterministic=True); and the one-launch key centring
+and 128; bf16, gproj and pivot both on the key-outer kernel (default; gproj
+with its second pass) and on the two-kernel pair (deterministic=True); and
+the one-launch key centring
 (center_keys) on GQA with a padded lse, head dims 64, 128 and 256, and on
 long keys (the ring of batches past a block's stage). Exits non-zero on any
 Python-side failure; the sanitizer's own exit code (--error-exitcode)
@@ -41,7 +42,7 @@ for case in CASES:
     if "cu_q" in case:
         kw.update(cu_seqlens_q=torch.tensor(case["cu_q"], dtype=torch.int32, device="cuda"),
                   cu_seqlens_k=torch.tensor(case["cu_k"], dtype=torch.int32, device="cuda"))
-    runs = [(b, False) for b in ("bf16", "gproj", "pivot", "fp32")] + [(b, True) for b in ("bf16", "pivot")]
+    runs = [(b, False) for b in ("bf16", "gproj", "pivot", "fp32")] + [(b, True) for b in ("bf16", "gproj", "pivot")]
     for backend, deterministic in runs:
         grads = ops.attention_backward(do, q, k, v, out, lse, backend=backend, deterministic=deterministic, **kw)
         torch.cuda.synchronize()

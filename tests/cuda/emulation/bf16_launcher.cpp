@@ -94,6 +94,7 @@ template cudaError_t launch_keyouter<64, Projection::kPivot>(const Args&, cudaSt
 template cudaError_t launch_keyouter<64, Projection::kGproj>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter<128, Projection::kNone>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter<128, Projection::kPivot>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter<128, Projection::kGproj>(const Args&, cudaStream_t);
 
 template cudaError_t launch<64, Projection::kNone>(const Args&, Bf16KernelPair, cudaStream_t);
 template cudaError_t launch<64, Projection::kGproj>(const Args&, Bf16KernelPair, cudaStream_t);
