@@ -1,5 +1,5 @@
 // The key-outer backward at head dim 128, backend gproj: the key-outer kernel
-// (U by float2 atomics), the per-row finish and the second pass
+// (U by float4 atomics), the per-row finish and the second pass
 // (bf16_gproj_keys_kernel.cuh).
 #include "kernels/cuda/bf16_keyouter_launch.cuh"
 

@@ -48,7 +48,8 @@
 //   row after the next barrier, as D = 128 does; gproj (D = 128; no room for
 //   a second 34 KB staging tile): each warpgroup also computes U columns
 //   64 wg.. over all 128 keys (8 more steps) into registers and adds them to
-//   Uacc by float2 atomics (one per element pair); dK is left in FP32 (dKacc).
+//   Uacc by float4 atomics (lane pairs exchange halves: one atomic per four
+//   elements); dK is left in FP32 (dKacc).
 // Then finish_rows_kernel (per 64 query rows): dQ = bf16(alpha (dQacc -
 // rho_i k_{j*(i)})) (pivot), bf16(alpha (dQacc - lambda_i Uacc)) with
 // lambda_i = rho_i / m_i (gproj, which also writes bf16(-lambda_i q_i), the
@@ -140,7 +141,7 @@ template <int D, Projection P>
 __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kernel(const Args a) {
   constexpr bool kGproj = P == Projection::kGproj;
   // gproj at D = 64: dQ and U through two staging tiles; at D = 128 (no room
-  // for a second tile) U from registers by float2 atomics.
+  // for a second tile) U from registers by float4 atomics.
   constexpr bool kStagedU = kGproj && D == 64;
   static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
   GAUGEWATCH_BF16_SMEM(raw);
@@ -331,6 +332,10 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
 
     float dq[32];
     hopper::zero(dq);
+    // gproj at D = 128: U = r K, columns 64 wg.., zeroed before the fence (a
+    // register write between wgmmas makes ptxas inject a warpgroup.arrive).
+    [[maybe_unused]] float u[kGproj && D == 128 ? 32 : 1];
+    if constexpr (kGproj && D == 128) hopper::zero(u);
     wgmma::fence();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -354,10 +359,8 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
       wgmma::mma_ss<false, true>(dq, wgmma::desc_k_major(tw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
                                  wgmma::desc_mn_major(kk, kKeySubTile));
     }
-    // gproj at D = 128: U = r K, columns 64 wg.., over all 128 keys.
-    [[maybe_unused]] float u[kGproj && D == 128 ? 32 : 1];
+    // gproj at D = 128: U over all 128 keys (r of both warpgroups).
     if constexpr (kGproj && D == 128) {
-      hopper::zero(u);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const uint16_t* rw = t_tiles + (k >> 2) * 2 * L::kScoreTile + L::kScoreTile;
@@ -374,15 +377,21 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     wgmma::fence_operand(dq);
     if constexpr (kGproj && D == 128) {
       wgmma::fence_operand(u);
-      // Uacc += U, one float2 atomic per element pair (rows past N skipped).
+      // Uacc += U by float4 atomics: lanes c and c ^ 1 hold columns 2 c, 2 c + 1
+      // of rows g and g + 8; the even lane adds row g's four columns, the odd
+      // lane row g + 8's, each taking its partner's pair by one exchange.
+      const bool odd = (c & 1) != 0;
+      const int row = i0 + row0 + g + (odd ? 8 : 0);
+      float* ur = a.u_accum + (row_base + row) * D + 64 * wg + 2 * (c & ~1);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = i0 + row0 + g + 8 * hh;
-        if (row >= a.n) continue;
-        float* ur = a.u_accum + (row_base + row) * D + 64 * wg + 2 * c;
-#pragma unroll
-        for (int jn = 0; jn < 8; ++jn) {
-          atomicAdd(reinterpret_cast<float2*>(ur + 8 * jn), make_float2(u[4 * jn + 2 * hh], u[4 * jn + 2 * hh + 1]));
+      for (int jn = 0; jn < 8; ++jn) {
+        const float keep0 = odd ? u[4 * jn + 2] : u[4 * jn], keep1 = odd ? u[4 * jn + 3] : u[4 * jn + 1];
+        const float give0 = odd ? u[4 * jn] : u[4 * jn + 2], give1 = odd ? u[4 * jn + 1] : u[4 * jn + 3];
+        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+        if (row < a.n) {
+          atomicAdd(reinterpret_cast<float4*>(ur + 8 * jn),
+                    odd ? make_float4(got0, got1, keep0, keep1) : make_float4(keep0, keep1, got0, got1));
         }
       }
     }
