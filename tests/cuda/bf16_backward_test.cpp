@@ -3,8 +3,9 @@
 // (kernels/reference/fused_backward_bf16.h, outputs rounded to BF16): every
 // masking mode, packing, GQA, head dims 64 and 128, lengths 1 and ragged, the
 // four-key witness exactly, the row diagnostics, pivot's dK fix-up with O(1)
-// row mass and with one pivot key for every row, the key-outer one-pass
-// kernel (the default, deterministic = false) as well as the two-kernel pair
+// row mass and with one pivot key for every row, gproj's key-outer path on
+// sink-like inputs against FP64, the key-outer kernel (the default,
+// deterministic = false; gproj with its second pass) as well as the two-kernel pair
 // (deterministic = true, bitwise repeatable), and the mma.sync pair
 // (GAUGEWATCH_BF16_KERNEL=mma_sync). Outputs are poisoned with NaN first, so
 // an element the kernel forgets to write fails.
