@@ -131,7 +131,8 @@ Status validate(const Bf16BackwardParams& params) {
 }
 
 bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
-  return !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper && !p.diagnostics.any();
+  const bool opted_in = p.projection != Projection::kGproj || p.gproj_key_outer;
+  return opted_in && !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper && !p.diagnostics.any();
 }
 
 size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layout_of(p).total; }

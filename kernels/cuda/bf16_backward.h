@@ -23,9 +23,11 @@
 //   dK'_j = alpha (sum_i t_ij q_i - sum_{i : j*(i) = j} rho_i q_i)   (FP32)
 //
 // Two structures (kernels/cuda/README.md counts their products):
-// * key-outer (bf16_keyouter_kernel.cuh; the default for every backend on
+// * key-outer (bf16_keyouter_kernel.cuh; the default for bf16 and pivot on
 //   the Hopper pair when deterministic is false and no row diagnostics are
-//   asked for): per key tile, loop over query tiles:
+//   asked for; for gproj only when gproj_key_outer is also set: it passes the
+//   CPU emulation tests but has not yet been run or measured on a GPU, so the
+//   pair stays gproj's default): per key tile, loop over query tiles:
 //   S, dP, t, r, dV, dK, and dQ accumulated in FP32 by atomics; pivot's rho_i
 //   and j*(i) by atomics, then an O(N d) epilogue applies both rank-one
 //   fix-ups. gproj, in two passes over the keys:
@@ -43,16 +45,17 @@
 //   fix-up take the order the atomics land in (the header states the
 //   rounding); every other value is computed as in the pair.
 // * the two-kernel pair (deterministic = true, row diagnostics, the mma.sync
-//   pair): a delta pre-pass; a query-outer kernel (per query tile,
-//   loop over key tiles: S, dP, t, r, dQ += t K, and for gproj U += r K and
-//   the row sums), which finishes dQ and writes lambda (gproj) or rho and j*
-//   (pivot) per row; then a key-outer kernel (per key tile, loop over the
-//   query tiles of every query head of its group: S, dP, t, r recomputed by
-//   the same code, dV += r^T dO, dK += t^T Q, for gproj dK -= r^T
-//   bf16(lambda Q), for pivot the O(N d) rank-one fix-up). No atomics
-//   anywhere: every run is bit-identical. Both kernels compute S and dP with
-//   the same instructions in the same order, so the t and r the key-outer
-//   kernel contracts are bit-identical to those summed into rho and m.
+//   pair, and gproj unless gproj_key_outer): a delta pre-pass; a query-outer
+//   kernel (per query tile, loop over key tiles: S, dP, t, r, dQ += t K, and
+//   for gproj U += r K and the row sums), which finishes dQ and writes
+//   lambda (gproj) or rho and j* (pivot) per row; then a key-outer kernel
+//   (per key tile, loop over the query tiles of every query head of its
+//   group: S, dP, t, r recomputed by the same code, dV += r^T dO,
+//   dK += t^T Q, for gproj dK -= r^T bf16(lambda Q), for pivot the O(N d)
+//   rank-one fix-up). No atomics anywhere: every run is bit-identical. Both
+//   kernels compute S and dP with the same instructions in the same order,
+//   so the t and r the key-outer kernel contracts are bit-identical to those
+//   summed into rho and m.
 // Two implementations of the pair (Bf16KernelPair): the Hopper pair (warpgroup
 // MMAs, bf16_backward_hopper.cuh; the default) and the mma.sync pair
 // (baseline/bf16_mma_sync_kernel.cuh, kept as its measured baseline). For gproj the
@@ -73,7 +76,7 @@
 // the quantities the monitor's row-mass, sharpness and pivot metrics need,
 // computed from the same t, r and P the MMAs consume.
 //
-// Build: target gaugewatch_cuda (sm_90a). Tests: tests/cuda/bf16_backward_test.cu.
+// Build: target gaugewatch_cuda (sm_90a). Tests: tests/cuda/bf16_backward_test.cpp.
 
 #include <cuda_runtime.h>
 
@@ -133,8 +136,15 @@ struct Bf16BackwardParams {
   Projection projection = Projection::kGproj;
   Bf16KernelPair kernel_pair = Bf16KernelPair::kHopper;
   // true: bitwise repeatable results (the two-kernel pair, no atomics);
-  // false: the key-outer kernel (FP32 atomics).
+  // false: bf16 and pivot run the key-outer kernel (FP32 atomics), gproj
+  // does when gproj_key_outer is set.
   bool deterministic = false;
+  // gproj's structure when deterministic is false: true runs the key-outer
+  // kernel and its second pass over the keys (8 products per tile pair),
+  // false the two-kernel pair (9). The key-outer gproj passes the CPU
+  // emulation tests but has not yet been run and measured on a GPU; the pair
+  // stays gproj's default until it is. Ignored by bf16 and pivot.
+  bool gproj_key_outer = false;
 
   Bf16RowDiagnostics diagnostics;
 
@@ -145,7 +155,7 @@ struct Bf16BackwardParams {
 Status validate(const Bf16BackwardParams& params);
 
 // Whether `params` run the key-outer kernel (otherwise the pair): Hopper
-// pair, not deterministic, no diagnostics.
+// pair, not deterministic, no diagnostics, and for gproj gproj_key_outer.
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
 // Device scratch (delta, lambda or rho/j* per row, and for gproj

@@ -1,10 +1,11 @@
 #pragma once
-// Second pass of backend gproj on the key-outer path (math:
-// kernels/cuda/bf16_backward.h): dK'_j = alpha (sum_i t_ij q_i + sum_i r_ij
-// bf16(-lambda_i q_i)). The key-outer kernel (bf16_keyouter_kernel.cuh,
-// P = kGproj) left dKacc_j = sum_i t_ij q_i in FP32 (dk_accum) and
-// finish_rows_kernel the rows bf16(-lambda_i q_i) (neg_lambda_q); this kernel
-// adds the second sum, C_j = sum_i r_ij bf16(-lambda_i q_i), and rounds once.
+// Second pass of backend gproj on the key-outer path (opt-in:
+// Bf16BackwardParams::gproj_key_outer; math: kernels/cuda/bf16_backward.h):
+// dK'_j = alpha (sum_i t_ij q_i + sum_i r_ij bf16(-lambda_i q_i)). The
+// key-outer kernel (bf16_keyouter_kernel.cuh, P = kGproj) left
+// dKacc_j = sum_i t_ij q_i in FP32 (dk_accum) and finish_rows_kernel the rows
+// bf16(-lambda_i q_i) (neg_lambda_q); this kernel adds the second sum,
+// C_j = sum_i r_ij bf16(-lambda_i q_i), and rounds once.
 //
 // gproj_keys_kernel: block = 128 keys of one (batch, kv head), two
 // warpgroups (wg: keys 64 wg..), loop over the 64-row query tiles of every

@@ -1,7 +1,9 @@
 #pragma once
 // Key-outer one-pass Hopper kernel of the fused BF16 backward, backends bf16,
 // pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h),
-// the default when the caller does not ask for bitwise determinism. One
+// the default for bf16 and pivot when the caller does not ask for bitwise
+// determinism; opt-in for gproj (Bf16BackwardParams::gproj_key_outer:
+// emulation-tested, not yet measured on a GPU). One
 // kernel computes the five products per tile pair (S, dP, dV, dK, dQ) where
 // the two-kernel pair of bf16_backward_hopper.cuh needs seven; dQ is
 // accumulated in FP32 by atomics. gproj adds a sixth, U = r K, and a second
@@ -70,7 +72,8 @@
 // pivot j*(i) itself is exact: the 64-bit max of (bits of P, ~j) picks the
 // largest P and, among equal P, the lowest key, whatever the order, as the
 // pair's dq kernel does. Every other value is computed as in the pair.
-// deterministic = true (Bf16BackwardParams) keeps the two-kernel pair.
+// deterministic = true (Bf16BackwardParams) keeps the two-kernel pair, as
+// does gproj without gproj_key_outer.
 //
 // Layouts: operands and outputs as bf16_backward.h; workspace (zeroed by the
 // launcher unless stated): dQacc (B, Hq, N, d) FP32; pivot and gproj: rho in

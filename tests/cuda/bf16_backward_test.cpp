@@ -4,9 +4,11 @@
 // masking mode, packing, GQA, head dims 64 and 128, lengths 1 and ragged, the
 // four-key witness exactly, the row diagnostics, pivot's dK fix-up with O(1)
 // row mass and with one pivot key for every row, gproj's key-outer path on
-// sink-like inputs against FP64, the key-outer kernel (the default,
-// deterministic = false; gproj with its second pass) as well as the two-kernel pair
-// (deterministic = true, bitwise repeatable), and the mma.sync pair
+// sink-like inputs against FP64, the key-outer kernel (the default for bf16
+// and pivot, deterministic = false; gproj with its second pass, opted into by
+// gproj_key_outer, which every key-outer run here sets) as well as the
+// two-kernel pair (deterministic = true, bitwise repeatable), the dispatch
+// (gproj's default is the pair), and the mma.sync pair
 // (GAUGEWATCH_BF16_KERNEL=mma_sync). Outputs are poisoned with NaN first, so
 // an element the kernel forgets to write fails.
 //
@@ -56,8 +58,8 @@ using testing_cuda::make_inputs;
 using testing_cuda::to_bf16_bits;
 using testing_cuda::to_int32;
 
-// Which implementation runs: the key-outer one-pass kernel (the default for
-// bf16 and pivot: deterministic = false, no row diagnostics) or the
+// Which implementation runs: the key-outer kernel (deterministic = false, no
+// row diagnostics; gproj_key_outer set, so gproj takes it too) or the
 // two-kernel pair (deterministic = true; the bf16 variant also writes the row
 // diagnostics).
 enum class Path { kKeyOuter, kPair };
@@ -101,6 +103,7 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   p.projection = projection;
   p.kernel_pair = pair;
   p.deterministic = path == Path::kPair;
+  p.gproj_key_outer = path == Path::kKeyOuter;  // gproj's key-outer path is opt-in
   p.set_contiguous_strides();
   if (projection == gpu::Projection::kNone && path == Path::kPair) {
     p.diagnostics.row_mass = row_mass.get();
@@ -482,6 +485,46 @@ TEST(Bf16Backward, DeterministicPairIsBitwiseRepeatable) {
       EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0);
     }
   }
+}
+
+// Which structure each backend runs. bf16 and pivot take the key-outer kernel
+// by default; gproj takes the pair unless gproj_key_outer is set (the
+// key-outer gproj is emulation-tested, not yet measured on a GPU), and even
+// then not when deterministic, on the mma.sync pair or with diagnostics (bf16
+// only). The workspace follows the choice (the key-outer gproj needs U, m and
+// dK in FP32). Host code only: runs without a GPU.
+TEST(Bf16Backward, GprojDefaultsToThePair) {
+  gpu::Bf16BackwardParams p;
+  p.shape.batch = 1;
+  p.shape.q_heads = p.shape.kv_heads = 2;
+  p.shape.q_len = 100;
+  p.shape.kv_len = 140;
+  p.shape.head_dim = 64;
+  p.set_contiguous_strides();
+  p.projection = gpu::Projection::kGproj;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "gproj must default to the two-kernel pair";
+  const size_t pair_bytes = gpu::bf16_backward_workspace_bytes(p);
+  p.gproj_key_outer = true;
+  EXPECT_TRUE(gpu::bf16_uses_key_outer(p));
+  EXPECT_GT(gpu::bf16_backward_workspace_bytes(p), pair_bytes);
+  p.deterministic = true;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p));
+  p.deterministic = false;
+  p.kernel_pair = gpu::Bf16KernelPair::kMmaSyncBaseline;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p));
+  p.kernel_pair = gpu::Bf16KernelPair::kHopper;
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot}) {
+    SCOPED_TRACE(name_of(projection));
+    p.projection = projection;
+    p.gproj_key_outer = false;
+    EXPECT_TRUE(gpu::bf16_uses_key_outer(p)) << "bf16 and pivot default to the key-outer kernel";
+    p.gproj_key_outer = true;
+    EXPECT_TRUE(gpu::bf16_uses_key_outer(p));
+  }
+  float row_mass = 0.0f;
+  p.projection = gpu::Projection::kNone;
+  p.diagnostics.row_mass = &row_mass;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "row diagnostics run the pair";
 }
 
 // The mma.sync pair (Bf16KernelPair::kMmaSyncBaseline), kept as the Hopper
