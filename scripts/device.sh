@@ -14,7 +14,8 @@
 #   build      everything (ninja -k 0: as much as compiles)
 #   ctest      all registered tests, GPU tests included
 #   pytest     python3 -m pytest, one process per tests/python file (GPU tests included)
-#   sanitizer  compute-sanitizer memcheck/racecheck/synccheck on tests/cuda/sanitize_kernels.py
+#   sanitizer  compute-sanitizer memcheck/racecheck/synccheck on tests/cuda/sanitize_kernels.py,
+#              then again with GAUGEWATCH_GPROJ_KERNEL=key_outer (the opt-in key-outer gproj)
 #   bench      every build/bin bench_* / *_bench binary and bench/**/*.py script
 # Output (flat, under $OUT): device.log env.log build.log ctest.log pytest.log
 # sanitizer.log bench.log bench.json results.json. A short table is printed last.
@@ -351,16 +352,21 @@ fi
 
 # --- compute-sanitizer ----------------------------------------------------------------------
 # memcheck, racecheck and synccheck over small calls of every CUDA backend
-# (tests/cuda/sanitize_kernels.py), restricted to gaugewatch's kernels.
+# (tests/cuda/sanitize_kernels.py), restricted to gaugewatch's kernels; then
+# the same script with GAUGEWATCH_GPROJ_KERNEL=key_outer, which runs only the
+# opt-in key-outer gproj (the library reads the variable once, when it loads).
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_ops.so" ]]; then
   : >"$OUT/sanitizer.log"
   t0=$(date +%s); worst=0; notes=()
-  for tool in memcheck racecheck synccheck; do
-    run_step "sanitizer $tool" "$OUT/sanitizer.log" 30 "$SAN" --tool "$tool" --error-exitcode 3 \
-      --kernel-regex kns=gaugewatch "$PY" tests/cuda/sanitize_kernels.py
-    [[ $STEP_RC -eq 0 ]] || worst=$STEP_RC
-    notes+=("$tool $(status_of $STEP_RC)")
+  for gproj in pair key_outer; do
+    for tool in memcheck racecheck synccheck; do
+      run_step "sanitizer $tool (gproj $gproj)" "$OUT/sanitizer.log" 30 env GAUGEWATCH_GPROJ_KERNEL="$gproj" \
+        "$SAN" --tool "$tool" --error-exitcode 3 --kernel-regex kns=gaugewatch "$PY" tests/cuda/sanitize_kernels.py
+      [[ $STEP_RC -eq 0 ]] || worst=$STEP_RC
+      label="$tool"; [[ $gproj == key_outer ]] && label="$tool (gproj key_outer)"
+      notes+=("$label $(status_of $STEP_RC)")
+    done
   done
   record sanitizer "$(status_of $worst)" "$worst" $(( $(date +%s) - t0 )) "${notes[*]}"
 fi

@@ -10,27 +10,34 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   BF16 operands and SDPA flash's saved out and lse; includes
                   the delta pre-pass and the workspace allocation; gw_center is
                   key centring (center_keys' kernels) plus SDPA's flash backward;
-                  bf16 and pivot run the key-outer one-pass kernel (default,
-                  deterministic=False)
-  gw_<backend>_pair  bf16, pivot with deterministic=True: the two-kernel pair
-                  (gproj always runs it), side by side with the key-outer kernel
+                  the default path (deterministic=False): bf16 and pivot run
+                  the key-outer kernel, gproj the two-kernel pair
+  gw_<backend>_pair  bf16, gproj, pivot with deterministic=True: the two-kernel
+                  pair, side by side with the key-outer kernel
   gw_center_keys  center_keys alone (the centring's share of gw_center)
+  gw_gproj_key_outer  gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer: the opt-in
+                  key-outer kernel with its second pass over the keys (not yet
+                  gproj's default: this bench measures it against the pair and
+                  cuDNN; a child process, since the ops library reads the
+                  variable once, when it loads; n/a with the child's error in
+                  gw_gproj_key_outer_error if the child fails)
   gw_<backend>_mma_sync  the same with GAUGEWATCH_BF16_KERNEL=mma_sync: the
                   mma.sync kernel pair that the Hopper (wgmma) pair replaced,
-                  for bf16, gproj and pivot (a child process: the ops library
-                  reads the variable once, when it loads)
+                  for bf16, gproj and pivot (a child process, likewise)
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
-gproj <= 1.8x sdpa_cudnn (the *_vs_cudnn columns).
+gproj <= 1.8x sdpa_cudnn (the *_vs_cudnn columns; gw_gproj is the pair, the
+key-outer gproj has its own column).
 Shapes with "sink" in the name: key 0 of every head is an attention sink that
 wins the row maximum of P for every row (every row's pivot is key 0: pivot's
 dK fix-up lands on one key), q[..., 0] = 4, k_0 = (2 sqrt(d), 0, ..., 0).
 
-Run (needs a GPU and the built ops library):
+Run (needs a GPU and the built ops library; GAUGEWATCH_GPROJ_KERNEL unset):
   python3 bench/kernels/bench_bf16_backward.py [--json F] [--markdown F] [--shapes A,B]
-      [--skip-fp32] [--skip-mma-sync]
+      [--skip-fp32] [--skip-mma-sync] [--skip-gproj-key-outer]
 Writes $GAUGEWATCH_BENCH_OUT/bench_bf16_backward.json when that is set (device.sh).
+Exits 1 (after writing the results) when a child process failed.
 """
 
 import argparse
@@ -56,19 +63,32 @@ SHAPES = [
 ]
 GW = ("bf16", "gproj", "pivot", "center", "fp32")
 # Also timed with deterministic=True (gw_<backend>_pair): the two-kernel pair.
-PAIR = ("bf16", "pivot")
+PAIR = ("bf16", "gproj", "pivot")
 # Also timed with GAUGEWATCH_BF16_KERNEL=mma_sync (gw_<backend>_mma_sync).
 MMA_SYNC = ("bf16", "gproj", "pivot")
+# Variants timed in a child process with the environment the ops library
+# reads when it loads: name -> (environment, backends, key suffix). The child
+# writes gw_<backend><suffix>_ms and kernels_us<suffix> (its backends'
+# default paths).
+VARIANTS = {
+    "mma_sync": ({"GAUGEWATCH_BF16_KERNEL": "mma_sync"}, MMA_SYNC, "_mma_sync"),
+    "gproj_key_outer": ({"GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, ("gproj",), "_key_outer"),
+}
 
 
-def kernel_breakdown(ops, x, causal, calls=3):
+def effective_flops(B, Hq, N, d, causal):
+    """2.5 x the forward's FLOPs (4 B Hq N M d, halved when causal; M = N here)."""
+    return 2.5 * 4 * B * Hq * N * N * d * (0.5 if causal else 1.0)
+
+
+def kernel_breakdown(ops, x, causal, calls=3, backends=("bf16", "gproj", "pivot"), pairs=PAIR):
     """Mean device time per call of each kernel the gw backends launch (us),
     from torch.profiler: where the time goes inside one backward (keys
     <backend>: the default path; <backend>_pair: deterministic=True)."""
     from torch.profiler import ProfilerActivity, profile
 
     out = {}
-    runs = [(b, b, False) for b in ("bf16", "gproj", "pivot")] + [(f"{b}_pair", b, True) for b in PAIR]
+    runs = [(b, b, False) for b in backends] + [(f"{b}_pair", b, True) for b in pairs]
     for label, backend, deterministic in runs:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(calls):
@@ -111,10 +131,16 @@ def main():
     parser.add_argument("--markdown", default="")
     parser.add_argument("--skip-fp32", action="store_true", help="leave out the FP32 recompute (slow)")
     parser.add_argument("--skip-mma-sync", action="store_true", help="leave out the mma.sync baseline pair")
-    parser.add_argument("--mma-sync-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--skip-gproj-key-outer", action="store_true",
+                        help="leave out the key-outer gproj (GAUGEWATCH_GPROJ_KERNEL=key_outer)")
+    parser.add_argument("--variant-child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.mma_sync_child:
-        return mma_sync_child(args)
+    if args.variant_child:
+        return variant_child(args, args.variant_child)
+    if os.environ.get("GAUGEWATCH_GPROJ_KERNEL") not in (None, "", "pair"):
+        print("bench_bf16_backward: unset GAUGEWATCH_GPROJ_KERNEL: gw_gproj is the default (the pair), and the "
+              "key-outer gproj is timed in its own process")
+        return 1
     ops, rc = load_ops("bench_bf16_backward")
     if ops is None:
         return rc
@@ -138,7 +164,7 @@ def main():
     for name, B, Hq, Hkv, N, d, causal in SHAPES:
         if wanted and name not in wanted:
             continue
-        flops = 2.5 * 4 * B * Hq * N * N * d * (0.5 if causal else 1.0)
+        flops = effective_flops(B, Hq, N, d, causal)
         inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed, sink="sink" in name) for seed in range(args.rotate)]
         row = {"shape": name, "B": B, "Hq": Hq, "Hkv": Hkv, "N": N, "d": d, "causal": causal}
         for backend, kind in sdpa.items():
@@ -187,7 +213,7 @@ def main():
                                     if row.get("sdpa_flash_ms") and row.get("gw_center_ms") else None)
         row["gproj_over_bf16"] = row["gw_gproj_ms"] / row["gw_bf16_ms"]
         row["pivot_over_bf16"] = row["gw_pivot_ms"] / row["gw_bf16_ms"]
-        for backend in PAIR:
+        for backend in ("bf16", "pivot"):  # gproj's default is the pair: its key-outer ratio comes with the child
             row[f"{backend}_key_outer_over_pair"] = row[f"gw_{backend}_ms"] / row[f"gw_{backend}_pair_ms"]
         cases.append(row)
         print(json.dumps(row), flush=True)
@@ -198,8 +224,18 @@ def main():
         row["center"] = _center.time_center(ops, row["B"], row["Hq"], row["Hkv"], row["N"], row["d"], row["causal"],
                                             args.reps, args.rotate)
         print(json.dumps({"shape": row["shape"], "center": row["center"]}), flush=True)
+    children_ok = True
     if not args.skip_mma_sync and cases:
-        merge_mma_sync(cases, args)
+        children_ok &= merge_variant(cases, args, "mma_sync")
+    if not args.skip_gproj_key_outer and cases:
+        children_ok &= merge_variant(cases, args, "gproj_key_outer")
+    for row in cases:
+        ms, pair, cudnn = row.get("gw_gproj_key_outer_ms"), row["gw_gproj_pair_ms"], row.get("sdpa_cudnn_ms")
+        flops = effective_flops(row["B"], row["Hq"], row["N"], row["d"], row["causal"])
+        row["gw_gproj_key_outer_ms"] = ms
+        row["gw_gproj_key_outer_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
+        row["gw_gproj_key_outer_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
+        row["gproj_key_outer_over_pair"] = None if ms is None else ms / pair
 
     def fmt(row, key):
         ms = row.get(key + "_ms")
@@ -217,24 +253,28 @@ def main():
                      f" | {ratio(row['gproj_over_flash'])} | {ratio(row['gproj_over_bf16'])} | "
                      f"{ratio(row['pivot_over_bf16'])} | {ratio(row['center_over_flash'])} | "
                      f"{row['gw_center_keys_ms']:.3f} |")
-    lines += ["", "Key-outer one-pass kernel (default) against the two-kernel pair (deterministic=True), and "
-              "against cuDNN: ms (effective TFLOP/s)", "",
+    lines += ["", "Key-outer kernel (bf16, pivot: default; gproj: GAUGEWATCH_GPROJ_KERNEL=key_outer, opt-in) "
+              "against the two-kernel pair (deterministic=True; gproj's default), and against cuDNN: "
+              "ms (effective TFLOP/s)", "",
               "| shape | sdpa_cudnn | gw_bf16 key-outer | gw_bf16 pair | gw_pivot key-outer | gw_pivot pair | "
-              "gw_gproj (pair) | bf16/cuDNN | pivot/cuDNN | gproj/cuDNN | bf16 key-outer/pair | "
-              "pivot key-outer/pair |", "|---" * 12 + "|"]
+              "gw_gproj key-outer | gw_gproj pair | bf16/cuDNN | pivot/cuDNN | gproj pair/cuDNN | "
+              "gproj key-outer/cuDNN | bf16 key-outer/pair | pivot key-outer/pair | gproj key-outer/pair |",
+              "|---" * 15 + "|"]
     for row in cases:
         lines.append(f"| {row['shape']} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, 'gw_bf16')} | "
                      f"{fmt(row, 'gw_bf16_pair')} | {fmt(row, 'gw_pivot')} | {fmt(row, 'gw_pivot_pair')} | "
-                     f"{fmt(row, 'gw_gproj')} | {ratio(row.get('gw_bf16_vs_cudnn'))} | "
-                     f"{ratio(row.get('gw_pivot_vs_cudnn'))} | {ratio(row.get('gw_gproj_vs_cudnn'))} | "
-                     f"{ratio(row['bf16_key_outer_over_pair'])} | {ratio(row['pivot_key_outer_over_pair'])} |")
+                     f"{fmt(row, 'gw_gproj_key_outer')} | {fmt(row, 'gw_gproj_pair')} | "
+                     f"{ratio(row.get('gw_bf16_vs_cudnn'))} | {ratio(row.get('gw_pivot_vs_cudnn'))} | "
+                     f"{ratio(row.get('gw_gproj_pair_vs_cudnn'))} | {ratio(row['gw_gproj_key_outer_vs_cudnn'])} | "
+                     f"{ratio(row['bf16_key_outer_over_pair'])} | {ratio(row['pivot_key_outer_over_pair'])} | "
+                     f"{ratio(row['gproj_key_outer_over_pair'])} |")
     if any("gw_bf16_mma_sync_ms" in row for row in cases):
         lines += ["", "Hopper (wgmma) pair against the mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync): "
                   "ms Hopper / mma.sync", "", "| shape | " + " | ".join(MMA_SYNC) + " |",
                   "|---" * (len(MMA_SYNC) + 1) + "|"]
         for row in cases:
             lines.append(f"| {row['shape']} | " + " | ".join(
-                f"{row[f'gw_{b}_ms']:.3f} / {ratio(row.get(f'gw_{b}_mma_sync_ms'))}" for b in MMA_SYNC) + " |")
+                f"{row[f'gw_{b}_pair_ms']:.3f} / {ratio(row.get(f'gw_{b}_mma_sync_ms'))}" for b in MMA_SYNC) + " |")
     lines += _center.markdown(cases)
     markdown = "\n".join(lines)
     print(markdown)
@@ -245,13 +285,14 @@ def main():
         Path(path).write_text(json.dumps(result, indent=1))
     if args.markdown:
         Path(args.markdown).write_text(markdown + "\n")
-    return 0
+    return 0 if children_ok else 1
 
 
-def mma_sync_child(args):
-    """In a process started with GAUGEWATCH_BF16_KERNEL=mma_sync: the mma.sync
-    pair's times per shape, as JSON into --json."""
-    ops, rc = load_ops("bench_bf16_backward (mma.sync)")
+def variant_child(args, variant):
+    """In a process started with VARIANTS[variant]'s environment: its
+    backends' times per shape, as JSON into --json."""
+    _, backends, suffix = VARIANTS[variant]
+    ops, rc = load_ops(f"bench_bf16_backward ({variant})")
     if ops is None:
         return rc
     wanted = set(filter(None, args.shapes.split(",")))
@@ -261,11 +302,12 @@ def mma_sync_child(args):
             continue
         inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed, sink="sink" in name) for seed in range(args.rotate)]
         row = {}
-        for backend in MMA_SYNC:
-            row[f"gw_{backend}_mma_sync_ms"] = time_ms(
+        for backend in backends:
+            row[f"gw_{backend}{suffix}_ms"] = time_ms(
                 lambda x, b=backend: ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"],
                                                             is_causal=causal, backend=b), inputs, args.reps, warmup=3)
-        row["kernels_us_mma_sync"] = kernel_breakdown(ops, inputs[0], causal)
+        row[f"kernels_us{suffix}"] = kernel_breakdown(ops, inputs[0], causal, backends=backends,
+                                                      pairs=() if variant == "gproj_key_outer" else PAIR)
         result[name] = row
         del inputs
         torch.cuda.empty_cache()
@@ -273,20 +315,32 @@ def mma_sync_child(args):
     return 0
 
 
-def merge_mma_sync(cases, args):
-    """Times the mma.sync pair in a child process (the library reads
-    GAUGEWATCH_BF16_KERNEL once, when it loads) and merges them into the rows."""
+def merge_variant(cases, args, variant):
+    """Times a variant in a child process (the library reads its environment
+    once, when it loads) and merges the times into the rows. A failed child
+    leaves its columns n/a, its error in gw_<backend><suffix>_error, and
+    returns False."""
     import subprocess
     import tempfile
 
+    env, backends, suffix = VARIANTS[variant]
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "mma_sync.json"
-        cmd = [sys.executable, __file__, "--mma-sync-child", "--json", str(path), "--reps", str(args.reps),
+        path = Path(tmp) / f"{variant}.json"
+        cmd = [sys.executable, __file__, "--variant-child", variant, "--json", str(path), "--reps", str(args.reps),
                "--rotate", str(args.rotate), "--shapes", ",".join(row["shape"] for row in cases)]
-        subprocess.run(cmd, env=dict(os.environ, GAUGEWATCH_BF16_KERNEL="mma_sync"), check=True)
+        proc = subprocess.run(cmd, env=dict(os.environ, **env), stderr=subprocess.PIPE, text=True)
+        sys.stderr.write(proc.stderr)
+        if proc.returncode != 0 or not path.is_file():
+            lines = proc.stderr.strip().splitlines()
+            error = f"child exited {proc.returncode} without results: {lines[-1][:200] if lines else 'no stderr'}"
+            print(f"bench_bf16_backward: {variant} ({env}) {error}", file=sys.stderr)
+            for row in cases:
+                row.update({f"gw_{b}{suffix}_error": error for b in backends})
+            return False
         child = json.loads(path.read_text())
     for row in cases:
         row.update(child.get(row["shape"], {}))
+    return True
 
 
 if __name__ == "__main__":

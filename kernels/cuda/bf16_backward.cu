@@ -21,7 +21,8 @@ namespace bf16 {
 template <int D, Projection P>
 cudaError_t launch(const Args& args, Bf16KernelPair pair, cudaStream_t stream);
 
-// The key-outer kernel and its epilogue (bf16_keyouter_launch.cuh), P = kNone or kPivot.
+// The key-outer kernel and its epilogue (bf16_keyouter_launch.cuh); for
+// kGproj also its second pass.
 template <int D, Projection P>
 cudaError_t launch_keyouter(const Args& args, cudaStream_t stream);
 
@@ -38,6 +39,7 @@ struct Layout {
   size_t delta = 0, row_factor = 0, pivot_key = 0, neg_lambda_q = 0, total = 0;
   // Key-outer kernel only (sizes 0 otherwise).
   size_t dq_accum = 0, dq_accum_bytes = 0, pivot_code = 0, pivot_code_bytes = 0, dk_accum = 0;
+  size_t u_accum = 0, u_accum_bytes = 0, mass_accum = 0, mass_accum_bytes = 0;  // gproj
 };
 
 Layout layout_of(const Bf16BackwardParams& p) {
@@ -54,13 +56,19 @@ Layout layout_of(const Bf16BackwardParams& p) {
   w.dq_accum = w.neg_lambda_q + round_up(lq_bytes);
   const bool key_outer = bf16_uses_key_outer(p);
   const bool pivot = key_outer && p.projection == Projection::kPivot;
+  const bool gproj = key_outer && p.projection == Projection::kGproj;
   const size_t d = static_cast<size_t>(p.shape.head_dim);
   w.dq_accum_bytes = key_outer ? rows * d * sizeof(float) : 0;
   w.pivot_code = w.dq_accum + round_up(w.dq_accum_bytes);
   w.pivot_code_bytes = pivot ? rows * sizeof(unsigned long long) : 0;
   w.dk_accum = w.pivot_code + round_up(w.pivot_code_bytes);
-  const size_t dk_bytes = pivot ? static_cast<size_t>(p.shape.kv_elements()) * sizeof(float) : 0;
-  w.total = w.dk_accum + round_up(dk_bytes);
+  const size_t dk_bytes = pivot || gproj ? static_cast<size_t>(p.shape.kv_elements()) * sizeof(float) : 0;
+  // gproj: U = r K (FP32, rows x d) and m_i (FP32 per row); rho_i in row_factor.
+  w.u_accum = w.dk_accum + round_up(dk_bytes);
+  w.u_accum_bytes = gproj ? rows * d * sizeof(float) : 0;
+  w.mass_accum = w.u_accum + round_up(w.u_accum_bytes);
+  w.mass_accum_bytes = gproj ? rows * sizeof(float) : 0;
+  w.total = w.mass_accum + round_up(w.mass_accum_bytes);
   return w;
 }
 
@@ -123,8 +131,8 @@ Status validate(const Bf16BackwardParams& params) {
 }
 
 bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
-  return !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper &&
-         (p.projection == Projection::kNone || p.projection == Projection::kPivot) && !p.diagnostics.any();
+  const bool opted_in = p.projection != Projection::kGproj || p.gproj_key_outer;
+  return opted_in && !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper && !p.diagnostics.any();
 }
 
 size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layout_of(p).total; }
@@ -156,6 +164,8 @@ bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
   a.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
   a.pivot_code = reinterpret_cast<unsigned long long*>(ws + w.pivot_code);
   a.dk_accum = reinterpret_cast<float*>(ws + w.dk_accum);
+  a.u_accum = reinterpret_cast<float*>(ws + w.u_accum);
+  a.mass_accum = reinterpret_cast<float*>(ws + w.mass_accum);
   a.batch = static_cast<int>(sh.batch);
   a.hq = static_cast<int>(sh.q_heads);
   a.hkv = static_cast<int>(sh.kv_heads);
@@ -181,22 +191,31 @@ cudaError_t launch_projection(const bf16::Args& a, Projection projection, Bf16Ke
   }
 }
 
-// The key-outer kernel's zeroed accumulators: dQ, and for pivot rho (in
-// row_factor) and the pivot codes.
+// The key-outer kernel's zeroed accumulators: dQ, for pivot and gproj rho
+// (in row_factor), for pivot the pivot codes, for gproj U and m.
 cudaError_t zero_key_outer_accumulators(const Bf16BackwardParams& p, char* ws, const Layout& w,
                                         cudaStream_t stream) {
   cudaError_t err = cudaMemsetAsync(ws + w.dq_accum, 0, w.dq_accum_bytes, stream);
-  if (err == cudaSuccess && p.projection == Projection::kPivot) {
+  if (err == cudaSuccess && p.projection != Projection::kNone) {
     err = cudaMemsetAsync(ws + w.row_factor, 0, static_cast<size_t>(p.shape.q_rows()) * sizeof(float), stream);
-    if (err == cudaSuccess) err = cudaMemsetAsync(ws + w.pivot_code, 0, w.pivot_code_bytes, stream);
+  }
+  if (err == cudaSuccess && p.projection == Projection::kPivot) {
+    err = cudaMemsetAsync(ws + w.pivot_code, 0, w.pivot_code_bytes, stream);
+  }
+  if (err == cudaSuccess && p.projection == Projection::kGproj) {
+    err = cudaMemsetAsync(ws + w.u_accum, 0, w.u_accum_bytes, stream);
+    if (err == cudaSuccess) err = cudaMemsetAsync(ws + w.mass_accum, 0, w.mass_accum_bytes, stream);
   }
   return err;
 }
 
 template <int D>
 cudaError_t launch_key_outer(const bf16::Args& a, Projection projection, cudaStream_t stream) {
-  return projection == Projection::kPivot ? bf16::launch_keyouter<D, Projection::kPivot>(a, stream)
-                                          : bf16::launch_keyouter<D, Projection::kNone>(a, stream);
+  switch (projection) {
+    case Projection::kPivot: return bf16::launch_keyouter<D, Projection::kPivot>(a, stream);
+    case Projection::kGproj: return bf16::launch_keyouter<D, Projection::kGproj>(a, stream);
+    default: return bf16::launch_keyouter<D, Projection::kNone>(a, stream);
+  }
 }
 
 }  // namespace

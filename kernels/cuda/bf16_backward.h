@@ -23,24 +23,39 @@
 //   dK'_j = alpha (sum_i t_ij q_i - sum_{i : j*(i) = j} rho_i q_i)   (FP32)
 //
 // Two structures (kernels/cuda/README.md counts their products):
-// * key-outer, one pass (bf16_keyouter_kernel.cuh; the default for bf16 and
-//   pivot on the Hopper pair when deterministic is false and no row
-//   diagnostics are asked for): per key tile, loop over query tiles: S, dP,
-//   t, r, dV, dK, and dQ accumulated in FP32 by atomics; pivot's rho_i and
-//   j*(i) by atomics, then an O(N d) epilogue applies both rank-one fix-ups.
-//   Not bitwise repeatable: the FP32 sums of dQ, rho and pivot's dK fix-up
-//   take the order the atomics land in (the header states the rounding).
-// * the two-kernel pair (deterministic = true, gproj, row diagnostics, the
-//   mma.sync pair): a delta pre-pass; a query-outer kernel (per query tile,
-//   loop over key tiles: S, dP, t, r, dQ += t K, and for gproj U += r K and
-//   the row sums), which finishes dQ and writes lambda (gproj) or rho and j*
-//   (pivot) per row; then a key-outer kernel (per key tile, loop over the
-//   query tiles of every query head of its group: S, dP, t, r recomputed by
-//   the same code, dV += r^T dO, dK += t^T Q, for gproj dK -= r^T
-//   bf16(lambda Q), for pivot the O(N d) rank-one fix-up). No atomics
-//   anywhere: every run is bit-identical. Both kernels compute S and dP with
-//   the same instructions in the same order, so the t and r the key-outer
-//   kernel contracts are bit-identical to those summed into rho and m.
+// * key-outer (bf16_keyouter_kernel.cuh; the default for bf16 and pivot on
+//   the Hopper pair when deterministic is false and no row diagnostics are
+//   asked for; for gproj only when gproj_key_outer is also set: it passes the
+//   CPU emulation tests but has not yet been run or measured on a GPU, so the
+//   pair stays gproj's default): per key tile, loop over query tiles:
+//   S, dP, t, r, dV, dK, and dQ accumulated in FP32 by atomics; pivot's rho_i
+//   and j*(i) by atomics, then an O(N d) epilogue applies both rank-one
+//   fix-ups. gproj, in two passes over the keys:
+//     pass 1 (the key-outer kernel): as bf16, plus U_i = sum_j r_ij k_j in
+//       FP32 beside dQacc, and this block's partial sums of the rounded t and
+//       r per row added to rho_i and m_i by FP32 atomics; dKacc_j = sum_i
+//       t_ij q_i kept in FP32;
+//     row finish (O(N d)): lambda_i = rho_i / m_i (0 when m_i = 0),
+//       dQ'_i = bf16(alpha (dQacc_i - lambda_i U_i)), and bf16(-lambda_i q_i);
+//     pass 2 (bf16_gproj_keys_kernel.cuh, 2 products per tile pair): S and
+//       r recomputed by the same instructions (bit-identical r), C_j = sum_i
+//       r_ij bf16(-lambda_i q_i), dK'_j = bf16(alpha (dKacc_j + C_j)).
+//   8 products per tile pair against the pair's 9 for gproj.
+//   Not bitwise repeatable: the FP32 sums of dQ, U, rho, m and pivot's dK
+//   fix-up take the order the atomics land in (the header states the
+//   rounding); every other value is computed as in the pair.
+// * the two-kernel pair (deterministic = true, row diagnostics, the mma.sync
+//   pair, and gproj unless gproj_key_outer): a delta pre-pass; a query-outer
+//   kernel (per query tile, loop over key tiles: S, dP, t, r, dQ += t K, and
+//   for gproj U += r K and the row sums), which finishes dQ and writes
+//   lambda (gproj) or rho and j* (pivot) per row; then a key-outer kernel
+//   (per key tile, loop over the query tiles of every query head of its
+//   group: S, dP, t, r recomputed by the same code, dV += r^T dO,
+//   dK += t^T Q, for gproj dK -= r^T bf16(lambda Q), for pivot the O(N d)
+//   rank-one fix-up). No atomics anywhere: every run is bit-identical. Both
+//   kernels compute S and dP with the same instructions in the same order,
+//   so the t and r the key-outer kernel contracts are bit-identical to those
+//   summed into rho and m.
 // Two implementations of the pair (Bf16KernelPair): the Hopper pair (warpgroup
 // MMAs, bf16_backward_hopper.cuh; the default) and the mma.sync pair
 // (baseline/bf16_mma_sync_kernel.cuh, kept as its measured baseline). For gproj the
@@ -61,7 +76,7 @@
 // the quantities the monitor's row-mass, sharpness and pivot metrics need,
 // computed from the same t, r and P the MMAs consume.
 //
-// Build: target gaugewatch_cuda (sm_90a). Tests: tests/cuda/bf16_backward_test.cu.
+// Build: target gaugewatch_cuda (sm_90a). Tests: tests/cuda/bf16_backward_test.cpp.
 
 #include <cuda_runtime.h>
 
@@ -121,8 +136,15 @@ struct Bf16BackwardParams {
   Projection projection = Projection::kGproj;
   Bf16KernelPair kernel_pair = Bf16KernelPair::kHopper;
   // true: bitwise repeatable results (the two-kernel pair, no atomics);
-  // false: bf16 and pivot run the key-outer one-pass kernel (FP32 atomics).
+  // false: bf16 and pivot run the key-outer kernel (FP32 atomics), gproj
+  // does when gproj_key_outer is set.
   bool deterministic = false;
+  // gproj's structure when deterministic is false: true runs the key-outer
+  // kernel and its second pass over the keys (8 products per tile pair),
+  // false the two-kernel pair (9). The key-outer gproj passes the CPU
+  // emulation tests but has not yet been run and measured on a GPU; the pair
+  // stays gproj's default until it is. Ignored by bf16 and pivot.
+  bool gproj_key_outer = false;
 
   Bf16RowDiagnostics diagnostics;
 
@@ -132,14 +154,14 @@ struct Bf16BackwardParams {
 
 Status validate(const Bf16BackwardParams& params);
 
-// Whether `params` run the key-outer one-pass kernel (otherwise the pair):
-// Hopper pair, projection kNone or kPivot, not deterministic, no diagnostics.
+// Whether `params` run the key-outer kernel (otherwise the pair): Hopper
+// pair, not deterministic, no diagnostics, and for gproj gproj_key_outer.
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
 // Device scratch (delta, lambda or rho/j* per row, and for gproj
 // bf16(-lambda_i q_i) per row: d BF16 values; key-outer: the FP32 dQ
-// accumulator, and for pivot the per-row pivot code and the FP32 dK
-// accumulator), in bytes.
+// accumulator, for pivot the per-row pivot code and the FP32 dK accumulator,
+// for gproj the FP32 U and dK accumulators and m per row), in bytes.
 size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& params);
 
 // Enqueues the backward on `stream`; never synchronizes, never aborts.

@@ -44,7 +44,9 @@ struct Args {
   // Key-outer kernel (bf16_keyouter_kernel.cuh); row_factor then holds rho_i.
   float* dq_accum;                 // FP32 dQ accumulator (B, Hq, N, d), zeroed
   unsigned long long* pivot_code;  // pivot: max (P, ~j) per row (B, Hq, N), zeroed
-  float* dk_accum;                 // pivot: FP32 dK accumulator (B, Hkv, M, d)
+  float* dk_accum;                 // pivot, gproj: FP32 dK accumulator (B, Hkv, M, d)
+  float* u_accum;                  // gproj: FP32 U = r K accumulator (B, Hq, N, d), zeroed
+  float* mass_accum;               // gproj: m_i = sum_j r_ij (B, Hq, N), zeroed
   int batch, hq, hkv, group;
   int n, m;
   float scale, scale_log2;

@@ -98,6 +98,15 @@ __device__ __forceinline__ void scores_mma(float (&s)[32], const uint16_t* x, in
   }
 }
 
+// P_ij = exp2(s_ij alpha log2e - lse_i log2e), the expression of scores_to_tr
+// below, for kernels that need r only (the key-outer gproj's second pass,
+// which must reproduce its first pass's r bit for bit: the same FFMA and
+// ex2.approx of the same operands). scores_to_tr keeps its own copy inline:
+// through this call ptxas predicates the tuned kernels' select differently.
+__device__ __forceinline__ float probability(const Args& a, float s, float lse_log2, bool visible) {
+  return visible ? mma::exp2_approx(fmaf(s, a.scale_log2, -lse_log2)) : 0.0f;
+}
+
 // Turns S into r = bf16(P) and dP into t = bf16(P (dP - delta)) in place, for
 // this thread's rows (half 0: g, half 1: g + 8) and keys j_base + 8 jn + 2 c
 // + (e & 1). `visit(half, j, visible, p, t, r, s)` sees every element, keys

@@ -1,9 +1,13 @@
 #pragma once
-// Key-outer one-pass Hopper kernel of the fused BF16 backward, backends bf16
-// and pivot (math: kernels/cuda/bf16_backward.h), the default when the caller
-// does not ask for bitwise determinism. One kernel computes the five products
-// per tile pair (S, dP, dV, dK, dQ) where the two-kernel pair of
-// bf16_backward_hopper.cuh needs seven; dQ is accumulated in FP32 by atomics.
+// Key-outer one-pass Hopper kernel of the fused BF16 backward, backends bf16,
+// pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h),
+// the default for bf16 and pivot when the caller does not ask for bitwise
+// determinism; opt-in for gproj (Bf16BackwardParams::gproj_key_outer:
+// emulation-tested, not yet measured on a GPU). One
+// kernel computes the five products per tile pair (S, dP, dV, dK, dQ) where
+// the two-kernel pair of bf16_backward_hopper.cuh needs seven; dQ is
+// accumulated in FP32 by atomics. gproj adds a sixth, U = r K, and a second
+// pass over the keys (bf16_gproj_keys_kernel.cuh) for its dK term.
 //
 // keyouter_kernel: block = 128 keys of one (batch, kv head), two warpgroups
 // (wg: keys 64 wg..), loop over query tiles of 64 rows of every query head of
@@ -37,8 +41,21 @@
 //                                  wgmma makes ptxas serialize them)
 //   pivot: per row, this block's partial sum of t (rho) and its max P with
 //   the key index, both by atomics (FP32 add; 64-bit max of pivot_code()).
+//   gproj (D = 64): per row, this block's partial sums of the BF16-rounded
+//   t (rho) and r (m), by FP32 atomics; after the block barrier warpgroup 0
+//   computes dQ_tile = t K and warpgroup 1 U_tile = r K, each over all 128
+//   keys (ss, m64n64, 8 steps; the same work per warpgroup as bf16's two
+//   key halves), into two FP32 staging tiles [64][72] that threads 0..63
+//   (dQ) and 64..127 (U) add to dQacc and Uacc by one bulk reduction per
+//   row after the next barrier, as D = 128 does; gproj (D = 128; no room for
+//   a second 34 KB staging tile): each warpgroup also computes U columns
+//   64 wg.. over all 128 keys (8 more steps) into registers and adds them to
+//   Uacc by float4 atomics (lane pairs exchange halves: one atomic per four
+//   elements); dK is left in FP32 (dKacc).
 // Then finish_rows_kernel (per 64 query rows): dQ = bf16(alpha (dQacc -
-// rho_i k_{j*(i)})) (pivot) or bf16(alpha dQacc); for pivot it also subtracts
+// rho_i k_{j*(i)})) (pivot), bf16(alpha (dQacc - lambda_i Uacc)) with
+// lambda_i = rho_i / m_i (gproj, which also writes bf16(-lambda_i q_i), the
+// pair's rounding, for the second pass) or bf16(alpha dQacc); for pivot it also subtracts
 // rho_i q_i from the FP32 dK accumulator of key j*(i), the rows of its tile
 // grouped by pivot key first (one atomic per key and column per tile, so many
 // rows sharing one pivot, e.g. an attention sink, do not serialize on it).
@@ -48,19 +65,27 @@
 // of the blocks' FP32 tile partials in the order the atomics land; rho_i the
 // FP32 sum of the per-(block, warpgroup) partial row sums, in landing order;
 // dKacc_j (pivot) the kernel's FP32 accumulator minus, in landing order, one
-// FP32 sum per query tile of the rho_i q_i of its rows with j*(i) = j. The
+// FP32 sum per query tile of the rho_i q_i of its rows with j*(i) = j; gproj:
+// Uacc_i like dQacc_i, rho_i and m_i FP32 sums of per-(block, warpgroup)
+// partials in landing order (so lambda_i, and through it dQ' and the BF16
+// rows -lambda_i q_i, carry that order's rounding), dKacc_j no atomics. The
 // pivot j*(i) itself is exact: the 64-bit max of (bits of P, ~j) picks the
 // largest P and, among equal P, the lowest key, whatever the order, as the
 // pair's dq kernel does. Every other value is computed as in the pair.
-// deterministic = true (Bf16BackwardParams) keeps the two-kernel pair.
+// deterministic = true (Bf16BackwardParams) keeps the two-kernel pair, as
+// does gproj without gproj_key_outer.
 //
 // Layouts: operands and outputs as bf16_backward.h; workspace (zeroed by the
-// launcher unless stated): dQacc (B, Hq, N, d) FP32; pivot: rho in
-// row_factor (B, Hq, N) FP32, pivot_code (B, Hq, N) u64, dKacc (B, Hkv, M, d)
-// FP32 (written whole by the kernel, not zeroed).
-// Build: instantiated in bf16_keyouter_d{64,128}.cu; emulation:
+// launcher unless stated): dQacc (B, Hq, N, d) FP32; pivot and gproj: rho in
+// row_factor (B, Hq, N) FP32, dKacc (B, Hkv, M, d) FP32 (written whole by the
+// kernel, not zeroed); pivot: pivot_code (B, Hq, N) u64; gproj: Uacc
+// (B, Hq, N, d) FP32, m in mass_accum (B, Hq, N) FP32, neg_lambda_q
+// (B, Hq, N, d) BF16 (written by finish_rows_kernel).
+// Build: instantiated in bf16_keyouter_d{64,128}.cu and (gproj)
+// bf16_keyouter_d{64,128}_gproj.cu; emulation:
 // tests/cuda/emulation/bf16_launcher.cpp. Tests: tests/cuda/bf16_backward_test.cpp
-// (Bf16KeyOuterCase, PivotSinkSharedByEveryRow, ...), tests/python/test_gpu_bf16_backward.py.
+// (Bf16KeyOuterCase, PivotSinkSharedByEveryRow, GprojKeyOuterSinkLikeRowMass,
+// ...), tests/python/test_gpu_bf16_backward.py.
 
 #include <cuda_runtime.h>
 
@@ -81,14 +106,17 @@ using hopper::kThreads;
 // tile [64 rows][136] of both halves.
 // Row strides of 8 floats past a multiple of 32 banks: the 8 rows of a warp's
 // float2 stores hit distinct banks; 16-byte aligned rows for the bulk copy.
+// gproj (D = 64 only): one set of two staging tiles [64 rows][72], dQ (of
+// warpgroup 0) then U (of warpgroup 1).
 template <int D>
 inline constexpr int kDqStride = D + 8;
-template <int D>
+template <int D, Projection P = Projection::kNone>
 struct Layout : hopper::KvLayout<D, Projection::kNone> {
   using Base = hopper::KvLayout<D, Projection::kNone>;
   static constexpr size_t kDqTileBytes = static_cast<size_t>(kKvRows) * (D == 64 ? 72 : kDqStride<D>) * 4;
   static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
-  static constexpr size_t kBytes = Base::kBytes + (D == 64 ? 4 : 1) * kDqTileBytes;
+  static constexpr int kTiles = P == Projection::kGproj && D == 64 ? 2 : (D == 64 ? 4 : 1);
+  static constexpr size_t kBytes = Base::kBytes + kTiles * kDqTileBytes;
 };
 
 inline constexpr int kFinishRows = 64;      // query rows per finish_rows block
@@ -114,11 +142,14 @@ __device__ __forceinline__ int pivot_of(unsigned long long code) {
 
 template <int D, Projection P>
 __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kernel(const Args a) {
-  static_assert(P == Projection::kNone || P == Projection::kPivot, "gproj runs on the two-kernel pair");
+  constexpr bool kGproj = P == Projection::kGproj;
+  // gproj at D = 64: dQ and U through two staging tiles; at D = 128 (no room
+  // for a second tile) U from registers by float4 atomics.
+  constexpr bool kStagedU = kGproj && D == 64;
   static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
-  using L = Layout<D>;
+  using L = Layout<D, P>;
   constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
   const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
@@ -170,15 +201,26 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
   // dQacc += the dQ tile of iteration `it`, once a block barrier has
   // published it. D = 64: the two warpgroups' partials (set it % 2), summed
   // and added by every thread of the block; D = 128: the staging tile, added
-  // row by row by threads 0..63.
+  // row by row by threads 0..63; gproj: the dQ and U staging tiles, row by
+  // row by threads 0..63 (dQ) and 64..127 (U).
   constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
   constexpr int kPartialFloats = kKvRows * kStride;  // one warpgroup's partial
   float* partial = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + L::kDqPartial);
-  const bool issues_rows = D == 128 && threadIdx.x < kKvRows;
+  // Whether this thread issues bulk reductions (and waits for their reads).
+  const bool issues_rows = (D == 128 || kGproj) && threadIdx.x < (kStagedU ? 2 : 1) * kKvRows;
+  // Whether dQ (and U) are staged in one set of tiles through bulk reductions.
+  constexpr bool kStaged = D == 128 || kGproj;
   auto add_dq_tile = [&](int it) {
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
-    if constexpr (D == 64) {
+    if constexpr (kStagedU) {
+      const int r = threadIdx.x & (kKvRows - 1);
+      const bool u_row = threadIdx.x >= kKvRows;
+      if (!issues_rows || i0 + r >= a.n) return;
+      bulk::reduce_add_f32((u_row ? a.u_accum : a.dq_accum) + (row_base + i0 + r) * D,
+                           partial + (u_row ? kPartialFloats : 0) + r * kStride, D * 4);
+      bulk::commit();
+    } else if constexpr (D == 64) {
       constexpr int kQuads = 64 / 4;
       const float* set = partial + (it & 1) * 2 * kPartialFloats;
       for (int idx = threadIdx.x; idx < kKvRows * kQuads; idx += kThreads) {
@@ -231,7 +273,12 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     // values the MMAs consume. Pivot's statistics: this thread's two rows
     // over its 16 keys of the tile.
     RowStats stats;
-    if constexpr (P == Projection::kPivot) {
+    if constexpr (kGproj) {
+      hopper::scores_to_tr<false>(
+          a, s, dp, in, j0 + 64 * wg, [&](int hh, int j, bool visible, float p, float t, float r, float) {
+            stats.add<false, false>(hh, j, visible, p, mma::round_bf16(t), mma::round_bf16(r), 0.0f);
+          });
+    } else if constexpr (P == Projection::kPivot) {
       hopper::scores_to_tr<false>(
           a, s, dp, in, j0 + 64 * wg, [&](int hh, int j, bool visible, float p, float t, float r, float) {
             stats.add<false, true>(hh, j, visible, p, mma::round_bf16(t), r, 0.0f);
@@ -248,6 +295,18 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
         *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
       }
     }
+    if constexpr (kGproj) {
+      // This block's partial rho and m of each row (zeros are not added).
+      stats.reduce_quad();
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = i0 + row0 + g + 8 * hh;
+        if (c == 0 && row < a.n && (stats.rho[hh] != 0.0f || stats.mass[hh] != 0.0f)) {
+          atomicAdd(a.row_factor + row_base + row, stats.rho[hh]);
+          atomicAdd(a.mass_accum + row_base + row, stats.mass[hh]);
+        }
+      }
+    }
     if constexpr (P == Projection::kPivot) {
       // This block's partial rho and max P of each row (before the dQ
       // accumulator is live: at D = 128 the registers are short).
@@ -262,11 +321,12 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
       }
     }
 
-    // D = 128: dQ reads the t of both warpgroups, a block barrier (after
-    // which the staging tile is rewritten: its reads by the previous bulk
-    // reductions are done); D = 64: each warpgroup reads only its own t and r.
+    // D = 128 and gproj: dQ (U) reads the t (r) of both warpgroups, a block
+    // barrier (after which the staging tiles are rewritten: their reads by
+    // the previous bulk reductions are done); D = 64: each warpgroup reads
+    // only its own t and r.
     wgmma::fence_proxy_async();
-    if constexpr (D == 128) {
+    if constexpr (kStaged) {
       if (issues_rows) bulk::wait_read();
       __syncthreads();
     } else {
@@ -275,6 +335,10 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
 
     float dq[32];
     hopper::zero(dq);
+    // gproj at D = 128: U = r K, columns 64 wg.., zeroed before the fence (a
+    // register write between wgmmas makes ptxas inject a warpgroup.arrive).
+    [[maybe_unused]] float u[kGproj && D == 128 ? 32 : 1];
+    if constexpr (kGproj && D == 128) hopper::zero(u);
     wgmma::fence();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -285,16 +349,28 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
                                 wgmma::desc_mn_major(qs + step, kSubTile));
     }
     // dQ: keys 16 k.. are t of warpgroup k / 4 (its keys 16 (k % 4)..) and K
-    // rows 16 k..; D = 128: all 128 keys, columns 64 wg..; D = 64: own keys.
-    constexpr int kDqSteps = D == 128 ? 8 : 4;
+    // rows 16 k..; D = 128: all 128 keys, columns 64 wg..; D = 64: own keys;
+    // gproj: all 128 keys, warpgroup 0 dQ = t K, warpgroup 1 U = r K (the r
+    // tile follows each t tile).
+    constexpr int kDqSteps = kStaged ? 8 : 4;
 #pragma unroll
     for (int kq = 0; kq < kDqSteps; ++kq) {
-      const int k = D == 128 ? kq : 4 * wg + kq;
-      const uint16_t* tw = t_tiles + (k >> 2) * 2 * L::kScoreTile;
+      const int k = kStaged ? kq : 4 * wg + kq;
+      const uint16_t* tw = t_tiles + (k >> 2) * 2 * L::kScoreTile + (kStagedU ? wg * L::kScoreTile : 0);
       const int column_block = D == 128 ? wg : 0;
       const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block);
       wgmma::mma_ss<false, true>(dq, wgmma::desc_k_major(tw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
                                  wgmma::desc_mn_major(kk, kKeySubTile));
+    }
+    // gproj at D = 128: U over all 128 keys (r of both warpgroups).
+    if constexpr (kGproj && D == 128) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint16_t* rw = t_tiles + (k >> 2) * 2 * L::kScoreTile + L::kScoreTile;
+        const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * wg);
+        wgmma::mma_ss<false, true>(u, wgmma::desc_k_major(rw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
+                                   wgmma::desc_mn_major(kk, kKeySubTile));
+      }
     }
     wgmma::commit();
 
@@ -302,20 +378,41 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     wgmma::fence_operand(dk);
     wgmma::fence_operand(dv);
     wgmma::fence_operand(dq);
+    if constexpr (kGproj && D == 128) {
+      wgmma::fence_operand(u);
+      // Uacc += U by float4 atomics: lanes c and c ^ 1 hold columns 2 c, 2 c + 1
+      // of rows g and g + 8; the even lane adds row g's four columns, the odd
+      // lane row g + 8's, each taking its partner's pair by one exchange.
+      const bool odd = (c & 1) != 0;
+      const int row = i0 + row0 + g + (odd ? 8 : 0);
+      float* ur = a.u_accum + (row_base + row) * D + 64 * wg + 2 * (c & ~1);
+#pragma unroll
+      for (int jn = 0; jn < 8; ++jn) {
+        const float keep0 = odd ? u[4 * jn + 2] : u[4 * jn], keep1 = odd ? u[4 * jn + 3] : u[4 * jn + 1];
+        const float give0 = odd ? u[4 * jn] : u[4 * jn + 2], give1 = odd ? u[4 * jn + 1] : u[4 * jn + 3];
+        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+        if (row < a.n) {
+          atomicAdd(reinterpret_cast<float4*>(ur + 8 * jn),
+                    odd ? make_float4(got0, got1, keep0, keep1) : make_float4(keep0, keep1, got0, got1));
+        }
+      }
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       // D = 64: this warpgroup's partial in set it % 2 (free: iteration
       // it - 2's were added before this iteration's first barrier); D = 128:
       // its column half of the staging tile (free: see the wait above).
       const int r = row0 + g + 8 * hh;
-      float* mine = D == 64 ? partial + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
-                            : partial + r * kStride + 64 * wg + 2 * c;
+      float* mine = kStagedU  ? partial + wg * kPartialFloats + r * kStride + 2 * c
+                    : D == 64 ? partial + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
+                              : partial + r * kStride + 64 * wg + 2 * c;
 #pragma unroll
       for (int jn = 0; jn < 8; ++jn) {
         *reinterpret_cast<float2*>(mine + 8 * jn) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
       }
     }
-    if constexpr (D == 128) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
+    if constexpr (kStaged) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
   }
   if (iters > 0) {
     __syncthreads();
@@ -323,8 +420,9 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
   }
   if (issues_rows) bulk::wait_all();  // before the block's shared memory goes
 
-  // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot dKacc in FP32 for
-  // the fix-up (finish_rows_kernel, finish_keys_kernel). Keys past M are not written.
+  // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot and gproj dKacc in
+  // FP32 for the fix-up (finish_rows_kernel, finish_keys_kernel; gproj's
+  // second pass, bf16_gproj_keys_kernel.cuh). Keys past M are not written.
   const int64_t key_base = static_cast<int64_t>(bhk) * a.m;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
@@ -335,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     for (int jn = 0; jn < D / 8; ++jn) {
       const int col = 8 * jn + 2 * c;
       *reinterpret_cast<uint32_t*>(dvo + col) = mma::pack_bf16(dv[4 * jn + 2 * hh], dv[4 * jn + 2 * hh + 1]);
-      if constexpr (P == Projection::kPivot) {
+      if constexpr (P != Projection::kNone) {
         *reinterpret_cast<float2*>(a.dk_accum + (key_base + key) * D + col) =
             make_float2(dk[4 * jn + 2 * hh], dk[4 * jn + 2 * hh + 1]);
       } else {
@@ -347,9 +445,11 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
 }
 
 // dQ of 64 query rows of one head from the FP32 accumulator (pivot: minus
-// rho_i k_{j*(i)}), and pivot's dK fix-up: dKacc_j -= sum of rho_i q_i over
-// the tile's rows with j*(i) = j, one FP32 sum per (j, column) in increasing
-// i, then one atomic.
+// rho_i k_{j*(i)}; gproj: minus lambda_i U_i), and pivot's dK fix-up:
+// dKacc_j -= sum of rho_i q_i over the tile's rows with j*(i) = j, one FP32
+// sum per (j, column) in increasing i, then one atomic. gproj: lambda_i =
+// rho_i / m_i (0 when m_i = 0) and bf16(-lambda_i q_i) per row for the
+// second pass, rounded as the pair's dq kernel rounds them.
 template <int D, Projection P>
 __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args a) {
   GAUGEWATCH_BF16_SMEM(raw);
@@ -395,6 +495,14 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
     }
     __syncthreads();
   }
+  if constexpr (P == Projection::kGproj) {
+    if (tid < kFinishRows) {
+      const int row = i0 + tid;
+      const float m = row < a.n ? a.mass_accum[row_base + row] : 0.0f;
+      rho[tid] = m > 0.0f ? a.row_factor[row_base + row] / m : 0.0f;  // lambda_i
+    }
+    __syncthreads();
+  }
 
   const KeyHead kh = key_head(a, b, hk);
   constexpr int kQuads = D / 4;
@@ -410,6 +518,19 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[e] -= rho[r] * mma::bf16_bits_to_float(kstar[e]);
       }
+    } else if constexpr (P == Projection::kGproj) {
+      const float lam = rho[r];
+      const float4 u = *reinterpret_cast<const float4*>(a.u_accum + (row_base + row) * D + col);
+      x[0] -= lam * u.x;
+      x[1] -= lam * u.y;
+      x[2] -= lam * u.z;
+      x[3] -= lam * u.w;
+      // bf16(-lambda_i q_i), the B operand of the second pass (the sign folded
+      // in: negation is exact in BF16).
+      const uint16_t* qr = head_ptr(a.q, a.q_strides, b, h) + static_cast<int64_t>(row) * a.q_strides.row + col;
+      uint32_t* lq = reinterpret_cast<uint32_t*>(a.neg_lambda_q + (row_base + row) * D + col);
+      lq[0] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[0]), -lam * mma::bf16_bits_to_float(qr[1]));
+      lq[1] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[2]), -lam * mma::bf16_bits_to_float(qr[3]));
     }
     uint32_t* out = reinterpret_cast<uint32_t*>(a.dq + (row_base + row) * D + col);
     out[0] = mma::pack_bf16(a.scale * x[0], a.scale * x[1]);

@@ -1,19 +1,22 @@
 #pragma once
 // Launch template of the key-outer one-pass backward (bf16_keyouter_kernel.cuh)
-// for one (head dim, projection kNone or kPivot): the key-outer kernel, the
-// per-row finish (dQ, pivot's fix-ups), and for pivot the dK rounding, on one
-// stream. The caller (bf16_backward.cu) has run the delta pre-pass and zeroed
-// the accumulators. Instantiated in bf16_keyouter_d{64,128}.cu.
+// for one (head dim, projection): the key-outer kernel, the per-row finish
+// (dQ, pivot's fix-ups, gproj's lambda and bf16(-lambda q)), then for pivot
+// the dK rounding and for gproj the second pass over the keys
+// (bf16_gproj_keys_kernel.cuh), on one stream. The caller (bf16_backward.cu)
+// has run the delta pre-pass and zeroed the accumulators. Instantiated in
+// bf16_keyouter_d{64,128}.cu.
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/bf16_gproj_keys_kernel.cuh"
 #include "kernels/cuda/bf16_keyouter_kernel.cuh"
 
 namespace gaugewatch::gpu::bf16 {
 
 template <int D, Projection P>
 cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
-  constexpr int kSmem = static_cast<int>(keyouter::Layout<D>::kBytes);
+  constexpr int kSmem = static_cast<int>(keyouter::Layout<D, P>::kBytes);
   static_assert(kSmem + 1024 <= 228 * 1024, "key-outer kernel: a block does not fit one SM's shared memory");
   cudaError_t err =
       cudaFuncSetAttribute(keyouter::keyouter_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -38,6 +41,18 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
     if (pairs > 0) {
       const auto blocks = static_cast<unsigned>((pairs + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads);
       keyouter::finish_keys_kernel<D><<<blocks, keyouter::kConvertThreads, 0, stream>>>(a, pairs);
+      err = cudaGetLastError();
+    }
+  }
+  if constexpr (P == Projection::kGproj) {
+    constexpr int kKeysSmem = static_cast<int>(gproj_keys::Layout<D>::kBytes);
+    static_assert(gproj_keys::kBlocksPerSm<D> * (kKeysSmem + 1024) <= 228 * 1024,
+                  "gproj second pass: blocks do not fit one SM's shared memory");
+    err = cudaFuncSetAttribute(gproj_keys::gproj_keys_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kKeysSmem);
+    if (err != cudaSuccess) return err;
+    if (kv_grid.x > 0 && kv_grid.y > 0) {
+      gproj_keys::gproj_keys_kernel<D><<<kv_grid, keyouter::kThreads, kKeysSmem, stream>>>(a);
       err = cudaGetLastError();
     }
   }

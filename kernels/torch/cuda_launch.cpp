@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
@@ -21,6 +22,26 @@ gpu::Bf16KernelPair kernel_pair_from_environment() {
 }
 
 const gpu::Bf16KernelPair kKernelPair = kernel_pair_from_environment();
+
+// GAUGEWATCH_GPROJ_KERNEL: "key_outer" opts gproj into the key-outer kernel
+// (Bf16BackwardParams::gproj_key_outer); unset, empty or "pair" keeps the
+// two-kernel pair. Any other value keeps the pair and says so once, on
+// stderr (this runs in a static initializer: it must not throw).
+bool gproj_key_outer_from_environment() {
+  const char* env = std::getenv("GAUGEWATCH_GPROJ_KERNEL");
+  if (env == nullptr || *env == '\0') return false;
+  const std::string_view value(env);
+  if (value == "key_outer") return true;
+  if (value != "pair") {
+    std::fprintf(stderr,
+                 "[gaugewatch] GAUGEWATCH_GPROJ_KERNEL=%s is not one of key_outer, pair: gproj runs the "
+                 "two-kernel pair (its default)\n",
+                 env);
+  }
+  return false;
+}
+
+const bool kGprojKeyOuter = gproj_key_outer_from_environment();
 
 at::Tensor checked_offsets(const at::Tensor& t, int64_t length, const char* name, const at::Tensor& q) {
   if (t.device().is_cpu()) {
@@ -124,6 +145,7 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   p.projection = projection;
   p.kernel_pair = kKernelPair;
   p.deterministic = deterministic;
+  p.gproj_key_outer = kGprojKeyOuter;
   p.diagnostics = diag;
   const size_t bytes = gpu::bf16_backward_workspace_bytes(p);
   const at::Tensor workspace = workspace_of(q, bytes);

@@ -54,8 +54,13 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // The fused BF16 backward (BF16 operands, SDPA strides taken as they are when
 // rows are 16-byte aligned); BF16 gradients, contiguous. `diag` only with
 // projection kNone. deterministic: the two-kernel pair (bitwise repeatable);
-// otherwise bf16 and pivot run the key-outer kernel (FP32 atomics). The
-// metrics keep the default: their backends' runs are bit-repeatable.
+// otherwise bf16 and pivot run the key-outer kernel (FP32 atomics). gproj's
+// structure is chosen once when the library loads:
+// GAUGEWATCH_GPROJ_KERNEL=key_outer runs the key-outer kernel and its second
+// pass (opt-in: emulation-tested, not yet measured on a GPU); unset, empty or
+// "pair" the two-kernel pair, gproj's default; another value warns once on
+// stderr and keeps the pair. The metrics keep the default: their backends'
+// runs are bit-repeatable.
 Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection, const at::Tensor& grad_out,
                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                           const at::Tensor& lse, const DeviceOffsets& offsets, const gpu::Bf16RowDiagnostics& diag,

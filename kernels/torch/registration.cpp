@@ -20,7 +20,8 @@
 //   head's mean key first, which leaves the exact gradients unchanged and removes
 //   most of the FP32 floor on offset keys), "fp64" (CPU only, float64 truth).
 //   deterministic: bitwise repeatable results (CUDA fp32: no dQ atomics; CUDA bf16 and pivot: the
-//     two-kernel pair instead of the key-outer kernel).
+//     two-kernel pair instead of the key-outer kernel; CUDA gproj runs the pair unless
+//     GAUGEWATCH_GPROJ_KERNEL=key_outer).
 //
 // attention_backward_rows(grad_out, q, k, v, out, lse, slices, rows, *, ...)
 //   The FP32 recompute on a sample, as the monitor runs it: slices are flat

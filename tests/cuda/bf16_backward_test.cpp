@@ -3,9 +3,12 @@
 // (kernels/reference/fused_backward_bf16.h, outputs rounded to BF16): every
 // masking mode, packing, GQA, head dims 64 and 128, lengths 1 and ragged, the
 // four-key witness exactly, the row diagnostics, pivot's dK fix-up with O(1)
-// row mass and with one pivot key for every row, the key-outer one-pass
-// kernel (the default, deterministic = false) as well as the two-kernel pair
-// (deterministic = true, bitwise repeatable), and the mma.sync pair
+// row mass and with one pivot key for every row, gproj's key-outer path on
+// sink-like inputs against FP64, the key-outer kernel (the default for bf16
+// and pivot, deterministic = false; gproj with its second pass, opted into by
+// gproj_key_outer, which every key-outer run here sets) as well as the
+// two-kernel pair (deterministic = true, bitwise repeatable), the dispatch
+// (gproj's default is the pair), and the mma.sync pair
 // (GAUGEWATCH_BF16_KERNEL=mma_sync). Outputs are poisoned with NaN first, so
 // an element the kernel forgets to write fails.
 //
@@ -37,6 +40,7 @@
 #include "kernels/cuda/bf16_backward.h"
 #include "kernels/reference/attention_problem.h"
 #include "kernels/reference/bf16.h"
+#include "kernels/reference/exact_attention.h"
 #include "kernels/reference/fused_backward_bf16.h"
 #include "kernels/reference/fused_forward_bf16.h"
 #include "tests/cuda/device_support.h"
@@ -54,8 +58,8 @@ using testing_cuda::make_inputs;
 using testing_cuda::to_bf16_bits;
 using testing_cuda::to_int32;
 
-// Which implementation runs: the key-outer one-pass kernel (the default for
-// bf16 and pivot: deterministic = false, no row diagnostics) or the
+// Which implementation runs: the key-outer kernel (deterministic = false, no
+// row diagnostics; gproj_key_outer set, so gproj takes it too) or the
 // two-kernel pair (deterministic = true; the bf16 variant also writes the row
 // diagnostics).
 enum class Path { kKeyOuter, kPair };
@@ -99,6 +103,7 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   p.projection = projection;
   p.kernel_pair = pair;
   p.deterministic = path == Path::kPair;
+  p.gproj_key_outer = path == Path::kKeyOuter;  // gproj's key-outer path is opt-in
   p.set_contiguous_strides();
   if (projection == gpu::Projection::kNone && path == Path::kPair) {
     p.diagnostics.row_mass = row_mass.get();
@@ -234,8 +239,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Bf16BackwardCase, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Bf16Case>& param) { return param.param.name; });
 
 // The key-outer one-pass kernel (bf16_keyouter_kernel.cuh) on the same shapes:
-// bf16 and pivot against the reference emulation with the pair's tolerances,
-// and dV (bf16: dK too) bit for bit against the pair.
+// bf16, pivot and gproj against
+// the reference emulation with the pair's tolerances, and dV (bf16: dK too)
+// bit for bit against the pair; gproj's dQ and dK against the pair's to the
+// rounding that the atomics' order moves (rho, m, lambda and the FP32 sums).
 class Bf16KeyOuterCase : public ::testing::TestWithParam<Bf16Case> {};
 
 TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
@@ -244,7 +251,7 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
   const ref::AttentionInputs in = make_inputs(c);
   const ref::SavedForward saved = ref::forward_fused_bf16(in);
   const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
-  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot}) {
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot, gpu::Projection::kGproj}) {
     SCOPED_TRACE(name_of(projection));
     const KernelRun got = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
     ASSERT_TRUE(got.status.ok()) << got.status.message;
@@ -272,6 +279,12 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
     if (projection == gpu::Projection::kNone) {
       EXPECT_EQ(std::memcmp(got.grads.dk.data(), pair.grads.dk.data(), got.grads.dk.size() * sizeof(float)), 0)
           << "dK differs from the pair's";
+    }
+    if (projection == gpu::Projection::kGproj) {
+      const double pq = relative(got.grads.dq, pair.grads.dq), pk = relative(got.grads.dk, pair.grads.dk);
+      std::printf("[ %s gproj key-outer ] vs the pair: dq %.2e dk %.2e\n", c.name.c_str(), pq, pk);
+      EXPECT_LE(pq, 1e-2);
+      EXPECT_LE(pk, 1e-2);
     }
   }
 }
@@ -397,6 +410,60 @@ TEST(Bf16Backward, PivotSinkSharedByEveryRow) {
   }
 }
 
+// Relative L2 error of BF16-valued outputs against the FP64 truth.
+double relative_to_exact(const std::vector<float>& x, const std::vector<double>& exact) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double d = static_cast<double>(x[i]) - exact[i];
+    num += d * d;
+    den += exact[i] * exact[i];
+  }
+  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// gproj on the key-outer path where it matters: sink-like inputs (an offset
+// mu of RMS 200 common to every key), GQA, ragged N and M (several query
+// tiles and key blocks, tails in both), each masking mode at d = 64, top-left
+// at d = 128. The true dQ is
+// invariant to mu (so is softmax); dQ'_i = alpha sum_j t'_ij k_j carries mu
+// with the weight sum_j t'_ij = rho_i - lambda_i m_i, ~0 by construction,
+// while bf16's dQ carries rho_i mu (a BF16 rounding residual times |mu|).
+// So: key-outer gproj's dQ against FP64 at the BF16 level and far below
+// key-outer bf16's, as close to FP64 as the pair's gproj; dK and dV too.
+TEST(Bf16Backward, GprojKeyOuterSinkLikeRowMass) {
+  SKIP_WITHOUT_GPU();
+  using CM = ref::CausalMode;
+  for (const auto& [d, causal] : {std::pair{int64_t{64}, CM::kNone}, std::pair{int64_t{64}, CM::kTopLeft},
+                                  std::pair{int64_t{64}, CM::kBottomRight}, std::pair{int64_t{128}, CM::kTopLeft}}) {
+    Bf16Case c = make_case("gproj_sink", {1, 4, 2, 150, 170, d}, causal);
+    SCOPED_TRACE(std::string(ref::to_string(causal)) + " d" + std::to_string(d));
+    c.key_offset = 200.0f;
+    c.q_gain = 3.0f;
+    const ref::AttentionInputs in = make_inputs(c);
+    const ref::SavedForward saved = ref::forward_fused_bf16(in);
+    const ref::ExactAttention exact = ref::attention_fp64(in);
+    const KernelRun gproj = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper,
+                                       Path::kKeyOuter);
+    const KernelRun pair = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper, Path::kPair);
+    const KernelRun plain = run_kernel(in, saved, gpu::Projection::kNone, gpu::Bf16KernelPair::kHopper,
+                                       Path::kKeyOuter);
+    ASSERT_TRUE(gproj.status.ok() && pair.status.ok() && plain.status.ok());
+    ASSERT_TRUE(gproj.key_outer);
+    const double eq = relative_to_exact(gproj.grads.dq, exact.dq), ek = relative_to_exact(gproj.grads.dk, exact.dk),
+                 ev = relative_to_exact(gproj.grads.dv, exact.dv);
+    const double pair_eq = relative_to_exact(pair.grads.dq, exact.dq);
+    const double plain_eq = relative_to_exact(plain.grads.dq, exact.dq);
+    std::printf("[ gproj_sink %s d%lld ] vs FP64: key-outer gproj dq %.2e dk %.2e dv %.2e; pair gproj dq %.2e; "
+                "key-outer bf16 dq %.2e\n",
+                std::string(ref::to_string(causal)).c_str(), static_cast<long long>(d), eq, ek, ev, pair_eq, plain_eq);
+    EXPECT_LE(eq, 1e-2);
+    EXPECT_LE(eq, 1.25 * pair_eq + 1e-3);
+    EXPECT_LE(eq, 0.1 * plain_eq) << "the key offset leaks into gproj's dQ";
+    EXPECT_LE(ek, 1e-2);
+    EXPECT_LE(ev, 1e-2);
+  }
+}
+
 // deterministic = true runs the two-kernel pair (no atomics): the same bits on
 // every call, for each backend (on the GPU the test of record; the emulation
 // runs blocks in order, so there it checks the dispatch).
@@ -418,6 +485,46 @@ TEST(Bf16Backward, DeterministicPairIsBitwiseRepeatable) {
       EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0);
     }
   }
+}
+
+// Which structure each backend runs. bf16 and pivot take the key-outer kernel
+// by default; gproj takes the pair unless gproj_key_outer is set (the
+// key-outer gproj is emulation-tested, not yet measured on a GPU), and even
+// then not when deterministic, on the mma.sync pair or with diagnostics (bf16
+// only). The workspace follows the choice (the key-outer gproj needs U, m and
+// dK in FP32). Host code only: runs without a GPU.
+TEST(Bf16Backward, GprojDefaultsToThePair) {
+  gpu::Bf16BackwardParams p;
+  p.shape.batch = 1;
+  p.shape.q_heads = p.shape.kv_heads = 2;
+  p.shape.q_len = 100;
+  p.shape.kv_len = 140;
+  p.shape.head_dim = 64;
+  p.set_contiguous_strides();
+  p.projection = gpu::Projection::kGproj;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "gproj must default to the two-kernel pair";
+  const size_t pair_bytes = gpu::bf16_backward_workspace_bytes(p);
+  p.gproj_key_outer = true;
+  EXPECT_TRUE(gpu::bf16_uses_key_outer(p));
+  EXPECT_GT(gpu::bf16_backward_workspace_bytes(p), pair_bytes);
+  p.deterministic = true;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p));
+  p.deterministic = false;
+  p.kernel_pair = gpu::Bf16KernelPair::kMmaSyncBaseline;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p));
+  p.kernel_pair = gpu::Bf16KernelPair::kHopper;
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot}) {
+    SCOPED_TRACE(name_of(projection));
+    p.projection = projection;
+    p.gproj_key_outer = false;
+    EXPECT_TRUE(gpu::bf16_uses_key_outer(p)) << "bf16 and pivot default to the key-outer kernel";
+    p.gproj_key_outer = true;
+    EXPECT_TRUE(gpu::bf16_uses_key_outer(p));
+  }
+  float row_mass = 0.0f;
+  p.projection = gpu::Projection::kNone;
+  p.diagnostics.row_mass = &row_mass;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "row diagnostics run the pair";
 }
 
 // The mma.sync pair (Bf16KernelPair::kMmaSyncBaseline), kept as the Hopper

@@ -2,11 +2,17 @@
 compute-sanitizer (memcheck, racecheck, synccheck) in scripts/device.sh:
 multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64
 and 128; bf16 and pivot both on the key-outer kernel (default) and on the
-two-kernel pair (deterministic=True); and the one-launch key centring
+two-kernel pair (deterministic=True), gproj on the pair (its default, and
+deterministic=True); and the one-launch key centring
 (center_keys) on GQA with a padded lse, head dims 64, 128 and 256, and on
 long keys (the ring of batches past a block's stage). Exits non-zero on any
 Python-side failure; the sanitizer's own exit code (--error-exitcode)
 reports hazards.
+
+With GAUGEWATCH_GPROJ_KERNEL=key_outer (the library reads it once, when it
+loads) the script runs only the key-outer gproj (the key-outer kernel, its
+row finish and its second pass over the keys) on the same cases:
+scripts/device.sh runs it that way a second time under each tool.
 """
 
 import os
@@ -19,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
 torch.ops.load_library(os.environ.get("GAUGEWATCH_OPS_LIB", str(build / "lib" / "libgaugewatch_ops.so")))
 ops = torch.ops.gaugewatch
+GPROJ_KEY_OUTER = os.environ.get("GAUGEWATCH_GPROJ_KERNEL") == "key_outer"
 
 CASES = [
     dict(B=1, Hq=2, Hkv=1, N=70, M=130, d=64, causal=True, alignment="top_left"),
@@ -41,13 +48,18 @@ for case in CASES:
     if "cu_q" in case:
         kw.update(cu_seqlens_q=torch.tensor(case["cu_q"], dtype=torch.int32, device="cuda"),
                   cu_seqlens_k=torch.tensor(case["cu_k"], dtype=torch.int32, device="cuda"))
-    runs = [(b, False) for b in ("bf16", "gproj", "pivot", "fp32")] + [(b, True) for b in ("bf16", "pivot")]
+    runs = [("gproj", False)] if GPROJ_KEY_OUTER else (
+        [(b, False) for b in ("bf16", "gproj", "pivot", "fp32")] + [(b, True) for b in ("bf16", "gproj", "pivot")])
     for backend, deterministic in runs:
         grads = ops.attention_backward(do, q, k, v, out, lse, backend=backend, deterministic=deterministic, **kw)
         torch.cuda.synchronize()
         if not all(torch.isfinite(x).all().item() for x in grads):
             print(f"non-finite gradient: backend {backend}, deterministic {deterministic}, case {case}")
             sys.exit(1)
+
+if GPROJ_KEY_OUTER:
+    print(f"sanitize_kernels: {len(CASES)} cases of the key-outer gproj (GAUGEWATCH_GPROJ_KERNEL=key_outer) ran")
+    sys.exit(0)
 
 CENTRING = [dict(B=2, Hq=4, Hkv=2, N=300, L=320, d=d) for d in (64, 128, 256)]
 # 7000 keys of d = 128 over a cluster of 8: 875 a block, more than the 800 a
@@ -66,5 +78,5 @@ for case in CENTRING:
         if not (torch.isfinite(k_c).all().item() and torch.isfinite(lse_c).all().item()):
             print(f"non-finite centring output: policy {policy}, case {case}")
             sys.exit(1)
-print(f"sanitize_kernels: {len(CASES)} cases x {len(runs)} runs (backends, key-outer and pair) "
+print(f"sanitize_kernels: {len(CASES)} cases x {len(runs)} runs (backends, default path and pair) "
       f"and {len(CENTRING)} centring cases ran")

@@ -9,8 +9,12 @@
 - sink-like inputs where flash, cuDNN and efficient are >= 90% off: GProj
   dQ/dK <= 0.5%, pivot <= 1%; random inputs: GProj <= 1.2x flash, pivot <= 1.3x;
 - the default path (bf16 and pivot: the key-outer one-pass kernel, dQ by FP32
-  atomics) and deterministic=True (the two-kernel pair) both against the
-  reference emulation, and against each other to summation order;
+  atomics; gproj: the two-kernel pair) and deterministic=True (the pair)
+  both against the reference emulation, and against each other to summation
+  order;
+- the opt-in key-outer gproj (GAUGEWATCH_GPROJ_KERNEL=key_outer, in a child
+  process) against the pair: dV bit for bit, dQ/dK to summation order, and
+  on sink-like inputs dQ as close to FP64 as the pair's;
 - deterministic=True: bitwise repeatable; SDPA-strided operands give the same
   bits as contiguous (the key-outer path: the same to summation order);
 - the FP32 kernel's floor on sink-like inputs with and without key centring.
@@ -203,6 +207,70 @@ def test_key_outer_agrees_with_pair_and_strides(backend, d):
     for label, x, y, z in zip("qk", strided, contiguous, pair):
         assert rel(x, z) <= 1e-2, f"d{label}: key-outer vs pair"
         assert rel(y, z) <= 1e-2, f"d{label}: key-outer (contiguous) vs pair"
+
+
+_GPROJ_KEY_OUTER_CHILD = """
+import sys, torch
+from torch.profiler import ProfilerActivity, profile
+sys.path.insert(0, sys.argv[1])
+from test_gpu_bf16_backward import make_inputs, ours, strided_problem
+from test_ops import ops
+got = {}
+for d in (64, 128):
+    args = strided_problem(d)
+    for path, deterministic in (("key_outer", False), ("pair", True)):
+        got["strided", d, path] = [t.cpu() for t in ops.attention_backward(
+            *args, is_causal=True, backend="gproj", deterministic=deterministic)]
+        q, k, v, grad_out = make_inputs("sink", d=d, seed=d + 7)
+        got["sink", d, path] = [t.cpu() for t in ours(q, k, v, grad_out, "gproj", causal=True, scale=d ** -0.5,
+                                                      deterministic=deterministic)]
+with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    ops.attention_backward(*strided_problem(64), is_causal=True, backend="gproj")
+    torch.cuda.synchronize()
+got["kernels"] = sorted({e.key for e in prof.key_averages() if "gaugewatch" in e.key})
+torch.save(got, sys.argv[2])
+"""
+
+
+def test_gproj_key_outer_agrees_with_pair(tmp_path, record_line):
+    """GAUGEWATCH_GPROJ_KERNEL=key_outer (read once, when the library loads: a
+    child process) runs gproj on the key-outer kernel with its second pass
+    over the keys; without it gproj's default is the pair (bit for bit the
+    deterministic=True result). The key-outer gproj contracts the same r and
+    dO as the pair's dkdv kernel (dV bit for bit); dQ' and dK' differ from
+    the pair's by the FP32 order of the atomics in dQ, U, rho and m (lambda
+    carries it), so to 1e-2; on sink-like inputs (where the projection
+    matters) its dQ error against FP64 stays within 1.25x the pair's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    args = strided_problem(64)
+    default = ops.attention_backward(*args, is_causal=True, backend="gproj")
+    pair = ops.attention_backward(*args, is_causal=True, backend="gproj", deterministic=True)
+    assert all(torch.equal(x, y) for x, y in zip(default, pair)), "gproj's default must be the two-kernel pair"
+
+    saved = tmp_path / "gproj_key_outer.pt"
+    env = dict(os.environ, GAUGEWATCH_GPROJ_KERNEL="key_outer")
+    here = str(Path(__file__).resolve().parent)
+    subprocess.run([sys.executable, "-c", _GPROJ_KEY_OUTER_CHILD, here, str(saved)], env=env, check=True,
+                   timeout=600)
+    got = torch.load(saved)
+    assert any("gproj_keys_kernel" in name for name in got["kernels"]), \
+        f"GAUGEWATCH_GPROJ_KERNEL=key_outer did not run the second pass: {got['kernels']}"
+    for d in (64, 128):
+        key_outer, pair = got["strided", d, "key_outer"], got["strided", d, "pair"]
+        assert torch.equal(key_outer[2], pair[2]), f"d{d} dv: key-outer gproj vs pair"
+        for label, x, y in zip("qk", key_outer, pair):
+            assert rel(x, y) <= 1e-2, f"d{d} d{label}: key-outer gproj vs pair"
+        q, k, v, grad_out = make_inputs("sink", d=d, seed=d + 7)
+        truth = exact_grads(q, k, v, grad_out, causal=True, scale=d ** -0.5)
+        err = {path: [rel(x, t) for x, t in zip(got["sink", d, path], truth)] for path in ("key_outer", "pair")}
+        record_line(f"gproj sink d={d} dQ/dK/dV err vs FP64: key-outer " +
+                    "/".join(f"{e:.3%}" for e in err["key_outer"]) + " pair " +
+                    "/".join(f"{e:.3%}" for e in err["pair"]))
+        assert err["key_outer"][0] <= 1.25 * err["pair"][0], f"d{d}: key-outer gproj dQ error vs the pair's"
 
 
 def test_unsupported_inputs_are_named():

@@ -7,6 +7,7 @@
 #include "kernels/cuda/bf16_backward.cu"
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bf16_delta_kernel.cuh"
+#include "kernels/cuda/bf16_gproj_keys_kernel.cuh"
 #include "kernels/cuda/bf16_keyouter_kernel.cuh"
 
 namespace gaugewatch::gpu::bf16 {
@@ -62,7 +63,7 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/) {
   const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
                      static_cast<unsigned>(a.batch * a.hkv));
   if (kv_grid.x > 0 && kv_grid.y > 0) {
-    gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, keyouter::Layout<D>::kBytes,
+    gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, keyouter::Layout<D, P>::kBytes,
                                    [&a] { keyouter::keyouter_kernel<D, P>(a); });
   }
   const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
@@ -79,13 +80,21 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/) {
                                      [&a, pairs] { keyouter::finish_keys_kernel<D>(a, pairs); });
     }
   }
+  if constexpr (P == Projection::kGproj) {
+    if (kv_grid.x > 0 && kv_grid.y > 0) {
+      gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, gproj_keys::Layout<D>::kBytes,
+                                     [&a] { gproj_keys::gproj_keys_kernel<D>(a); });
+    }
+  }
   return cudaSuccess;
 }
 
 template cudaError_t launch_keyouter<64, Projection::kNone>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter<64, Projection::kPivot>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter<64, Projection::kGproj>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter<128, Projection::kNone>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter<128, Projection::kPivot>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter<128, Projection::kGproj>(const Args&, cudaStream_t);
 
 template cudaError_t launch<64, Projection::kNone>(const Args&, Bf16KernelPair, cudaStream_t);
 template cudaError_t launch<64, Projection::kGproj>(const Args&, Bf16KernelPair, cudaStream_t);

@@ -1,0 +1,202 @@
+#pragma once
+// Second pass of backend gproj on the key-outer path (opt-in:
+// Bf16BackwardParams::gproj_key_outer; math: kernels/cuda/bf16_backward.h):
+// dK'_j = alpha (sum_i t_ij q_i + sum_i r_ij bf16(-lambda_i q_i)). The
+// key-outer kernel (bf16_keyouter_kernel.cuh, P = kGproj) left
+// dKacc_j = sum_i t_ij q_i in FP32 (dk_accum) and finish_rows_kernel the rows
+// bf16(-lambda_i q_i) (neg_lambda_q); this kernel adds the second sum,
+// C_j = sum_i r_ij bf16(-lambda_i q_i), and rounds once.
+//
+// gproj_keys_kernel: block = 128 keys of one (batch, kv head), two
+// warpgroups (wg: keys 64 wg..), loop over the 64-row query tiles of every
+// query head of the group that see the keys (tiles_seeing_keys, causal skip,
+// cp.async double buffering, the order of the key-outer kernel):
+//   S = Q K_wg^T                       ss, m64n64 (hopper::scores_mma: the
+//                                      same instructions as the first pass)
+//   r = bf16(P), P from the saved lse  hopper::probability, packed to BF16
+//                                      (the first pass's r, bit for bit)
+//   r -> shared [64 rows][64 keys], then a warpgroup barrier
+//   C += r^T bf16(-lambda Q)           ss, m64nD, A and B MN-major
+// 2 products per tile pair (the first pass 6: S, dP, dV, dK, dQ, U).
+// Then dK = bf16(alpha (dKacc + C)) (FP32 add, then the scale, then one
+// rounding). No atomics: given the first pass's dKacc and lambda, this
+// kernel's result is bitwise repeatable.
+//
+// Layouts: operands and outputs as bf16_backward.h; workspace: dk_accum
+// (B, Hkv, M, d) FP32, neg_lambda_q (B, Hq, N, d) BF16.
+// Build: launched by bf16_keyouter_launch.cuh (gproj); emulation:
+// tests/cuda/emulation/bf16_launcher.cpp. Tests: tests/cuda/bf16_backward_test.cpp
+// (Bf16KeyOuterCase, GprojKeyOuter*).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_backward_hopper.cuh"
+
+namespace gaugewatch::gpu::bf16::gproj_keys {
+
+using hopper::kKvKeys;
+using hopper::kKvRows;
+using hopper::kThreads;
+
+// D = 64: two blocks per SM (C, D / 2 registers, and S, 32, are its only
+// accumulators; 68 KB of shared memory); D = 128: one (116 KB).
+template <int D>
+inline constexpr int kBlocksPerSm = D == 64 ? 2 : 1;
+inline constexpr int kRowArrays = 3;  // staged per query row: lse, first key, end key
+
+// Shared memory (BF16 elements, offsets 1024-byte aligned): K (128 keys), two
+// buffers of Q and bf16(-lambda Q) (64 rows each), r of each warpgroup
+// ([64 rows][64 keys]), then per buffer the rows' lse, first and end key.
+template <int D>
+struct Layout {
+  static constexpr int kRowTile = kKvRows * D;
+  static constexpr int kK = 0;
+  static constexpr int kQ0 = kKvKeys * D, kL0 = kQ0 + kRowTile, kQ1 = kL0 + kRowTile, kL1 = kQ1 + kRowTile;
+  static constexpr int kScoreTile = kKvRows * 64;
+  static constexpr int kR = kL1 + kRowTile;  // r of warpgroup w at kR + w kScoreTile
+  static constexpr int kRows = kR + 2 * kScoreTile;
+  static constexpr int kRowFloats = 2 * kRowArrays * kKvRows;
+  static constexpr size_t kBytes = static_cast<size_t>(kRows) * 2 + kRowFloats * 4 + 1024;  // + alignment slack
+};
+
+struct StagedLse {
+  float* lse;
+  int* kb;
+  int* ke;
+};
+
+__device__ __forceinline__ StagedLse staged_lse(float* base, int buf) {
+  float* p = base + buf * kRowArrays * kKvRows;
+  return {p, reinterpret_cast<int*>(p + kKvRows), reinterpret_cast<int*>(p + 2 * kKvRows)};
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(const Args a) {
+  GAUGEWATCH_BF16_SMEM(raw);
+  uint16_t* smem = wgmma::align_1024(raw);
+  using L = Layout<D>;
+  constexpr uint32_t kSubTile = kKvRows * 64 * 2;  // bytes between a row tile's 64-column blocks
+  const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
+  const int bhk = blockIdx.y;
+  const int b = bhk / a.hkv, hk = bhk % a.hkv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
+  const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
+
+  const KeyHead kh = key_head(a, b, hk);
+  float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
+  uint16_t* r_tile = smem + L::kR + wg * L::kScoreTile;
+
+  const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
+  const int t_begin = seen.first, tiles = seen.count;
+  const int iters = tiles * a.group;
+
+  hopper::load_rows<kKvKeys, D>(smem + L::kK, kh.k, a.k_strides.row, j0, a.m);
+
+  // Loads of iteration `it` (query head, query tile) into buffer `buf`.
+  auto stage = [&](int it, int buf) {
+    const int i0 = (t_begin + it % tiles) * kKvRows;
+    const QueryHead qh = query_head(a, b, hk * a.group + it / tiles);
+    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), qh.q, a.q_strides.row, i0, a.n);
+    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kL1 : L::kL0), a.neg_lambda_q + qh.row_base * D, D, i0, a.n);
+    if (threadIdx.x < kKvRows) {
+      const StagedLse sr = staged_lse(rows_base, buf);
+      const int r = threadIdx.x, row = i0 + r;
+      const bool ok = row < a.n;
+      const KeyRange kr = row_keys(a, row);
+      sr.kb[r] = kr.begin;
+      sr.ke[r] = kr.end;
+      mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
+    }
+  };
+  if (iters > 0) stage(0, 0);
+  mma::cp_async_commit();
+
+  float acc[D / 2];
+  hopper::zero(acc);
+
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    // This iteration's loads arrive; both warpgroups are done with iteration
+    // it - 1's buffers (each waited for its MMAs), which the next loads reuse.
+    hopper::publish_buffer(false);
+    if (it + 1 < iters) {
+      stage(it + 1, buf ^ 1);
+      mma::cp_async_commit();
+    }
+    const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
+    const uint16_t* lqs = smem + (buf ? L::kL1 : L::kL0);
+    const StagedLse ra = staged_lse(rows_base, buf);
+    int kb[2], ke[2];
+    float lse_log2[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = row0 + g + 8 * hh;
+      kb[hh] = ra.kb[r];
+      ke[hh] = ra.ke[r];
+      lse_log2[hh] = ra.lse[r] * kLog2e;  // as hopper::staged_row_inputs
+    }
+
+    float s[32];
+    hopper::zero(s);
+    if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
+    wgmma::fence();
+    hopper::scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);
+    wgmma::commit();
+    if (wg == 0) wgmma::pingpong_arrive(hopper::kPingpongBarrier);
+    wgmma::wait<0>();
+    wgmma::fence_operand(s);
+
+    // r = bf16(P) into this warpgroup's [64 rows][64 keys] tile (keys
+    // j0 + 64 wg + 8 jn + 2 c + e, as hopper::scores_to_tr).
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int half = (i >> 1) & 1;
+      const int j = j0 + 64 * wg + 8 * (i >> 2) + 2 * c + (i & 1);
+      s[i] = hopper::probability(a, s[i], lse_log2[half], j >= kb[half] && j < ke[half]);
+    }
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
+        *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
+      }
+    }
+    wgmma::fence_proxy_async();
+    wgmma::warpgroup_barrier(1 + wg);
+
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
+      wgmma::mma_ss<true, true>(acc, wgmma::desc_mn_major(r_tile + step, kSubTile),
+                                wgmma::desc_mn_major(lqs + step, kSubTile));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operand(acc);
+  }
+  mma::cp_async_wait<0>();
+
+  // dK = bf16(alpha (dKacc + C)); keys past M are not written.
+  const int64_t key_base = static_cast<int64_t>(bhk) * a.m;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = j0 + 64 * wg + row0 + g + 8 * hh;
+    if (key >= a.m) continue;
+    const float* dka = a.dk_accum + (key_base + key) * D;
+    uint16_t* dko = a.dk + (key_base + key) * D;
+#pragma unroll
+    for (int jn = 0; jn < D / 8; ++jn) {
+      const int col = 8 * jn + 2 * c;
+      const float2 x = *reinterpret_cast<const float2*>(dka + col);
+      *reinterpret_cast<uint32_t*>(dko + col) =
+          mma::pack_bf16(a.scale * (x.x + acc[4 * jn + 2 * hh]), a.scale * (x.y + acc[4 * jn + 2 * hh + 1]));
+    }
+  }
+}
+
+}  // namespace gaugewatch::gpu::bf16::gproj_keys

@@ -1,0 +1,8 @@
+// The key-outer backward at head dim 128, backend gproj: the key-outer kernel
+// (U by float4 atomics), the per-row finish and the second pass
+// (bf16_gproj_keys_kernel.cuh).
+#include "kernels/cuda/bf16_keyouter_launch.cuh"
+
+namespace gaugewatch::gpu::bf16 {
+template cudaError_t launch_keyouter<128, Projection::kGproj>(const Args&, cudaStream_t);
+}  // namespace gaugewatch::gpu::bf16
