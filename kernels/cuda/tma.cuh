@@ -12,14 +12,14 @@
 // load_2d(dst, map, col, row, bar) writes the box whose top-left element is
 // (row, col) to dst, 1024-byte aligned: box row r at dst + 128 r bytes, its
 // 16-byte chunk c at chunk c ^ (r % 8) (the copy engine XORs address bits 4-6
-// with bits 7-9, PTX ISA "Tensor-map": "Swizzling modes"). That is
+// with bits 7-9; PTX ISA, section "Tensors": swizzling modes). That is
 // wgmma::tile_offset's [R][64] sub-tile, so a [R][W] tile is W / 64 loads at
 // columns col + 64 j into dst + j * R * 64 elements (load_tile below).
 // Elements outside the tensor (any coordinate < 0 or >= its extent; the row
 // stride's padding is outside) are written as zeros, and still count towards
 // the transaction bytes: every load completes box_rows * 128 bytes on `bar`
-// (PTX ISA "cp.async.bulk.tensor"; "Tensor-map": "Bounding box", "OOB
-// access"). The issuing thread announces them first with
+// (PTX ISA: instruction "cp.async.bulk.tensor"; section "Tensors": bounding
+// box, out-of-bound access). The issuing thread announces them first with
 // mbarrier::arrive_expect_tx.
 //
 // The tensor map (CUtensorMap, 128 bytes) is built on the host by
