@@ -196,6 +196,11 @@ __global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
   }
   float s[32] = {};
   float c[32] = {};
+  // Both accumulators in registers of their own before the first MMA (the
+  // compiler would otherwise build c's zeros from s's registers while S's
+  // MMAs are in flight, and ptxas would have to wait for them).
+  wg::fence_operand(s);
+  wg::fence_operand(c);
   wg::fence();
 #pragma unroll
   for (int k = 0; k < 8; ++k) {  // S = A B^T: step k 32 bytes further into the row, a sub-tile every 4
