@@ -29,6 +29,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __grid_constant__  // kernel parameters (tensor maps, tma.cuh) are plain values here
 #define GAUGEWATCH_DYNAMIC_SMEM(name) float4* name = gaugewatch_emulation::dynamic_smem()
 #define GAUGEWATCH_BF16_SMEM(name) uint16_t* name = reinterpret_cast<uint16_t*>(gaugewatch_emulation::dynamic_smem())
 #define GAUGEWATCH_WGMMA_TEST_SMEM(name) \

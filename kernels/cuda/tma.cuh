@@ -1,0 +1,161 @@
+#pragma once
+// Tensor Memory Accelerator loads (sm_90): a 2D tile of a BF16 tensor copied
+// from global to shared memory by the copy engine, in the 128-byte swizzle
+// that wgmma.cuh's descriptors read, completing on an mbarrier
+// (mbarrier.cuh). Issue 13's producer warp issues these; consumers wait on
+// the barrier.
+//
+// Tensor: (rows, cols) BF16, row-major with a row stride (elements) >= cols;
+// the base 16-byte aligned, the stride a multiple of 8 elements (16 bytes).
+// Box: box_rows x 64 elements (64 BF16 = 128 bytes, the widest inner box the
+// 128-byte swizzle allows and exactly one row of a wgmma.cuh sub-tile).
+// load_2d(dst, map, col, row, bar) writes the box whose top-left element is
+// (row, col) to dst, 1024-byte aligned: box row r at dst + 128 r bytes, its
+// 16-byte chunk c at chunk c ^ (r % 8) (the copy engine XORs address bits 4-6
+// with bits 7-9; PTX ISA, section "Tensors": swizzling modes). That is
+// wgmma::tile_offset's [R][64] sub-tile, so a [R][W] tile is W / 64 loads at
+// columns col + 64 j into dst + j * R * 64 elements (load_tile below).
+// Elements outside the tensor (any coordinate < 0 or >= its extent; the row
+// stride's padding is outside) are written as zeros, and still count towards
+// the transaction bytes: every load completes box_rows * 128 bytes on `bar`
+// (PTX ISA: instruction "cp.async.bulk.tensor"; section "Tensors": bounding
+// box, out-of-bound access). The issuing thread announces them first with
+// mbarrier::arrive_expect_tx.
+//
+// The tensor map (CUtensorMap, 128 bytes) is built on the host by
+// encode_bf16_tile_map (cuTensorMapEncodeTiled, found at run time through
+// cudaGetDriverEntryPointByVersion, so nothing links libcuda) and passed to
+// the kernel as a `const __grid_constant__ tma::TensorMap` parameter; device
+// code hands its address to load_2d. The map holds the global address: one
+// map per tensor and allocation.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/mbarrier.cuh"
+
+namespace gaugewatch::gpu::tma {
+
+inline constexpr uint32_t kBoxCols = 64;           // 128 bytes of BF16: one swizzled row
+inline constexpr uint32_t kMaxBoxRows = 256;       // cuTensorMapEncodeTiled's box limit
+inline constexpr uint32_t kElementBytes = 2;       // BF16
+
+enum class EncodeStatus {
+  kOk = 0,
+  kInvalidArgument,      // the tensor or box breaks a rule above (nothing was asked of the driver)
+  kDriverUnavailable,    // no driver entry point cuTensorMapEncodeTiled (no driver, or one older than CUDA 12)
+  kEncodeFailed,         // the driver refused the arguments
+};
+
+inline const char* describe(EncodeStatus status) {
+  switch (status) {
+    case EncodeStatus::kOk:
+      return "ok";
+    case EncodeStatus::kInvalidArgument:
+      return "invalid tensor or box (base 16-byte aligned, stride a multiple of 8 elements >= cols, "
+             "extents 1 .. 2^32, box 1 .. 256 rows x 64 columns)";
+    case EncodeStatus::kDriverUnavailable:
+      return "cuTensorMapEncodeTiled unavailable (no CUDA driver, or older than CUDA 12.0)";
+    case EncodeStatus::kEncodeFailed:
+      return "cuTensorMapEncodeTiled rejected the tensor map";
+  }
+  return "unknown status";
+}
+
+// The rules above, checked before the driver (or the emulation) sees them.
+inline bool valid_bf16_tile_map(const void* base, uint64_t rows, uint64_t cols, uint64_t row_stride,
+                                uint32_t box_rows, uint32_t box_cols) {
+  constexpr uint64_t kMaxExtent = uint64_t{1} << 32;
+  return base != nullptr && reinterpret_cast<uintptr_t>(base) % 16 == 0 && rows >= 1 && rows <= kMaxExtent &&
+         cols >= 1 && cols <= kMaxExtent && row_stride >= cols && (row_stride * kElementBytes) % 16 == 0 &&
+         row_stride * kElementBytes < (uint64_t{1} << 40) && box_rows >= 1 && box_rows <= kMaxBoxRows &&
+         box_cols == kBoxCols;
+}
+
+// Bytes one load_2d completes on its barrier (out-of-bounds zeros included).
+__host__ __device__ constexpr uint32_t box_bytes(uint32_t box_rows) { return box_rows * kBoxCols * kElementBytes; }
+
+}  // namespace gaugewatch::gpu::tma
+
+#if defined(GAUGEWATCH_CUDA_EMULATION)
+// CI without a GPU: an emulated tensor map and a copy done at the call
+// (tests/cuda/emulation/tma_emulation.h).
+#include "tma_emulation.h"
+#else
+#include <cuda.h>           // CUtensorMap and its enums (types only: libcuda is not linked)
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
+
+namespace gaugewatch::gpu::tma {
+
+using TensorMap = CUtensorMap;
+
+// Fills *map for the (rows, cols) BF16 tensor at `base` (device memory, row
+// stride `row_stride` elements) and a box_rows x box_cols box, 128-byte
+// swizzle, out-of-bounds elements zero.
+inline EncodeStatus encode_bf16_tile_map(TensorMap* map, const void* base, uint64_t rows, uint64_t cols,
+                                         uint64_t row_stride, uint32_t box_rows, uint32_t box_cols = kBoxCols) {
+  if (map == nullptr || !valid_bf16_tile_map(base, rows, cols, row_stride, box_rows, box_cols)) {
+    return EncodeStatus::kInvalidArgument;
+  }
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
+  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr) {
+    (void)cudaGetLastError();  // not sticky, but leave no error for the caller's next check
+    return EncodeStatus::kDriverUnavailable;
+  }
+  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+  const cuuint64_t extents[2] = {cols, rows};                  // innermost first
+  const cuuint64_t strides[1] = {row_stride * kElementBytes};  // bytes, dimensions 1.. only
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), extents, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS ? EncodeStatus::kOk : EncodeStatus::kEncodeFailed;
+}
+
+// Fetches the map into the tensor-map cache ahead of the first load
+// ("prefetch.tensormap"); `map` is the kernel's __grid_constant__ parameter.
+__device__ __forceinline__ void prefetch(const TensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// The box at (row, col) -> dst (shared, 1024-byte aligned), completing
+// box_bytes on `bar` (shared). Issued by one thread.
+__device__ __forceinline__ void load_2d(void* dst, const TensorMap* map, int32_t col, int32_t row, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row),
+      "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+      : "memory");
+}
+
+}  // namespace gaugewatch::gpu::tma
+#endif  // GAUGEWATCH_CUDA_EMULATION
+
+namespace gaugewatch::gpu::tma {
+
+// A [R][W] tile in wgmma.cuh's layout (tile_offset<R>) from the tensor's
+// rows row .. row + R - 1, columns col .. col + W - 1: W / 64 boxes of R rows,
+// R * W * 2 bytes on `bar` (announce them with arrive_expect_tx first).
+template <int R, int W>
+__device__ __forceinline__ void load_tile(uint16_t* dst, const TensorMap* map, int32_t col, int32_t row,
+                                          uint64_t* bar) {
+  static_assert(W % kBoxCols == 0 && R >= 1 && R <= static_cast<int>(kMaxBoxRows), "box R x 64, W / 64 of them");
+#pragma unroll
+  for (int j = 0; j < W / static_cast<int>(kBoxCols); ++j) {
+    load_2d(dst + j * R * static_cast<int>(kBoxCols), map, col + j * static_cast<int>(kBoxCols), row, bar);
+  }
+}
+
+template <int R, int W>
+__host__ __device__ constexpr uint32_t tile_bytes() {
+  return static_cast<uint32_t>(R) * static_cast<uint32_t>(W) * kElementBytes;
+}
+
+}  // namespace gaugewatch::gpu::tma

@@ -1,0 +1,93 @@
+#pragma once
+// kernels/cuda/tma.cuh on the CPU emulation. The tensor map is an opaque
+// struct holding what encode_bf16_tile_map received (no driver involved);
+// load_2d copies the box at the call, element by element, into shared memory
+// at the address the copy engine would use under the 128-byte swizzle: the
+// byte offset r * 128 + 2 c of box element (r, c), with address bits 4-6
+// XORed with bits 7-9 of the shared address (counted from the block's
+// 1024-byte aligned dynamic shared memory, as wgmma_emulation.h's descriptors
+// are). Elements outside the tensor are written as zeros. Then it performs
+// the copy's complete_tx of the whole box's bytes on the barrier
+// (mbarrier_emulation.h), which wakes the consumers waiting on its phase.
+//
+// So a wrong coordinate order, box placement, swizzle or byte count shows
+// here as it would on the GPU. Not modelled: the copy's asynchrony (it has
+// landed before load_2d returns, so reading a stage before waiting on its
+// barrier goes unnoticed here), the async proxy (a missing
+// fence.proxy.async), L2 promotion and the tensor-map cache (prefetch is a
+// no-op). A destination outside the block's dynamic shared memory or not
+// 128-byte aligned (the instruction's rule), or a map encode never filled,
+// aborts with a message.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda_runtime.h"
+
+namespace gaugewatch::gpu::tma {
+
+struct TensorMap {
+  static constexpr uint64_t kFilled = 0x746d6170656e63ull;  // written by encode
+  uint64_t filled = 0;
+  const unsigned char* base = nullptr;
+  uint64_t rows = 0, cols = 0, row_stride = 0;  // elements
+  uint32_t box_rows = 0, box_cols = 0;
+};
+
+inline EncodeStatus encode_bf16_tile_map(TensorMap* map, const void* base, uint64_t rows, uint64_t cols,
+                                         uint64_t row_stride, uint32_t box_rows, uint32_t box_cols = kBoxCols) {
+  if (map == nullptr || !valid_bf16_tile_map(base, rows, cols, row_stride, box_rows, box_cols)) {
+    return EncodeStatus::kInvalidArgument;
+  }
+  *map = TensorMap{TensorMap::kFilled, static_cast<const unsigned char*>(base), rows, cols, row_stride, box_rows,
+                   box_cols};
+  return EncodeStatus::kOk;
+}
+
+namespace emulated {
+
+[[noreturn]] inline void fail(const char* what, uint64_t value) {
+  std::fprintf(stderr, "tma emulation: %s (0x%llx)\n", what, static_cast<unsigned long long>(value));
+  std::abort();
+}
+
+}  // namespace emulated
+
+inline void prefetch(const TensorMap* /*map*/) {}
+
+inline void load_2d(void* dst, const TensorMap* map, int32_t col, int32_t row, uint64_t* bar) {
+  if (map->filled != TensorMap::kFilled) emulated::fail("tensor map not filled by encode_bf16_tile_map", 0);
+  auto* smem = reinterpret_cast<unsigned char*>(gaugewatch_emulation::dynamic_smem());
+  auto* origin = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t{1023});  // wgmma::align_1024
+  auto* out = static_cast<unsigned char*>(dst);
+  const size_t box = size_t{map->box_rows} * map->box_cols * kElementBytes;
+  if (out < origin || out + box > smem + gaugewatch_emulation::dynamic_smem_bytes()) {
+    emulated::fail("destination outside the block's aligned dynamic shared memory",
+                   static_cast<uint64_t>(reinterpret_cast<uintptr_t>(out)));
+  }
+  const auto start = static_cast<uint64_t>(out - origin);
+  if (start % 128 != 0) emulated::fail("destination not 128-byte aligned", start);
+  for (uint32_t r = 0; r < map->box_rows; ++r) {
+    const int64_t gr = int64_t{row} + r;
+    for (uint32_t c = 0; c < map->box_cols; ++c) {
+      const int64_t gc = int64_t{col} + c;
+      uint16_t value = 0;  // out of bounds: zero
+      if (gr >= 0 && gr < static_cast<int64_t>(map->rows) && gc >= 0 && gc < static_cast<int64_t>(map->cols)) {
+        std::memcpy(&value, map->base + (static_cast<uint64_t>(gr) * map->row_stride + static_cast<uint64_t>(gc)) *
+                                            kElementBytes,
+                    sizeof value);
+      }
+      uint64_t addr = start + (uint64_t{r} * map->box_cols + c) * kElementBytes;
+      addr ^= ((addr >> 7) & 7u) << 4;  // 128-byte swizzle: bits 4-6 ^= bits 7-9
+  // 128-byte swizzle: bits 4-6 ^= bits 7-9
+      std::memcpy(origin + addr, &value, sizeof value);
+    }
+  }
+  mbarrier::emulated::complete_tx(bar, static_cast<uint32_t>(box));
+}
+
+}  // namespace gaugewatch::gpu::tma
