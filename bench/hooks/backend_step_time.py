@@ -5,7 +5,11 @@ layer's backward on one backend, and the monitor's overhead at its defaults:
   stock               hooks loaded, every layer stock, sampling off (interception only)
   monitor_defaults    hooks loaded, every layer stock, sampling at the defaults
                       (1 step in 100, a quarter of the layers, 2% budget)
-  gproj, pivot, center  every layer's backward on that backend, sampling off
+  gproj, pivot, center, bf16  every layer's backward on that backend, sampling off
+                      (bf16: the fused kernel without a projection, the baseline
+                      of gproj and pivot)
+  gproj_key_outer     gproj on the key-outer kernel and its second pass
+                      (GAUGEWATCH_GPROJ_KERNEL=key_outer)
 
 Method (bench/hooks/paired_rounds.py): every variant runs in --procs
 long-lived processes, warmed up once; then rounds, in each of which every
@@ -96,7 +100,9 @@ VARIANTS = {
     "stock": dict(OFF),
     "monitor_defaults": {},
     "gproj": {**OFF, "GAUGEWATCH_BACKEND": "gproj"},
+    "gproj_key_outer": {**OFF, "GAUGEWATCH_BACKEND": "gproj", "GAUGEWATCH_GPROJ_KERNEL": "key_outer"},
     "pivot": {**OFF, "GAUGEWATCH_BACKEND": "pivot"},
+    "bf16": {**OFF, "GAUGEWATCH_BACKEND": "bf16"},
     "center": {**OFF, "GAUGEWATCH_BACKEND": "center"},
 }
 
