@@ -140,90 +140,68 @@ __device__ __forceinline__ int pivot_of(unsigned long long code) {
   return code == 0 ? -1 : static_cast<int>(0xffffffffu - static_cast<uint32_t>(code & 0xffffffffull));
 }
 
-template <int D, Projection P>
-__global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kernel(const Args a) {
-  constexpr bool kGproj = P == Projection::kGproj;
+// The per-tile work of one block, shared by keyouter_kernel (below) and the
+// warp-specialized keyouter_ws_kernel (bf16_keyouter_ws_kernel.cuh): both run
+// it on two compute warpgroups (256 threads; tid is the thread's index among
+// them, warpgroup wg = tid / 128 owns keys j0 + 64 wg..; kFirstThread: the
+// block's thread index of tid 0). What differs is who loads the query tiles
+// and how the block synchronizes around them.
+template <int D, Projection P, int kFirstThread = 0>
+struct KeyTile {
+  static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
+  using L = Layout<D, P>;
+  static constexpr bool kGproj = P == Projection::kGproj;
   // gproj at D = 64: dQ and U through two staging tiles; at D = 128 (no room
   // for a second tile) U from registers by float4 atomics.
-  constexpr bool kStagedU = kGproj && D == 64;
-  static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
-  GAUGEWATCH_BF16_SMEM(raw);
-  uint16_t* smem = wgmma::align_1024(raw);
-  using L = Layout<D, P>;
-  constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
-  constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
-  const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
-  const int bhk = blockIdx.y;
-  const int b = bhk / a.hkv, hk = bhk % a.hkv;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
-  const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
-
-  const KeyHead kh = key_head(a, b, hk);
-  float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
-  uint16_t* t_tiles = smem + L::kTr;  // t of warpgroup w at t_tiles + 2 w kScoreTile, r after it
-  uint16_t* t_tile = t_tiles + wg * 2 * L::kScoreTile;
-  uint16_t* r_tile = t_tile + L::kScoreTile;
-
-  const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
-  const int t_begin = seen.first, tiles = seen.count;
-  const int iters = tiles * a.group;
-
-  hopper::load_rows<kKvKeys, D>(smem + L::kK, kh.k, a.k_strides.row, j0, a.m);
-  hopper::load_rows<kKvKeys, D>(smem + L::kV, kh.v, a.v_strides.row, j0, a.m);
-
-  auto tile_row0 = [&](int it) { return (t_begin + it % tiles) * kKvRows; };
-  auto head_of = [&](int it) { return hk * a.group + it / tiles; };
-  // Loads of iteration `it` into buffer `buf`: Q, dO and the per-row inputs.
-  auto stage = [&](int it, int buf) {
-    const int i0 = tile_row0(it);
-    const QueryHead qh = query_head(a, b, head_of(it));
-    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), qh.q, a.q_strides.row, i0, a.n);
-    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kG1 : L::kG0), qh.grad_out, a.grad_out_strides.row, i0, a.n);
-    if (threadIdx.x < kKvRows) {
-      const hopper::StagedRows sr = hopper::staged_rows(rows_base, buf);
-      const int r = threadIdx.x, row = i0 + r;
-      const bool ok = row < a.n;
-      const KeyRange kr = row_keys(a, row);
-      sr.kb[r] = kr.begin;
-      sr.ke[r] = kr.end;
-      mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
-      mma::cp_async_4(sr.delta + r, a.delta + qh.row_base + (ok ? row : 0), ok);
-    }
-  };
-  if (iters > 0) stage(0, 0);
-  mma::cp_async_commit();
-
-  float dk[D / 2], dv[D / 2];
-  hopper::zero(dk);
-  hopper::zero(dv);
-
-  // dQacc += the dQ tile of iteration `it`, once a block barrier has
-  // published it. D = 64: the two warpgroups' partials (set it % 2), summed
-  // and added by every thread of the block; D = 128: the staging tile, added
-  // row by row by threads 0..63; gproj: the dQ and U staging tiles, row by
-  // row by threads 0..63 (dQ) and 64..127 (U).
-  constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
-  constexpr int kPartialFloats = kKvRows * kStride;  // one warpgroup's partial
-  float* partial = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + L::kDqPartial);
-  // Whether this thread issues bulk reductions (and waits for their reads).
-  const bool issues_rows = (D == 128 || kGproj) && threadIdx.x < (kStagedU ? 2 : 1) * kKvRows;
+  static constexpr bool kStagedU = kGproj && D == 64;
   // Whether dQ (and U) are staged in one set of tiles through bulk reductions.
-  constexpr bool kStaged = D == 128 || kGproj;
-  auto add_dq_tile = [&](int it) {
+  static constexpr bool kStaged = D == 128 || kGproj;
+  static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
+  static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
+  static constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
+  static constexpr int kPartialFloats = kKvRows * kStride;  // one warpgroup's partial
+
+  const Args& a;
+  uint16_t* smem;  // 1024-byte aligned, Layout<D, P>
+  int j0, b, hk;
+  int t_begin, tiles;  // the query tiles that see the block's keys (tiles_seeing_keys)
+
+  // 0 .. 255 over the two compute warpgroups (from threadIdx: the compiler
+  // knows its range from the launch bounds).
+  __device__ __forceinline__ static int tid() { return static_cast<int>(threadIdx.x) - kFirstThread; }
+
+  __device__ __forceinline__ int tile_row0(int it) const { return (t_begin + it % tiles) * kKvRows; }
+  __device__ __forceinline__ int head_of(int it) const { return hk * a.group + it / tiles; }
+  __device__ __forceinline__ int iterations() const { return tiles * a.group; }
+  __device__ __forceinline__ float* partial() const {
+    return reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + L::kDqPartial);
+  }
+  __device__ __forceinline__ float* rows_base() const { return reinterpret_cast<float*>(smem + L::kRows); }
+  // Whether this thread issues bulk reductions (and waits for their reads).
+  __device__ __forceinline__ bool issues_rows() const {
+    return kStaged && tid() < (kStagedU ? 2 : 1) * kKvRows;
+  }
+
+  // dQacc += the dQ tile of iteration `it`, once a barrier of the compute
+  // threads has published it. D = 64: the two warpgroups' partials (set
+  // it % 2), summed and added by every compute thread; D = 128: the staging
+  // tile, added row by row by threads 0..63; gproj: the dQ and U staging
+  // tiles, row by row by threads 0..63 (dQ) and 64..127 (U).
+  __device__ __forceinline__ void add_dq_tile(int it) const {
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
+    float* part = partial();
     if constexpr (kStagedU) {
-      const int r = threadIdx.x & (kKvRows - 1);
-      const bool u_row = threadIdx.x >= kKvRows;
-      if (!issues_rows || i0 + r >= a.n) return;
+      const int r = tid() & (kKvRows - 1);
+      const bool u_row = tid() >= kKvRows;
+      if (!issues_rows() || i0 + r >= a.n) return;
       bulk::reduce_add_f32((u_row ? a.u_accum : a.dq_accum) + (row_base + i0 + r) * D,
-                           partial + (u_row ? kPartialFloats : 0) + r * kStride, D * 4);
+                           part + (u_row ? kPartialFloats : 0) + r * kStride, D * 4);
       bulk::commit();
     } else if constexpr (D == 64) {
       constexpr int kQuads = 64 / 4;
-      const float* set = partial + (it & 1) * 2 * kPartialFloats;
-      for (int idx = threadIdx.x; idx < kKvRows * kQuads; idx += kThreads) {
+      const float* set = part + (it & 1) * 2 * kPartialFloats;
+      for (int idx = tid(); idx < kKvRows * kQuads; idx += kThreads) {
         const int r = idx / kQuads, col = 4 * (idx % kQuads);
         if (i0 + r >= a.n) continue;
         const float4 x = *reinterpret_cast<const float4*>(set + r * kStride + col);
@@ -232,25 +210,31 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
                   make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
       }
     } else {
-      const int r = threadIdx.x;
-      if (!issues_rows || i0 + r >= a.n) return;
-      bulk::reduce_add_f32(a.dq_accum + (row_base + i0 + r) * D, partial + r * kStride, D * 4);
+      const int r = tid();
+      if (!issues_rows() || i0 + r >= a.n) return;
+      bulk::reduce_add_f32(a.dq_accum + (row_base + i0 + r) * D, part + r * kStride, D * 4);
       bulk::commit();
     }
-  };
+  }
 
-  for (int it = 0; it < iters; ++it) {
-    const int buf = it & 1;
-    // This iteration's loads arrive; every thread is done with iteration it - 1.
-    hopper::publish_buffer(false);
-    if (it > 0) add_dq_tile(it - 1);
-    if (it + 1 < iters) {
-      stage(it + 1, buf ^ 1);  // the buffers of iteration it - 1
-      mma::cp_async_commit();
-    }
-    const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
-    const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
-    const hopper::StagedRows ra = hopper::staged_rows(rows_base, buf);
+  // Iteration `it` on the query tile qs, gos (Q, dO; [64][D] each) with its
+  // per-row inputs ra: S, dP, t, r, the statistics' atomics, dV += r^T dO,
+  // dK += t^T Q, and the dQ tile into the partials / staging tile (added by
+  // add_dq_tile(it) after the next barrier). cross_sync(): the barrier of
+  // the 256 compute threads where D = 128 and gproj read both warpgroups' t
+  // (r); released(): called once the MMAs that read qs, gos and ra are done
+  // (the tile's buffers may be refilled after it).
+  template <class CrossSync, class Released>
+  __device__ __forceinline__ void compute(int it, const uint16_t* qs, const uint16_t* gos,
+                                          const hopper::StagedRows& ra, float (&dk)[D / 2], float (&dv)[D / 2],
+                                          CrossSync&& cross_sync, Released&& released) const {
+    const int warp = tid() >> 5, lane = tid() & 31;
+    const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
+    const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
+    uint16_t* t_tiles = smem + L::kTr;  // t of warpgroup w at t_tiles + 2 w kScoreTile, r after it
+    uint16_t* t_tile = t_tiles + wg * 2 * L::kScoreTile;
+    uint16_t* r_tile = t_tile + L::kScoreTile;
+    float* part = partial();
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
 
@@ -321,14 +305,14 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
       }
     }
 
-    // D = 128 and gproj: dQ (U) reads the t (r) of both warpgroups, a block
-    // barrier (after which the staging tiles are rewritten: their reads by
-    // the previous bulk reductions are done); D = 64: each warpgroup reads
-    // only its own t and r.
+    // D = 128 and gproj: dQ (U) reads the t (r) of both warpgroups, a barrier
+    // of the compute threads (after which the staging tiles are rewritten:
+    // their reads by the previous bulk reductions are done); D = 64: each
+    // warpgroup reads only its own t and r.
     wgmma::fence_proxy_async();
     if constexpr (kStaged) {
-      if (issues_rows) bulk::wait_read();
-      __syncthreads();
+      if (issues_rows()) bulk::wait_read();
+      cross_sync();
     } else {
       wgmma::warpgroup_barrier(1 + wg);
     }
@@ -378,6 +362,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     wgmma::fence_operand(dk);
     wgmma::fence_operand(dv);
     wgmma::fence_operand(dq);
+    released();
     if constexpr (kGproj && D == 128) {
       wgmma::fence_operand(u);
       // Uacc += U by float4 atomics: lanes c and c ^ 1 hold columns 2 c, 2 c + 1
@@ -404,9 +389,9 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
       // it - 2's were added before this iteration's first barrier); D = 128:
       // its column half of the staging tile (free: see the wait above).
       const int r = row0 + g + 8 * hh;
-      float* mine = kStagedU  ? partial + wg * kPartialFloats + r * kStride + 2 * c
-                    : D == 64 ? partial + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
-                              : partial + r * kStride + 64 * wg + 2 * c;
+      float* mine = kStagedU  ? part + wg * kPartialFloats + r * kStride + 2 * c
+                    : D == 64 ? part + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
+                              : part + r * kStride + 64 * wg + 2 * c;
 #pragma unroll
       for (int jn = 0; jn < 8; ++jn) {
         *reinterpret_cast<float2*>(mine + 8 * jn) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
@@ -414,34 +399,97 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     }
     if constexpr (kStaged) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
   }
-  if (iters > 0) {
-    __syncthreads();
-    add_dq_tile(iters - 1);
-  }
-  if (issues_rows) bulk::wait_all();  // before the block's shared memory goes
 
   // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot and gproj dKacc in
   // FP32 for the fix-up (finish_rows_kernel, finish_keys_kernel; gproj's
   // second pass, bf16_gproj_keys_kernel.cuh). Keys past M are not written.
-  const int64_t key_base = static_cast<int64_t>(bhk) * a.m;
+  __device__ __forceinline__ void write_keys(const float (&dk)[D / 2], const float (&dv)[D / 2]) const {
+    const int warp = tid() >> 5, lane = tid() & 31;
+    const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
+    const int64_t key_base = (static_cast<int64_t>(b) * a.hkv + hk) * a.m;
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int key = j0 + 64 * wg + row0 + g + 8 * hh;
-    if (key >= a.m) continue;
-    uint16_t* dvo = a.dv + (key_base + key) * D;
+    for (int hh = 0; hh < 2; ++hh) {
+      const int key = j0 + 64 * wg + 16 * v + g + 8 * hh;
+      if (key >= a.m) continue;
+      uint16_t* dvo = a.dv + (key_base + key) * D;
 #pragma unroll
-    for (int jn = 0; jn < D / 8; ++jn) {
-      const int col = 8 * jn + 2 * c;
-      *reinterpret_cast<uint32_t*>(dvo + col) = mma::pack_bf16(dv[4 * jn + 2 * hh], dv[4 * jn + 2 * hh + 1]);
-      if constexpr (P != Projection::kNone) {
-        *reinterpret_cast<float2*>(a.dk_accum + (key_base + key) * D + col) =
-            make_float2(dk[4 * jn + 2 * hh], dk[4 * jn + 2 * hh + 1]);
-      } else {
-        *reinterpret_cast<uint32_t*>(a.dk + (key_base + key) * D + col) =
-            mma::pack_bf16(a.scale * dk[4 * jn + 2 * hh], a.scale * dk[4 * jn + 2 * hh + 1]);
+      for (int jn = 0; jn < D / 8; ++jn) {
+        const int col = 8 * jn + 2 * c;
+        *reinterpret_cast<uint32_t*>(dvo + col) = mma::pack_bf16(dv[4 * jn + 2 * hh], dv[4 * jn + 2 * hh + 1]);
+        if constexpr (P != Projection::kNone) {
+          *reinterpret_cast<float2*>(a.dk_accum + (key_base + key) * D + col) =
+              make_float2(dk[4 * jn + 2 * hh], dk[4 * jn + 2 * hh + 1]);
+        } else {
+          *reinterpret_cast<uint32_t*>(a.dk + (key_base + key) * D + col) =
+              mma::pack_bf16(a.scale * dk[4 * jn + 2 * hh], a.scale * dk[4 * jn + 2 * hh + 1]);
+        }
       }
     }
   }
+};
+
+template <int D, Projection P>
+__global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kernel(const Args a) {
+  GAUGEWATCH_BF16_SMEM(raw);
+  uint16_t* smem = wgmma::align_1024(raw);
+  using L = Layout<D, P>;
+  const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
+  const int bhk = blockIdx.y;
+  const int b = bhk / a.hkv, hk = bhk % a.hkv;
+  const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
+  const KeyTile<D, P> kt{a, smem, j0, b, hk, seen.first, seen.count};
+  const int iters = kt.iterations();
+
+  const KeyHead kh = key_head(a, b, hk);
+  hopper::load_rows<kKvKeys, D>(smem + L::kK, kh.k, a.k_strides.row, j0, a.m);
+  hopper::load_rows<kKvKeys, D>(smem + L::kV, kh.v, a.v_strides.row, j0, a.m);
+
+  // Loads of iteration `it` into buffer `buf`: Q, dO and the per-row inputs.
+  auto stage = [&](int it, int buf) {
+    const int i0 = kt.tile_row0(it);
+    const QueryHead qh = query_head(a, b, kt.head_of(it));
+    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), qh.q, a.q_strides.row, i0, a.n);
+    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kG1 : L::kG0), qh.grad_out, a.grad_out_strides.row, i0, a.n);
+    if (threadIdx.x < kKvRows) {
+      const hopper::StagedRows sr = hopper::staged_rows(kt.rows_base(), buf);
+      const int r = threadIdx.x, row = i0 + r;
+      const bool ok = row < a.n;
+      const KeyRange kr = row_keys(a, row);
+      sr.kb[r] = kr.begin;
+      sr.ke[r] = kr.end;
+      mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
+      mma::cp_async_4(sr.delta + r, a.delta + qh.row_base + (ok ? row : 0), ok);
+    }
+  };
+  if (iters > 0) stage(0, 0);
+  mma::cp_async_commit();
+
+  float dk[D / 2], dv[D / 2];
+  hopper::zero(dk);
+  hopper::zero(dv);
+
+  // One block barrier per iteration (D = 128 and gproj: two; KeyTile::compute
+  // places the second): the barrier that publishes iteration it's loads also
+  // orders every use of the previous iteration's buffers before their reuse.
+  for (int it = 0; it < iters; ++it) {
+    const int buf = it & 1;
+    // This iteration's loads arrive; every thread is done with iteration it - 1.
+    hopper::publish_buffer(false);
+    if (it > 0) kt.add_dq_tile(it - 1);
+    if (it + 1 < iters) {
+      stage(it + 1, buf ^ 1);  // the buffers of iteration it - 1
+      mma::cp_async_commit();
+    }
+    kt.compute(
+        it, smem + (buf ? L::kQ1 : L::kQ0), smem + (buf ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), buf),
+        dk, dv, [] { __syncthreads(); }, [] {});
+  }
+  if (iters > 0) {
+    __syncthreads();
+    kt.add_dq_tile(iters - 1);
+  }
+  if (kt.issues_rows()) bulk::wait_all();  // before the block's shared memory goes
+  kt.write_keys(dk, dv);
 }
 
 // dQ of 64 query rows of one head from the FP32 accumulator (pivot: minus
