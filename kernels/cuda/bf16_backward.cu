@@ -26,6 +26,15 @@ cudaError_t launch(const Args& args, Bf16KernelPair pair, cudaStream_t stream);
 template <int D, Projection P>
 cudaError_t launch_keyouter(const Args& args, cudaStream_t stream);
 
+// The warp-specialized key-outer kernel and the same epilogue
+// (bf16_keyouter_ws_launch.cuh; keyouter_kernel where its TMA maps cannot be
+// encoded). bf16 and pivot only.
+template <int D, Projection P>
+cudaError_t launch_keyouter_ws(const Args& args, cudaStream_t stream);
+
+// Whether encode_maps (bf16_keyouter_ws_kernel.cuh) accepts the operands.
+bool keyouter_ws_maps_encodable(const Args& args, int head_dim);
+
 }  // namespace bf16
 
 namespace {
@@ -137,6 +146,26 @@ bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
 
 size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layout_of(p).total; }
 
+bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) {
+  if (!p.keyouter_warp_specialized || p.projection == Projection::kGproj || !bf16_uses_key_outer(p)) return false;
+  if (!validate(p).ok()) return false;
+  bf16::Args a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.grad_out = p.grad_out;
+  a.q_strides = p.q_strides;
+  a.k_strides = p.k_strides;
+  a.v_strides = p.v_strides;
+  a.grad_out_strides = p.grad_out_strides;
+  a.batch = static_cast<int>(p.shape.batch);
+  a.hq = static_cast<int>(p.shape.q_heads);
+  a.hkv = static_cast<int>(p.shape.kv_heads);
+  a.n = static_cast<int>(p.shape.q_len);
+  a.m = static_cast<int>(p.shape.kv_len);
+  return bf16::keyouter_ws_maps_encodable(a, static_cast<int>(p.shape.head_dim));
+}
+
 namespace {
 
 // The kernels' argument block: the parameters, the workspace's per-row arrays,
@@ -210,7 +239,12 @@ cudaError_t zero_key_outer_accumulators(const Bf16BackwardParams& p, char* ws, c
 }
 
 template <int D>
-cudaError_t launch_key_outer(const bf16::Args& a, Projection projection, cudaStream_t stream) {
+cudaError_t launch_key_outer(const bf16::Args& a, Projection projection, bool warp_specialized,
+                             cudaStream_t stream) {
+  if (warp_specialized && projection != Projection::kGproj) {
+    return projection == Projection::kPivot ? bf16::launch_keyouter_ws<D, Projection::kPivot>(a, stream)
+                                            : bf16::launch_keyouter_ws<D, Projection::kNone>(a, stream);
+  }
   switch (projection) {
     case Projection::kPivot: return bf16::launch_keyouter<D, Projection::kPivot>(a, stream);
     case Projection::kGproj: return bf16::launch_keyouter<D, Projection::kGproj>(a, stream);
@@ -250,8 +284,9 @@ Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, siz
   if (bf16_uses_key_outer(p)) {
     err = zero_key_outer_accumulators(p, ws, w, stream);
     if (err != cudaSuccess) return checks::cuda_failure("key-outer accumulators", err);
-    err = p.shape.head_dim == 64 ? launch_key_outer<64>(a, p.projection, stream)
-                                 : launch_key_outer<128>(a, p.projection, stream);
+    const bool specialized = p.keyouter_warp_specialized;
+    err = p.shape.head_dim == 64 ? launch_key_outer<64>(a, p.projection, specialized, stream)
+                                 : launch_key_outer<128>(a, p.projection, specialized, stream);
   } else {
     err = p.shape.head_dim == 64 ? launch_projection<64>(a, p.projection, p.kernel_pair, stream)
                                  : launch_projection<128>(a, p.projection, p.kernel_pair, stream);

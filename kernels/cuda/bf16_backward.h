@@ -145,6 +145,12 @@ struct Bf16BackwardParams {
   // emulation tests but has not yet been run and measured on a GPU; the pair
   // stays gproj's default until it is. Ignored by bf16 and pivot.
   bool gproj_key_outer = false;
+  // bf16 and pivot on the key-outer path: true runs the warp-specialized
+  // key-outer kernel (bf16_keyouter_ws_kernel.cuh: a TMA producer warpgroup
+  // and two compute warpgroups; the same per-tile products, bit for bit) where
+  // its TMA maps can be encoded (bf16_uses_key_outer_ws), keyouter_kernel
+  // otherwise. Opt-in until measured on a GPU. Ignored by gproj and the pair.
+  bool keyouter_warp_specialized = false;
 
   Bf16RowDiagnostics diagnostics;
 
@@ -157,6 +163,11 @@ Status validate(const Bf16BackwardParams& params);
 // Whether `params` run the key-outer kernel (otherwise the pair): Hopper
 // pair, not deterministic, no diagnostics, and for gproj gproj_key_outer.
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
+
+// Whether `params` run the warp-specialized key-outer kernel: the key-outer
+// path, bf16 or pivot, keyouter_warp_specialized set, and TMA maps of Q, dO,
+// K and V that the driver accepts (host call: encodes them, launches nothing).
+bool bf16_uses_key_outer_ws(const Bf16BackwardParams& params);
 
 // Device scratch (delta, lambda or rho/j* per row, and for gproj
 // bf16(-lambda_i q_i) per row: d BF16 values; key-outer: the FP32 dQ

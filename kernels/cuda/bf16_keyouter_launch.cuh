@@ -5,7 +5,8 @@
 // the dK rounding and for gproj the second pass over the keys
 // (bf16_gproj_keys_kernel.cuh), on one stream. The caller (bf16_backward.cu)
 // has run the delta pre-pass and zeroed the accumulators. Instantiated in
-// bf16_keyouter_d{64,128}.cu.
+// bf16_keyouter_d{64,128}{,_gproj}.cu; launch_keyouter_finish is shared with
+// the warp-specialized kernel's launch (bf16_keyouter_ws_launch.cuh).
 
 #include <cuda_runtime.h>
 
@@ -14,20 +15,13 @@
 
 namespace gaugewatch::gpu::bf16 {
 
+// What follows the key-outer kernel (keyouter_kernel or keyouter_ws_kernel):
+// the per-row finish, pivot's dK rounding, gproj's second pass.
 template <int D, Projection P>
-cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
-  constexpr int kSmem = static_cast<int>(keyouter::Layout<D, P>::kBytes);
-  static_assert(kSmem + 1024 <= 228 * 1024, "key-outer kernel: a block does not fit one SM's shared memory");
-  cudaError_t err =
-      cudaFuncSetAttribute(keyouter::keyouter_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
+cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
   const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
                      static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hkv));
-  if (kv_grid.x > 0 && kv_grid.y > 0) {
-    keyouter::keyouter_kernel<D, P><<<kv_grid, keyouter::kThreads, kSmem, stream>>>(a);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
   const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
                       static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hq));
   if (row_grid.x > 0 && row_grid.y > 0) {
@@ -57,6 +51,23 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
     }
   }
   return err;
+}
+
+template <int D, Projection P>
+cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
+  constexpr int kSmem = static_cast<int>(keyouter::Layout<D, P>::kBytes);
+  static_assert(kSmem + 1024 <= 228 * 1024, "key-outer kernel: a block does not fit one SM's shared memory");
+  cudaError_t err =
+      cudaFuncSetAttribute(keyouter::keyouter_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
+                     static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hkv));
+  if (kv_grid.x > 0 && kv_grid.y > 0) {
+    keyouter::keyouter_kernel<D, P><<<kv_grid, keyouter::kThreads, kSmem, stream>>>(a);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return launch_keyouter_finish<D, P>(a, stream);
 }
 
 }  // namespace gaugewatch::gpu::bf16

@@ -73,6 +73,37 @@ inline bool valid_bf16_tile_map(const void* base, uint64_t rows, uint64_t cols, 
          box_cols == kBoxCols;
 }
 
+// A (batch, heads, rows, cols) BF16 tensor with free batch, head and row
+// strides (elements), e.g. an attention operand (B, H, N, d): a rank-4 map
+// whose box is box_rows x 64 elements of one (batch, head). Coordinates past
+// `rows` (a tile's rows past N) read as zeros, as in load_2d.
+struct RowsTensor {
+  const void* base = nullptr;
+  uint64_t batch = 0, heads = 0, rows = 0, cols = 0;
+  uint64_t batch_stride = 0, head_stride = 0, row_stride = 0;  // elements
+};
+
+// The rules of valid_bf16_tile_map for the rows, plus head and batch strides
+// that are multiples of 8 elements below 2^40 bytes and extents 1 .. 2^32.
+// An extent of 1 takes any stride (it is never stepped over).
+inline bool valid_bf16_rows_map(const RowsTensor& t, uint32_t box_rows) {
+  constexpr uint64_t kMaxExtent = uint64_t{1} << 32;
+  auto stride_ok = [](uint64_t extent, uint64_t stride) {
+    return extent == 1 || ((stride * kElementBytes) % 16 == 0 && stride * kElementBytes < (uint64_t{1} << 40));
+  };
+  return valid_bf16_tile_map(t.base, t.rows, t.cols, t.row_stride, box_rows, kBoxCols) && t.heads >= 1 &&
+         t.heads <= kMaxExtent && t.batch >= 1 && t.batch <= kMaxExtent && stride_ok(t.heads, t.head_stride) &&
+         stride_ok(t.batch, t.batch_stride);
+}
+
+// Strides as the map holds them: an extent of 1 gets the dense stride
+// (rows x row stride, heads x head stride), a valid value the copy never uses.
+inline void dense_unit_strides(uint64_t (&strides)[3], const RowsTensor& t) {
+  strides[0] = t.row_stride;
+  strides[1] = t.heads == 1 ? t.rows * t.row_stride : t.head_stride;
+  strides[2] = t.batch == 1 ? t.heads * strides[1] : t.batch_stride;
+}
+
 // Bytes one load_2d completes on its barrier (out-of-bounds zeros included).
 __host__ __device__ constexpr uint32_t box_bytes(uint32_t box_rows) { return box_rows * kBoxCols * kElementBytes; }
 
@@ -118,6 +149,32 @@ inline EncodeStatus encode_bf16_tile_map(TensorMap* map, const void* base, uint6
   return result == CUDA_SUCCESS ? EncodeStatus::kOk : EncodeStatus::kEncodeFailed;
 }
 
+// Fills *map for the rank-4 tensor t (device memory) and a box_rows x 64
+// box of one (batch, head), 128-byte swizzle, out-of-bounds elements zero.
+inline EncodeStatus encode_bf16_rows_map(TensorMap* map, const RowsTensor& t, uint32_t box_rows) {
+  if (map == nullptr || !valid_bf16_rows_map(t, box_rows)) return EncodeStatus::kInvalidArgument;
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
+  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr) {
+    (void)cudaGetLastError();
+    return EncodeStatus::kDriverUnavailable;
+  }
+  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+  uint64_t s[3];
+  dense_unit_strides(s, t);
+  const cuuint64_t extents[4] = {t.cols, t.rows, t.heads, t.batch};  // innermost first
+  const cuuint64_t strides[3] = {s[0] * kElementBytes, s[1] * kElementBytes, s[2] * kElementBytes};
+  const cuuint32_t box[4] = {kBoxCols, box_rows, 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult result =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(t.base), extents, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS ? EncodeStatus::kOk : EncodeStatus::kEncodeFailed;
+}
+
 // Fetches the map into the tensor-map cache ahead of the first load
 // ("prefetch.tensormap"); `map` is the kernel's __grid_constant__ parameter.
 __device__ __forceinline__ void prefetch(const TensorMap* map) {
@@ -131,6 +188,18 @@ __device__ __forceinline__ void load_2d(void* dst, const TensorMap* map, int32_t
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row),
+      "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+      : "memory");
+}
+
+
+// The box at (col, row) of (batch, head) of a rank-4 map -> dst, as load_2d.
+__device__ __forceinline__ void load_4d(void* dst, const TensorMap* map, int32_t col, int32_t row, int32_t head,
+                                        int32_t batch, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(head), "r"(batch),
       "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
       : "memory");
 }
@@ -150,6 +219,18 @@ __device__ __forceinline__ void load_tile(uint16_t* dst, const TensorMap* map, i
 #pragma unroll
   for (int j = 0; j < W / static_cast<int>(kBoxCols); ++j) {
     load_2d(dst + j * R * static_cast<int>(kBoxCols), map, col + j * static_cast<int>(kBoxCols), row, bar);
+  }
+}
+
+// load_tile for a rank-4 map: rows row .. row + R - 1 of (batch, head), all
+// W columns.
+template <int R, int W>
+__device__ __forceinline__ void load_rows_tile(uint16_t* dst, const TensorMap* map, int32_t row, int32_t head,
+                                               int32_t batch, uint64_t* bar) {
+  static_assert(W % kBoxCols == 0 && R >= 1 && R <= static_cast<int>(kMaxBoxRows), "box R x 64, W / 64 of them");
+#pragma unroll
+  for (int j = 0; j < W / static_cast<int>(kBoxCols); ++j) {
+    load_4d(dst + j * R * static_cast<int>(kBoxCols), map, j * static_cast<int>(kBoxCols), row, head, batch, bar);
   }
 }
 

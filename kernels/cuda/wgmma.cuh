@@ -111,6 +111,13 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ void warpgroup_barrier(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kWarpgroupThreads) : "memory");
 }
+// Barrier `id` of kCount threads (whole warps), e.g. the two compute
+// warpgroups of a warp-specialized block, whose producer never joins it.
+template <int kCount>
+__device__ __forceinline__ void named_barrier(int id) {
+  static_assert(kCount % 32 == 0, "bar.sync: whole warps");
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kCount) : "memory");
+}
 
 // Pingpong between the two warpgroups of a 256-thread block: warpgroup 0
 // calls pingpong_arrive(id) once it has issued a batch of MMAs, warpgroup 1

@@ -69,13 +69,15 @@ const char* name_of(Path path) { return path == Path::kKeyOuter ? "key-outer" : 
 struct KernelRun {
   gpu::Status status;
   bool key_outer = false;  // what the launcher chose (bf16_uses_key_outer)
+  bool key_outer_ws = false;  // ... and bf16_uses_key_outer_ws
   ref::Gradients grads;
   std::vector<float> row_mass, p_max, logit_abs_max;
   std::vector<int32_t> pivot;
 };
 
 KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& saved, gpu::Projection projection,
-                     gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper, Path path = Path::kPair) {
+                     gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper, Path path = Path::kPair,
+                     bool warp_specialized = false) {
   const auto& sh = in.shape;
   DeviceBuffer<uint16_t> q(to_bf16_bits(in.q)), k(to_bf16_bits(in.k)), v(to_bf16_bits(in.v)), go(to_bf16_bits(in.grad_out));
   DeviceBuffer<uint16_t> out(to_bf16_bits(saved.out));
@@ -104,6 +106,7 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   p.kernel_pair = pair;
   p.deterministic = path == Path::kPair;
   p.gproj_key_outer = path == Path::kKeyOuter;  // gproj's key-outer path is opt-in
+  p.keyouter_warp_specialized = warp_specialized;
   p.set_contiguous_strides();
   if (projection == gpu::Projection::kNone && path == Path::kPair) {
     p.diagnostics.row_mass = row_mass.get();
@@ -113,6 +116,7 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   }
   KernelRun run;
   run.key_outer = gpu::bf16_uses_key_outer(p);
+  run.key_outer_ws = gpu::bf16_uses_key_outer_ws(p);
   const size_t ws_bytes = gpu::bf16_backward_workspace_bytes(p);
   DeviceBuffer<unsigned char> workspace(ws_bytes);
   run.status = gpu::bf16_attention_backward(p, workspace.get(), ws_bytes, nullptr);
@@ -286,6 +290,59 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
       EXPECT_LE(pq, 1e-2);
       EXPECT_LE(pk, 1e-2);
     }
+  }
+}
+
+// The warp-specialized key-outer kernel (bf16_keyouter_ws_kernel.cuh; bf16 and
+// pivot, opted into by keyouter_warp_specialized) on the same shapes: the
+// launcher must choose it (its TMA maps encode for every case here), the
+// reference tolerances of the key-outer kernel, and against keyouter_kernel:
+// dV bit for bit (bf16: dK too), since every t, r and per-tile product is
+// computed by the same instructions on the same operands and dV (dK) sums the
+// tiles in the same order in registers; dQ (and pivot's dK, which takes the
+// rho_i fix-up) go through FP32 atomics whose landing order differs between
+// runs on a GPU, so only to 1e-2 relative (the BF16 rounding of a few
+// elements may move; the CPU emulation lands them in one order and matches).
+TEST_P(Bf16KeyOuterCase, WarpSpecializedMatchesKeyOuter) {
+  SKIP_WITHOUT_GPU();
+  const Bf16Case& c = GetParam();
+  const ref::AttentionInputs in = make_inputs(c);
+  const ref::SavedForward saved = ref::forward_fused_bf16(in);
+  const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot}) {
+    SCOPED_TRACE(name_of(projection));
+    const KernelRun got =
+        run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter, /*warp_specialized=*/true);
+    ASSERT_TRUE(got.status.ok()) << got.status.message;
+    ASSERT_TRUE(got.key_outer_ws) << "the launcher did not choose the warp-specialized key-outer kernel";
+    const ref::Gradients& expect = reference_of(want, projection);
+    const double eq = relative(got.grads.dq, expect.dq), ek = relative(got.grads.dk, expect.dk),
+                 ev = relative(got.grads.dv, expect.dv);
+    std::printf("[ %s %s key-outer ws ] vs reference emulation: dq %.2e dk %.2e dv %.2e\n", c.name.c_str(),
+                name_of(projection), eq, ek, ev);
+    const bool leak_dominated = projection == gpu::Projection::kNone && c.key_offset != 0.0f;
+    if (!leak_dominated) {
+      EXPECT_LE(eq, 2e-2);
+    }
+    EXPECT_LE(ek, 2e-2);
+    EXPECT_LE(ev, 2e-2);
+    for (const auto* g : {&got.grads.dq, &got.grads.dk, &got.grads.dv}) {
+      for (float x : *g) ASSERT_TRUE(std::isfinite(x)) << "an output element was not written";
+    }
+    const KernelRun base = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
+    ASSERT_TRUE(base.status.ok()) << base.status.message;
+    ASSERT_FALSE(base.key_outer_ws);
+    EXPECT_EQ(std::memcmp(got.grads.dv.data(), base.grads.dv.data(), got.grads.dv.size() * sizeof(float)), 0)
+        << "dV differs from keyouter_kernel's";
+    if (projection == gpu::Projection::kNone) {
+      EXPECT_EQ(std::memcmp(got.grads.dk.data(), base.grads.dk.data(), got.grads.dk.size() * sizeof(float)), 0)
+          << "dK differs from keyouter_kernel's";
+    }
+    const double bq = relative(got.grads.dq, base.grads.dq), bk = relative(got.grads.dk, base.grads.dk);
+    std::printf("[ %s %s key-outer ws ] vs keyouter_kernel: dq %.2e dk %.2e\n", c.name.c_str(), name_of(projection),
+                bq, bk);
+    EXPECT_LE(bq, 1e-2);
+    EXPECT_LE(bk, 1e-2);
   }
 }
 

@@ -9,6 +9,7 @@
 #include "kernels/cuda/bf16_delta_kernel.cuh"
 #include "kernels/cuda/bf16_gproj_keys_kernel.cuh"
 #include "kernels/cuda/bf16_keyouter_kernel.cuh"
+#include "kernels/cuda/bf16_keyouter_ws_kernel.cuh"
 
 namespace gaugewatch::gpu::bf16 {
 
@@ -57,15 +58,12 @@ cudaError_t launch(const Args& a, Bf16KernelPair pair, cudaStream_t /*stream*/) 
   return launch_hopper<D, P>(a);
 }
 
-// bf16_keyouter_launch.cuh's launches as loops over the grid.
+// bf16_keyouter_launch.cuh's launches as loops over the grid: what follows
+// the key-outer kernel (launch_keyouter_finish) ...
 template <int D, Projection P>
-cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/) {
+void launch_keyouter_finish(const Args& a) {
   const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
                      static_cast<unsigned>(a.batch * a.hkv));
-  if (kv_grid.x > 0 && kv_grid.y > 0) {
-    gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, keyouter::Layout<D, P>::kBytes,
-                                   [&a] { keyouter::keyouter_kernel<D, P>(a); });
-  }
   const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
                       static_cast<unsigned>(a.batch * a.hq));
   if (row_grid.x > 0 && row_grid.y > 0) {
@@ -86,9 +84,47 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/) {
                                      [&a] { gproj_keys::gproj_keys_kernel<D>(a); });
     }
   }
+}
+
+// ... keyouter_kernel ...
+template <int D, Projection P>
+cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/) {
+  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
+                     static_cast<unsigned>(a.batch * a.hkv));
+  if (kv_grid.x > 0 && kv_grid.y > 0) {
+    gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, keyouter::Layout<D, P>::kBytes,
+                                   [&a] { keyouter::keyouter_kernel<D, P>(a); });
+  }
+  launch_keyouter_finish<D, P>(a);
   return cudaSuccess;
 }
 
+// ... and bf16_keyouter_ws_launch.cuh's: the warp-specialized kernel (384
+// threads per block: the producer warpgroup and the two compute warpgroups),
+// keyouter_kernel where the emulated encode refuses a map, as on the GPU.
+template <int D, Projection P>
+cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
+  keyouter_ws::Maps maps{};
+  if (!keyouter_ws::encode_maps<D>(a, &maps)) return launch_keyouter<D, P>(a, stream);
+  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
+                     static_cast<unsigned>(a.batch * a.hkv));
+  if (kv_grid.x > 0 && kv_grid.y > 0) {
+    gaugewatch_emulation::run_grid(kv_grid, keyouter_ws::kThreads, keyouter_ws::Layout<D, P>::kBytes,
+                                   [&a, &maps] { keyouter_ws::keyouter_ws_kernel<D, P>(maps, a); });
+  }
+  launch_keyouter_finish<D, P>(a);
+  return cudaSuccess;
+}
+
+bool keyouter_ws_maps_encodable(const Args& a, int head_dim) {
+  keyouter_ws::Maps maps{};
+  return head_dim == 64 ? keyouter_ws::encode_maps<64>(a, &maps) : keyouter_ws::encode_maps<128>(a, &maps);
+}
+
+template cudaError_t launch_keyouter_ws<64, Projection::kNone>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter_ws<64, Projection::kPivot>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter_ws<128, Projection::kNone>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter_ws<128, Projection::kPivot>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter<64, Projection::kNone>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter<64, Projection::kPivot>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter<64, Projection::kGproj>(const Args&, cudaStream_t);

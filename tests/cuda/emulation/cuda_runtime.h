@@ -112,4 +112,7 @@ void warp_barrier();
 // A barrier of the calling thread's warpgroup (128 threads: bar.sync id, 128),
 // for kernels/cuda/wgmma.cuh (wgmma_emulation.h); blocks of whole warpgroups only.
 void warpgroup_barrier();
+// Named barrier `id` of `count` threads (bar.sync id, count): the first use of
+// an id in a block fixes its count (a later use with another count aborts).
+void named_barrier(int id, int count);
 }  // namespace gaugewatch_emulation

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -44,6 +45,8 @@ struct Block {
   std::barrier<> all;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<std::unique_ptr<std::barrier<>>> warpgroups;
+  std::mutex named_mutex;
+  std::map<int, std::pair<int, std::unique_ptr<std::barrier<>>>> named;  // id -> (count, barrier)
   std::vector<float> shuffle;
   std::vector<uint64_t> scratch;  // kScratchWords per warp
   std::atomic<int> any{0};
@@ -99,6 +102,27 @@ void warpgroup_barrier() {
     std::abort();
   }
   current->warpgroups[group]->arrive_and_wait();
+}
+
+void named_barrier(int id, int count) {
+  std::barrier<>* bar = nullptr;
+  {
+    const std::lock_guard lock(current->named_mutex);
+    auto& entry = current->named[id];
+    if (!entry.second) {
+      if (count <= 0 || count > static_cast<int>(current->shuffle.size()) || count % kWarp != 0) {
+        std::fprintf(stderr, "emulation: named barrier %d of %d threads in a block of %zu\n", id, count,
+                     current->shuffle.size());
+        std::abort();
+      }
+      entry = {count, std::make_unique<std::barrier<>>(count)};
+    } else if (entry.first != count) {
+      std::fprintf(stderr, "emulation: named barrier %d used with %d and %d threads\n", id, entry.first, count);
+      std::abort();
+    }
+    bar = entry.second.get();
+  }
+  bar->arrive_and_wait();
 }
 
 }  // namespace gaugewatch_emulation

@@ -1,7 +1,8 @@
 #pragma once
 // kernels/cuda/tma.cuh on the CPU emulation. The tensor map is an opaque
-// struct holding what encode_bf16_tile_map received (no driver involved);
-// load_2d copies the box at the call, element by element, into shared memory
+// struct holding what encode_bf16_tile_map (or, rank 4, encode_bf16_rows_map)
+// received (no driver involved); load_2d (load_4d: of one batch and head, a
+// whole box of zeros outside them) copies the box at the call, element by element, into shared memory
 // at the address the copy engine would use under the 128-byte swizzle: the
 // byte offset r * 128 + 2 c of box element (r, c), with address bits 4-6
 // XORed with bits 7-9 of the shared address (counted from the block's
@@ -35,6 +36,7 @@ struct TensorMap {
   const unsigned char* base = nullptr;
   uint64_t rows = 0, cols = 0, row_stride = 0;  // elements
   uint32_t box_rows = 0, box_cols = 0;
+  uint64_t heads = 1, batch = 1, head_stride = 0, batch_stride = 0;  // rank 4 (encode_bf16_rows_map)
 };
 
 inline EncodeStatus encode_bf16_tile_map(TensorMap* map, const void* base, uint64_t rows, uint64_t cols,
@@ -44,6 +46,15 @@ inline EncodeStatus encode_bf16_tile_map(TensorMap* map, const void* base, uint6
   }
   *map = TensorMap{TensorMap::kFilled, static_cast<const unsigned char*>(base), rows, cols, row_stride, box_rows,
                    box_cols};
+  return EncodeStatus::kOk;
+}
+
+inline EncodeStatus encode_bf16_rows_map(TensorMap* map, const RowsTensor& t, uint32_t box_rows) {
+  if (map == nullptr || !valid_bf16_rows_map(t, box_rows)) return EncodeStatus::kInvalidArgument;
+  uint64_t s[3];
+  dense_unit_strides(s, t);
+  *map = TensorMap{TensorMap::kFilled, static_cast<const unsigned char*>(t.base), t.rows, t.cols, s[0], box_rows,
+                   kBoxCols, t.heads, t.batch, s[1], s[2]};
   return EncodeStatus::kOk;
 }
 
@@ -58,7 +69,8 @@ namespace emulated {
 
 inline void prefetch(const TensorMap* /*map*/) {}
 
-inline void load_2d(void* dst, const TensorMap* map, int32_t col, int32_t row, uint64_t* bar) {
+inline void load_4d(void* dst, const TensorMap* map, int32_t col, int32_t row, int32_t head, int32_t batch,
+                    uint64_t* bar) {
   if (map->filled != TensorMap::kFilled) emulated::fail("tensor map not filled by encode_bf16_tile_map", 0);
   auto* smem = reinterpret_cast<unsigned char*>(gaugewatch_emulation::dynamic_smem());
   auto* origin = reinterpret_cast<unsigned char*>(
@@ -71,23 +83,32 @@ inline void load_2d(void* dst, const TensorMap* map, int32_t col, int32_t row, u
   }
   const auto start = static_cast<uint64_t>(out - origin);
   if (start % 128 != 0) emulated::fail("destination not 128-byte aligned", start);
+  const bool plane = head >= 0 && static_cast<uint64_t>(head) < map->heads && batch >= 0 &&
+                     static_cast<uint64_t>(batch) < map->batch;  // outside: the whole box is zeros
+  const uint64_t plane_base =
+      plane ? static_cast<uint64_t>(head) * map->head_stride + static_cast<uint64_t>(batch) * map->batch_stride : 0;
   for (uint32_t r = 0; r < map->box_rows; ++r) {
     const int64_t gr = int64_t{row} + r;
     for (uint32_t c = 0; c < map->box_cols; ++c) {
       const int64_t gc = int64_t{col} + c;
       uint16_t value = 0;  // out of bounds: zero
-      if (gr >= 0 && gr < static_cast<int64_t>(map->rows) && gc >= 0 && gc < static_cast<int64_t>(map->cols)) {
-        std::memcpy(&value, map->base + (static_cast<uint64_t>(gr) * map->row_stride + static_cast<uint64_t>(gc)) *
-                                            kElementBytes,
+      if (plane && gr >= 0 && gr < static_cast<int64_t>(map->rows) && gc >= 0 &&
+          gc < static_cast<int64_t>(map->cols)) {
+        std::memcpy(&value,
+                    map->base + (plane_base + static_cast<uint64_t>(gr) * map->row_stride + static_cast<uint64_t>(gc)) *
+                                    kElementBytes,
                     sizeof value);
       }
       uint64_t addr = start + (uint64_t{r} * map->box_cols + c) * kElementBytes;
       addr ^= ((addr >> 7) & 7u) << 4;  // 128-byte swizzle: bits 4-6 ^= bits 7-9
-  // 128-byte swizzle: bits 4-6 ^= bits 7-9
       std::memcpy(origin + addr, &value, sizeof value);
     }
   }
   mbarrier::emulated::complete_tx(bar, static_cast<uint32_t>(box));
+}
+
+inline void load_2d(void* dst, const TensorMap* map, int32_t col, int32_t row, uint64_t* bar) {
+  load_4d(dst, map, col, row, 0, 0, bar);
 }
 
 }  // namespace gaugewatch::gpu::tma

@@ -183,6 +183,11 @@ inline void fence_operand(float (&)[F]) {}
 inline void fence_proxy_async() {}
 // The emulation has one barrier per warpgroup; the id only matters on the GPU.
 inline void warpgroup_barrier(int /*id*/) { gaugewatch_emulation::warpgroup_barrier(); }
+// A barrier of kCount threads, one per id, whoever reaches it (as bar.sync).
+template <int kCount>
+inline void named_barrier(int id) {
+  gaugewatch_emulation::named_barrier(id, kCount);
+}
 // Pingpong orders MMA issue between warpgroups for the tensor cores' sake; the
 // emulation's MMAs run at the call, so there is nothing to order.
 inline void pingpong_arrive(int /*id*/) {}

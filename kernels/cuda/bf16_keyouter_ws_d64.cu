@@ -1,0 +1,17 @@
+// The warp-specialized key-outer backward at head dim 64: backends bf16 and
+// pivot (opt-in: Bf16BackwardParams::keyouter_warp_specialized). Its fallback,
+// keyouter_kernel, is instantiated in bf16_keyouter_d64.cu.
+#include "kernels/cuda/bf16_keyouter_ws_launch.cuh"
+
+namespace gaugewatch::gpu::bf16 {
+extern template cudaError_t launch_keyouter<64, Projection::kNone>(const Args&, cudaStream_t);
+extern template cudaError_t launch_keyouter<64, Projection::kPivot>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter_ws<64, Projection::kNone>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter_ws<64, Projection::kPivot>(const Args&, cudaStream_t);
+
+// For bf16_uses_key_outer_ws (bf16_backward.cu), both head dims (host code).
+bool keyouter_ws_maps_encodable(const Args& a, int head_dim) {
+  keyouter_ws::Maps maps{};
+  return head_dim == 64 ? keyouter_ws::encode_maps<64>(a, &maps) : keyouter_ws::encode_maps<128>(a, &maps);
+}
+}  // namespace gaugewatch::gpu::bf16

@@ -1,0 +1,214 @@
+#pragma once
+// Warp-specialized key-outer kernel of the fused BF16 backward, backends bf16
+// and pivot (issue 13: FlashAttention-3's structure): the same per-tile work
+// as keyouter_kernel (bf16_keyouter_kernel.cuh, KeyTile: the same
+// instructions on the same operands, so S, dP, t, r, dV, dK and every dQ tile
+// are bit for bit those of keyouter_kernel), but the compute warpgroups never
+// load and never wait at a block barrier for loads. Opt-in
+// (Bf16BackwardParams::keyouter_warp_specialized, torch ops:
+// GAUGEWATCH_BF16_KERNEL=ws).
+//
+// Block: 384 threads, 128 keys of one (batch, kv head).
+//   warpgroup 0, producer (setmaxnreg.dec to kProducerRegs): its warp 0 loads
+//     K and V of the block's keys once (TMA, barrier kv_full), then for every
+//     iteration (query head, query tile; keyouter_kernel's order) waits for a
+//     free stage of a 2-stage ring (empty[s]), announces the Q and dO tiles'
+//     bytes and issues their TMA loads (lane 0) and writes the tile's per-row
+//     inputs (lse, delta, the visible key range; lanes 0..31, two rows each)
+//     to the stage; then each lane arrives on full[s] (1 + 32 arrivals + the
+//     bytes). Warps 1..3 only give their registers back.
+//   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): KeyTile
+//     with tid = threadIdx.x - 128, keys 64 (warpgroup - 1)..; per iteration
+//     wait full[s]; a barrier of the 256 compute threads (named barrier
+//     kComputeBarrier; the producer never joins) where keyouter_kernel has
+//     its block barrier: it orders the previous dQ tile's writes before
+//     add_dq_tile and every read of the t/r tiles and dQ partials before their
+//     reuse; KeyTile::compute (D = 128: its second compute barrier before dQ,
+//     which reads both warpgroups' t); after the tile's MMAs are complete,
+//     every compute thread arrives on empty[s] (256 arrivals).
+// Stage s of iteration it: s = it % 2, ring round it / 2, consumers wait
+// full[s] with parity (round & 1), the producer empty[s] with
+// (round & 1) ^ 1 (mbarrier.cuh).
+// Shared memory: keyouter::Layout<D, P> (the two Q/dO buffers and staged row
+// arrays are the ring's stages) and the 5 mbarriers after it.
+//
+// TMA maps (host, encode_maps): Q and dO as (B, Hq, N, d), K and V as
+// (B, Hkv, M, d), rank 4 with the operands' strides, boxes of 64 (Q, dO) or
+// 128 (K, V) rows x 64 columns, rows past N (M) read as zeros as
+// keyouter_kernel's zero-filled cp.async. Packed varlen needs nothing more:
+// its segments are rows of the one (N, d) matrix per head, masked by the
+// visible key ranges as in keyouter_kernel. Where a map cannot be encoded
+// (a stride or base the copy engine refuses; bf16_backward.cu's validate()
+// already requires 16-byte strides) the launcher runs keyouter_kernel instead
+// (bf16_keyouter_ws_launch.cuh).
+// Not for gproj (its U product and second pass stay on keyouter_kernel).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_keyouter_kernel.cuh"
+#include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/setmaxnreg.cuh"
+#include "kernels/cuda/tma.cuh"
+
+namespace gaugewatch::gpu::bf16::keyouter_ws {
+
+using keyouter::kKvKeys;
+using keyouter::kKvRows;
+
+inline constexpr int kStages = 2;  // keyouter::Layout's two Q/dO buffers
+inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
+inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
+inline constexpr int kThreads = kProducerThreads + kComputeThreads;
+static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute threads");
+// 384 threads at 1 block per SM start at 168 registers each; the producer
+// gives back 168 - 24 per thread, the compute warpgroups take 240 - 168:
+// 128 x 24 + 256 x 240 = 64,512 <= 65,536 (setmaxnreg.cuh).
+inline constexpr int kProducerRegs = 24;
+inline constexpr int kComputeRegs = 240;
+// Named barriers: 1, 2 (KeyTile's per-warpgroup barriers, 1 + wg), 3 (the
+// pingpong), and this one for the 256 compute threads.
+inline constexpr int kComputeBarrier = 4;
+inline constexpr uint32_t kFullArrivals = 1 + 32;  // lane 0's expect_tx + every producer lane's rows
+
+struct Maps {
+  tma::TensorMap q, grad_out, k, v;
+};
+
+template <int D, Projection P>
+struct Layout : keyouter::Layout<D, P> {
+  using Base = keyouter::Layout<D, P>;
+  // Bytes from the aligned base: full[kStages], empty[kStages], kv_full.
+  static constexpr size_t kBarriers = Base::kDqPartial + Base::kTiles * Base::kDqTileBytes;
+  static constexpr int kBarrierCount = 2 * kStages + 1;
+  static constexpr size_t kBytes = Base::kBytes + kBarrierCount * sizeof(uint64_t);
+  static_assert(kBarriers % 8 == 0, "mbarriers are 8-byte aligned");
+  static_assert(Base::kBytes == kBarriers + 1024, "the base layout ends at its dQ tiles");
+};
+
+// The four maps for the operands of `a`, or false where one cannot be encoded
+// (the caller then runs keyouter_kernel).
+template <int D>
+inline bool encode_maps(const Args& a, Maps* maps) {
+  auto rows_tensor = [&](const void* base, int heads, int rows, const OperandStrides& s) {
+    tma::RowsTensor t;
+    t.base = base;
+    t.batch = static_cast<uint64_t>(a.batch);
+    t.heads = static_cast<uint64_t>(heads);
+    t.rows = static_cast<uint64_t>(rows);
+    t.cols = D;
+    t.batch_stride = static_cast<uint64_t>(s.batch);
+    t.head_stride = static_cast<uint64_t>(s.head);
+    t.row_stride = static_cast<uint64_t>(s.row);
+    return t;
+  };
+  if (a.batch < 1 || a.hq < 1 || a.hkv < 1 || a.n < 1 || a.m < 1) return false;
+  if (a.q_strides.batch < 0 || a.q_strides.head < 0 || a.k_strides.batch < 0 || a.k_strides.head < 0 ||
+      a.v_strides.batch < 0 || a.v_strides.head < 0 || a.grad_out_strides.batch < 0 || a.grad_out_strides.head < 0) {
+    return false;
+  }
+  const tma::EncodeStatus st[4] = {
+      tma::encode_bf16_rows_map(&maps->q, rows_tensor(a.q, a.hq, a.n, a.q_strides), kKvRows),
+      tma::encode_bf16_rows_map(&maps->grad_out, rows_tensor(a.grad_out, a.hq, a.n, a.grad_out_strides), kKvRows),
+      tma::encode_bf16_rows_map(&maps->k, rows_tensor(a.k, a.hkv, a.m, a.k_strides), kKvKeys),
+      tma::encode_bf16_rows_map(&maps->v, rows_tensor(a.v, a.hkv, a.m, a.v_strides), kKvKeys)};
+  for (const tma::EncodeStatus s : st) {
+    if (s != tma::EncodeStatus::kOk) return false;
+  }
+  return true;
+}
+
+template <int D, Projection P>
+__global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_constant__ Maps maps, const Args a) {
+  static_assert(P != Projection::kGproj, "gproj runs keyouter_kernel");
+  GAUGEWATCH_BF16_SMEM(raw);
+  uint16_t* smem = wgmma::align_1024(raw);
+  using L = Layout<D, P>;
+  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(smem) + L::kBarriers);
+  uint64_t* empty = full + kStages;
+  uint64_t* kv_full = empty + kStages;
+  const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
+  const int bhk = blockIdx.y;
+  const int b = bhk / a.hkv, hk = bhk % a.hkv;
+  const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
+  const keyouter::KeyTile<D, P, kProducerThreads> kt{a, smem, j0, b, hk, seen.first, seen.count};
+  const int iters = kt.iterations();
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier::init(&full[s], kFullArrivals);
+      mbarrier::init(&empty[s], kComputeThreads);
+    }
+    mbarrier::init(kv_full, 1);
+    mbarrier::fence_init();
+  }
+  __syncthreads();  // the barriers' init, before the roles part (the only block-wide barrier)
+
+  if (threadIdx.x < kProducerThreads) {
+    regs::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x >= 32 || iters == 0) return;  // no iteration: nothing loaded, nothing in flight at exit
+    const int lane = static_cast<int>(threadIdx.x);
+    if (lane == 0) {
+      tma::prefetch(&maps.q);
+      tma::prefetch(&maps.grad_out);
+      mbarrier::arrive_expect_tx(kv_full, 2 * tma::tile_bytes<kKvKeys, D>());
+      tma::load_rows_tile<kKvKeys, D>(smem + L::kK, &maps.k, j0, hk, b, kv_full);
+      tma::load_rows_tile<kKvKeys, D>(smem + L::kV, &maps.v, j0, hk, b, kv_full);
+    }
+    for (int it = 0; it < iters; ++it) {
+      const int s = it % kStages;
+      const uint32_t round = static_cast<uint32_t>(it / kStages);
+      mbarrier::wait(&empty[s], (round & 1u) ^ 1u);  // the compute threads are done with its last use
+      const int i0 = kt.tile_row0(it);
+      const int h = kt.head_of(it);
+      if (lane == 0) {
+        mbarrier::arrive_expect_tx(&full[s], 2 * tma::tile_bytes<kKvRows, D>());
+        tma::load_rows_tile<kKvRows, D>(smem + (s ? L::kQ1 : L::kQ0), &maps.q, i0, h, b, &full[s]);
+        tma::load_rows_tile<kKvRows, D>(smem + (s ? L::kG1 : L::kG0), &maps.grad_out, i0, h, b, &full[s]);
+      }
+      // The per-row inputs as keyouter_kernel stages them (rows past N: zeros
+      // and an empty key range).
+      const hopper::StagedRows sr = hopper::staged_rows(kt.rows_base(), s);
+      const QueryHead qh = query_head(a, b, h);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = lane + 32 * half, row = i0 + r;
+        const bool ok = row < a.n;
+        const KeyRange kr = row_keys(a, row);
+        sr.kb[r] = kr.begin;
+        sr.ke[r] = kr.end;
+        sr.lse[r] = ok ? qh.lse[row] : 0.0f;
+        sr.delta[r] = ok ? a.delta[qh.row_base + row] : 0.0f;
+      }
+      mbarrier::arrive(&full[s]);  // release: this lane's row writes
+    }
+    return;
+  }
+
+  regs::setmaxnreg_inc<kComputeRegs>();
+  float dk[D / 2], dv[D / 2];
+  hopper::zero(dk);
+  hopper::zero(dv);
+  auto compute_sync = [] { wgmma::named_barrier<kComputeThreads>(kComputeBarrier); };
+  if (iters > 0) mbarrier::wait(kv_full, 0);
+  for (int it = 0; it < iters; ++it) {
+    const int s = it % kStages;
+    mbarrier::wait(&full[s], static_cast<uint32_t>(it / kStages) & 1u);
+    // Every compute thread is done with iteration it - 1: its dQ tile is
+    // written, its t/r tiles and dQ partials read.
+    compute_sync();
+    if (it > 0) kt.add_dq_tile(it - 1);
+    kt.compute(
+        it, smem + (s ? L::kQ1 : L::kQ0), smem + (s ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), s), dk,
+        dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); });
+  }
+  if (iters > 0) {
+    compute_sync();
+    kt.add_dq_tile(iters - 1);
+  }
+  if (kt.issues_rows()) bulk::wait_all();  // before the block's shared memory goes
+  kt.write_keys(dk, dv);
+}
+
+}  // namespace gaugewatch::gpu::bf16::keyouter_ws
