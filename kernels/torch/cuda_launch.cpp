@@ -15,13 +15,34 @@
 namespace gaugewatch::torch_ops {
 namespace {
 
-gpu::Bf16KernelPair kernel_pair_from_environment() {
+// GAUGEWATCH_BF16_KERNEL: "mma_sync" runs the mma.sync kernel pair
+// (Bf16KernelPair::kMmaSyncBaseline); "ws" runs bf16 and pivot's key-outer
+// path on the warp-specialized kernel (Bf16BackwardParams::
+// keyouter_warp_specialized); unset or empty keeps the defaults. Any other
+// value keeps them and says so once, on stderr (a static initializer: it must
+// not throw).
+struct Bf16KernelChoice {
+  gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper;
+  bool warp_specialized = false;
+};
+
+Bf16KernelChoice bf16_kernel_from_environment() {
+  Bf16KernelChoice choice;
   const char* env = std::getenv("GAUGEWATCH_BF16_KERNEL");
-  return env != nullptr && std::string_view(env) == "mma_sync" ? gpu::Bf16KernelPair::kMmaSyncBaseline
-                                                                : gpu::Bf16KernelPair::kHopper;
+  if (env == nullptr || *env == '\0') return choice;
+  const std::string_view value(env);
+  if (value == "mma_sync") {
+    choice.pair = gpu::Bf16KernelPair::kMmaSyncBaseline;
+  } else if (value == "ws") {
+    choice.warp_specialized = true;
+  } else {
+    std::fprintf(stderr,
+                 "[gaugewatch] GAUGEWATCH_BF16_KERNEL=%s is not one of mma_sync, ws: the default kernels run\n", env);
+  }
+  return choice;
 }
 
-const gpu::Bf16KernelPair kKernelPair = kernel_pair_from_environment();
+const Bf16KernelChoice kBf16Kernel = bf16_kernel_from_environment();
 
 // GAUGEWATCH_GPROJ_KERNEL: "key_outer" opts gproj into the key-outer kernel
 // (Bf16BackwardParams::gproj_key_outer); unset, empty or "pair" keeps the
@@ -104,7 +125,7 @@ gpu::ProblemShape problem_shape(const AttentionCall& call, const DeviceOffsets& 
   return shape;
 }
 
-gpu::Bf16KernelPair bf16_kernel_pair() { return kKernelPair; }
+gpu::Bf16KernelPair bf16_kernel_pair() { return kBf16Kernel.pair; }
 
 DeviceOffsets device_offsets(const AttentionCall& call, const std::optional<at::Tensor>& cu_seqlens_q,
                              const std::optional<at::Tensor>& cu_seqlens_k, const at::Tensor& q) {
@@ -143,7 +164,8 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   p.dv = static_cast<uint16_t*>(dv.data_ptr());
   p.shape = problem_shape(call, offsets);
   p.projection = projection;
-  p.kernel_pair = kKernelPair;
+  p.kernel_pair = kBf16Kernel.pair;
+  p.keyouter_warp_specialized = kBf16Kernel.warp_specialized;
   p.deterministic = deterministic;
   p.gproj_key_outer = kGprojKeyOuter;
   p.diagnostics = diag;

@@ -12,7 +12,11 @@ reports hazards.
 With GAUGEWATCH_GPROJ_KERNEL=key_outer (the library reads it once, when it
 loads) the script runs only the key-outer gproj (the key-outer kernel, its
 row finish and its second pass over the keys) on the same cases:
-scripts/device.sh runs it that way a second time under each tool.
+scripts/device.sh runs it that way a second time under each tool. With
+GAUGEWATCH_BF16_KERNEL=ws it runs only bf16 and pivot on their key-outer path
+(deterministic=False), i.e. the warp-specialized key-outer kernel (TMA
+producer warpgroup, mbarrier ring, named barriers) and its finish, on the
+same cases: device.sh's third run under each tool.
 """
 
 import os
@@ -26,6 +30,10 @@ build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
 torch.ops.load_library(os.environ.get("GAUGEWATCH_OPS_LIB", str(build / "lib" / "libgaugewatch_ops.so")))
 ops = torch.ops.gaugewatch
 GPROJ_KEY_OUTER = os.environ.get("GAUGEWATCH_GPROJ_KERNEL") == "key_outer"
+WARP_SPECIALIZED = os.environ.get("GAUGEWATCH_BF16_KERNEL") == "ws"
+if GPROJ_KEY_OUTER and WARP_SPECIALIZED:
+    print("sanitize_kernels: set one of GAUGEWATCH_GPROJ_KERNEL=key_outer, GAUGEWATCH_BF16_KERNEL=ws")
+    sys.exit(1)
 
 CASES = [
     dict(B=1, Hq=2, Hkv=1, N=70, M=130, d=64, causal=True, alignment="top_left"),
@@ -48,7 +56,7 @@ for case in CASES:
     if "cu_q" in case:
         kw.update(cu_seqlens_q=torch.tensor(case["cu_q"], dtype=torch.int32, device="cuda"),
                   cu_seqlens_k=torch.tensor(case["cu_k"], dtype=torch.int32, device="cuda"))
-    runs = [("gproj", False)] if GPROJ_KEY_OUTER else (
+    runs = [("gproj", False)] if GPROJ_KEY_OUTER else [("bf16", False), ("pivot", False)] if WARP_SPECIALIZED else (
         [(b, False) for b in ("bf16", "gproj", "pivot", "fp32")] + [(b, True) for b in ("bf16", "gproj", "pivot")])
     for backend, deterministic in runs:
         grads = ops.attention_backward(do, q, k, v, out, lse, backend=backend, deterministic=deterministic, **kw)
@@ -59,6 +67,10 @@ for case in CASES:
 
 if GPROJ_KEY_OUTER:
     print(f"sanitize_kernels: {len(CASES)} cases of the key-outer gproj (GAUGEWATCH_GPROJ_KERNEL=key_outer) ran")
+    sys.exit(0)
+if WARP_SPECIALIZED:
+    print(f"sanitize_kernels: {len(CASES)} cases of bf16 and pivot on the warp-specialized key-outer kernel "
+          "(GAUGEWATCH_BF16_KERNEL=ws) ran")
     sys.exit(0)
 
 CENTRING = [dict(B=2, Hq=4, Hkv=2, N=300, L=320, d=d) for d in (64, 128, 256)]
