@@ -41,6 +41,9 @@
 //       r recomputed by the same instructions (bit-identical r), C_j = sum_i
 //       r_ij bf16(-lambda_i q_i), dK'_j = bf16(alpha (dKacc_j + C_j)).
 //   8 products per tile pair against the pair's 9 for gproj.
+//   Opt-in for bf16 and pivot (keyouter_warp_specialized): the same per-tile
+//   work on a warp-specialized block (bf16_keyouter_ws_kernel.cuh: a TMA
+//   producer warpgroup feeding two compute warpgroups through mbarriers).
 //   Not bitwise repeatable: the FP32 sums of dQ, U, rho, m and pivot's dK
 //   fix-up take the order the atomics land in (the header states the
 //   rounding); every other value is computed as in the pair.

@@ -81,6 +81,10 @@
 // kernel, not zeroed); pivot: pivot_code (B, Hq, N) u64; gproj: Uacc
 // (B, Hq, N, d) FP32, m in mass_accum (B, Hq, N) FP32, neg_lambda_q
 // (B, Hq, N, d) BF16 (written by finish_rows_kernel).
+// The per-tile work (KeyTile below) is shared with the warp-specialized
+// variant for bf16 and pivot (bf16_keyouter_ws_kernel.cuh: TMA producer
+// warpgroup, mbarrier ring; opt-in), which replaces only the loads and the
+// block barriers around it.
 // Build: instantiated in bf16_keyouter_d{64,128}.cu and (gproj)
 // bf16_keyouter_d{64,128}_gproj.cu; emulation:
 // tests/cuda/emulation/bf16_launcher.cpp. Tests: tests/cuda/bf16_backward_test.cpp

@@ -15,6 +15,9 @@
 - the opt-in key-outer gproj (GAUGEWATCH_GPROJ_KERNEL=key_outer, in a child
   process) against the pair: dV bit for bit, dQ/dK to summation order, and
   on sink-like inputs dQ as close to FP64 as the pair's;
+- the opt-in warp-specialized key-outer kernel (GAUGEWATCH_BF16_KERNEL=ws, in
+  a child process) against the key-outer kernel: dV (bf16: dK) bit for bit,
+  dQ to summation order;
 - deterministic=True: bitwise repeatable; SDPA-strided operands give the same
   bits as contiguous (the key-outer path: the same to summation order);
 - the FP32 kernel's floor on sink-like inputs with and without key centring.
@@ -271,6 +274,63 @@ def test_gproj_key_outer_agrees_with_pair(tmp_path, record_line):
                     "/".join(f"{e:.3%}" for e in err["key_outer"]) + " pair " +
                     "/".join(f"{e:.3%}" for e in err["pair"]))
         assert err["key_outer"][0] <= 1.25 * err["pair"][0], f"d{d}: key-outer gproj dQ error vs the pair's"
+
+
+_WS_CHILD = """
+import sys, torch
+from torch.profiler import ProfilerActivity, profile
+sys.path.insert(0, sys.argv[1])
+from test_gpu_bf16_backward import strided_problem
+from test_ops import ops
+got = {}
+for d in (64, 128):
+    args = strided_problem(d)
+    for backend in ("bf16", "pivot"):
+        for layout, operands in (("strided", args), ("contiguous", [t.contiguous() for t in args])):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                grads = ops.attention_backward(*operands, is_causal=True, backend=backend)
+                torch.cuda.synchronize()
+            got[layout, d, backend] = [t.cpu() for t in grads]
+            got["kernels", layout, d, backend] = sorted({e.key for e in prof.key_averages() if "gaugewatch" in e.key})
+torch.save(got, sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_keyouter_ws_agrees_with_key_outer(tmp_path, record_line, d):
+    """GAUGEWATCH_BF16_KERNEL=ws (read once, when the library loads: a child
+    process) runs bf16 and pivot's key-outer path on the warp-specialized
+    kernel (TMA producer warpgroup): the same per-tile products as the
+    key-outer kernel (the default), so dV (and bf16's dK) bit for bit, dQ
+    (pivot's dK) to the FP32 order of the atomics. Contiguous operands must
+    run the warp-specialized kernel; SDPA-strided ones run it where the
+    driver accepts their TMA maps and the key-outer kernel otherwise (the
+    kernels that ran are recorded)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    saved = tmp_path / f"ws_d{d}.pt"
+    env = dict(os.environ, GAUGEWATCH_BF16_KERNEL="ws")
+    here = str(Path(__file__).resolve().parent)
+    subprocess.run([sys.executable, "-c", _WS_CHILD, here, str(saved)], env=env, check=True, timeout=600)
+    got = torch.load(saved)
+    args = strided_problem(d)
+    for backend in ("bf16", "pivot"):
+        key_outer = ops.attention_backward(*args, is_causal=True, backend=backend)
+        for layout in ("strided", "contiguous"):
+            kernels = got["kernels", layout, d, backend]
+            record_line(f"GAUGEWATCH_BF16_KERNEL=ws {backend} d={d} {layout}: {', '.join(kernels)}")
+            if layout == "contiguous":
+                assert any("keyouter_ws_kernel" in name for name in kernels), \
+                    f"{backend} d{d}: the warp-specialized kernel did not run: {kernels}"
+            ws = got[layout, d, backend]
+            assert torch.equal(ws[2].cuda(), key_outer[2]), f"{backend} d{d} {layout} dv: ws vs key-outer"
+            if backend == "bf16":
+                assert torch.equal(ws[1].cuda(), key_outer[1]), f"{backend} d{d} {layout} dk: ws vs key-outer"
+            for label, x, y in zip("qk", ws, key_outer):
+                assert rel(x.cuda(), y) <= 1e-2, f"{backend} d{d} {layout} d{label}: ws vs key-outer"
 
 
 def test_unsupported_inputs_are_named():
