@@ -1,11 +1,14 @@
 // The warp-specialized key-outer backward at head dim 64: backends bf16 and
 // pivot (opt-in: Bf16BackwardParams::keyouter_warp_specialized). Its fallback,
-// keyouter_kernel, is instantiated in bf16_keyouter_d64.cu.
+// keyouter_kernel, and the finish kernels are instantiated in
+// bf16_keyouter_d64.cu (one definition of each kernel in the library).
 #include "kernels/cuda/bf16_keyouter_ws_launch.cuh"
 
 namespace gaugewatch::gpu::bf16 {
 extern template cudaError_t launch_keyouter<64, Projection::kNone>(const Args&, cudaStream_t);
 extern template cudaError_t launch_keyouter<64, Projection::kPivot>(const Args&, cudaStream_t);
+extern template cudaError_t launch_keyouter_finish<64, Projection::kNone>(const Args&, cudaStream_t);
+extern template cudaError_t launch_keyouter_finish<64, Projection::kPivot>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter_ws<64, Projection::kNone>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter_ws<64, Projection::kPivot>(const Args&, cudaStream_t);
 
