@@ -57,7 +57,7 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // otherwise bf16 and pivot run the key-outer kernel (FP32 atomics). gproj's
 // structure is chosen once when the library loads:
 // GAUGEWATCH_GPROJ_KERNEL=key_outer runs the key-outer kernel and its second
-// pass (opt-in: emulation-tested, not yet measured on a GPU); unset, empty or
+// pass (opt-in: measured slower than the pair on the H200); unset, empty or
 // "pair" the two-kernel pair, gproj's default; another value warns once on
 // stderr and keeps the pair. The metrics keep the default: their backends'
 // runs are bit-repeatable.
