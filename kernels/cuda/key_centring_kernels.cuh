@@ -371,9 +371,10 @@ __global__ void __launch_bounds__(kCentringApplyThreads, 4) centring_apply_kerne
   const int parts = a.query_parts, pass_rows = kBlockThreads / parts;
   const int lane_row = tid / parts, part = tid % parts;
   const char* q_elements = static_cast<const char*>(a.q);
+  // (query head h, row i) of this thread's pair, advanced pass by pass.
+  int64_t h = hk * group + (row_first + lane_row) / a.lse_out_len, i = (row_first + lane_row) % a.lse_out_len;
   for (int64_t base = row_first; base < row_last; base += pass_rows) {
     const int64_t r = base + lane_row;
-    const int64_t h = hk * group + r / a.lse_out_len, i = r % a.lse_out_len;
     const bool row_here = r < row_last;
     const float lse = row_here ? lse_entry(a, b, h, i) : 0.0f;
     // Two chains (even and odd elements) keep the FP64 pipe busy. q_c
@@ -383,7 +384,7 @@ __global__ void __launch_bounds__(kCentringApplyThreads, 4) centring_apply_kerne
     if (row_here && i < a.n && finite_float(lse)) {
       const char* q_row = q_elements + (b * a.q_strides.batch + h * a.q_strides.head + i * a.q_strides.row) * kEsize;
       uint32_t top_exponent = 0;
-      constexpr int kLoads = kVec ? 8 : 16;
+      constexpr int kLoads = kVec ? 4 : 8;
       for (int c0 = part; c0 < cpr; c0 += kLoads * parts) {
         CentringChunk chunk[kLoads];
 #pragma unroll
@@ -423,6 +424,7 @@ __global__ void __launch_bounds__(kCentringApplyThreads, 4) centring_apply_kerne
     dot += dot_odd;
     for (int offset = parts / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
     if (row_here && part == 0) write_lse_shifted(a, b, h, i, lse, dot);
+    for (i += pass_rows; i >= a.lse_out_len && row_here; i -= a.lse_out_len) ++h;
   }
 }
 
