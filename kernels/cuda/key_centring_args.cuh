@@ -47,13 +47,14 @@ inline constexpr int64_t kCentringTotalsBytes = int64_t{kCentringMaxHeadDim} * 2
 inline constexpr int64_t kCentringSumSmemBytes = kCentringPartialsBytes + kCentringTotalsBytes;
 
 // Kernel 2 (apply): blocks of 256 threads, `apply_blocks` per (b, hk), about
-// kCentringApplyBlocksTarget in all (four resident per SM, two rounds on a
-// 132-SM GPU) but at least kCentringApplyMinKeys keys a block. Shared
+// kCentringApplyBlocksTarget in all (four resident per SM, four rounds on a
+// 132-SM GPU, so the last round's tail is short) but at least
+// kCentringApplyMinKeys keys a block. Shared
 // memory: kbar as floats and as doubles times 2^896 (256 each; see
 // scaled_double) and which 16-byte chunks of a row have a nonzero kbar (256
 // ints).
 inline constexpr int kCentringApplyThreads = 256;
-inline constexpr int64_t kCentringApplyBlocksTarget = 8 * 132;
+inline constexpr int64_t kCentringApplyBlocksTarget = 16 * 132;
 inline constexpr int64_t kCentringApplyMinKeys = 64;
 inline constexpr int64_t kCentringKbarBytes = int64_t{kCentringMaxHeadDim} * 4;
 inline constexpr int64_t kCentringKbarScaledBytes = int64_t{kCentringMaxHeadDim} * 8;
