@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(kCentringApplyThreads, 4) centring_apply_kerne
       uint32_t top_exponent = 0;
       constexpr int kLoads = kVec ? 4 : 8;
       for (int c0 = part; c0 < cpr; c0 += kLoads * parts) {
-        CentringChunk chunk[kLoads];
+        CentringChunk chunk[kLoads] = {};
 #pragma unroll
         for (int j = 0; j < kLoads; ++j) {
           const int c = c0 + j * parts;
