@@ -13,9 +13,9 @@
 //       dominates; exact doubles built from the float's fields,
 //       key_centring_elements.cuh), 16 rows' words loaded before they are
 //       added (128 B a warp load, coalesced). The block adds its threads'
-//       partials per column in phase order; the cluster meets in distributed
-//       shared memory, every block adding the blocks' totals in rank order;
-//       rank 0 writes kbar (the op's output, on k's grid, so it holds the
+//       partials per column in phase order; at the cluster barrier rank 0
+//       adds the blocks' totals in rank order (distributed shared memory)
+//       and writes kbar (the op's output, on k's grid, so it holds the
 //       centre exactly).
 //   centring_apply_kernel<E, kVec>  grid (apply_blocks, B * Hkv), 256
 //       threads, four blocks per SM (4 KiB of shared memory, at most 64
@@ -25,7 +25,7 @@
 //       a thread, each store the chunk it loaded (a chunk whose kbar is all
 //       0 is copied); then its (query head, lse row) pairs, query_parts
 //       threads a row, each loading its 16-byte chunks of q where kbar is
-//       nonzero (up to 8 in flight) and adding q_c kbar_c in FP64 (two
+//       nonzero (four in flight) and adding q_c kbar_c in FP64 (two
 //       chains) over every query_parts-th chunk, the parts meeting by warp
 //       shuffles (each product is exact in FP64, and so is the sum for BF16
 //       and FP16 unless the products' magnitudes span more than ~2^29: the
@@ -41,10 +41,12 @@
 // against a 42 us floor). Kernel 1 only reads K (64 MiB) and kernel 2 reads
 // K, q and writes K' (192 MiB): 256 MiB, ~55 us at 4.8 TB/s, each kernel a
 // stream with many blocks in flight per SM, whose FP64 work (kernel 1: 16
-// loads a thread, ~10 us of issue over the GPU at this shape) overlaps the
-// other resident blocks' loads. Random keys (nothing centred): 192 MiB.
+// loads a thread, ~10 us of issue over the GPU at this shape, counted from
+// the source) overlaps the other resident blocks' loads. Random keys
+// (nothing centred): 192 MiB. Not measured yet.
 //
-// Cost per element (BF16, 16-byte path): kernel 1 three DFMAs (sum, k - k_0,
+// Cost per element (BF16, 16-byte path; the per-element code of the
+// one-launch kernel, whose SASS was counted): kernel 1 three DFMAs (sum, k - k_0,
 // square; exact_double's scaling folds into the first two) and ~6.5 other
 // instructions (the float's fields moved into a double, the largest
 // exponent tracked), no F2F.F64 (a quarter of the FP64 rate); kernel 2 ~4.5
