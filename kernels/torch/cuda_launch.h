@@ -76,7 +76,7 @@ Grads fused_fp32_backward(const AttentionCall& call, const at::Tensor& grad_out_
                           const DeviceMask& mask, const std::optional<Fp32Subset>& subset, bool deterministic,
                           bool center_keys, cudaStream_t stream);
 
-// Key centring (kernels/cuda/key_centring.h), one kernel and no workspace:
+// Key centring (kernels/cuda/key_centring.h), two kernels and no workspace:
 // (k_centred, lse_shifted, kbar) of checked operands, k_centred with k's
 // strides where k is dense; lse_shifted (B, Hq, max(L, lse_out_len))
 // contiguous, rows past L zero (the memory-efficient backward's padding).

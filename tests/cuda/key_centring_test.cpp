@@ -32,9 +32,10 @@
 #ifdef GAUGEWATCH_CENTRING_EMULATION
 // CPU emulation: this translation unit is the emulated runtime, the real host
 // launcher (key_centring.cu, compiled as C++), and below the launcher in place
-// of key_centring_launch.cu's cluster launch: the blocks of one cluster run
-// at the same time (a barrier across them, and each block's shared memory
-// reachable from the others), clusters one after another.
+// of key_centring_launch.cu's two launches: kernel 1's clusters in order, the
+// blocks of one cluster at the same time (a barrier across them, and each
+// block's shared memory reachable from the others); then kernel 2's blocks in
+// order.
 #include "emulation.cpp"
 #include "kernels/cuda/key_centring.cu"
 #include "kernels/cuda/key_centring_kernels.cuh"
@@ -61,27 +62,57 @@ namespace gaugewatch::gpu::detail {
 cudaError_t launch_centring(const CentringArgs& args, int64_t kv_heads_total, cudaStream_t) {
   using gaugewatch_emulation::Block;
   using gaugewatch_emulation::Cluster;
-  const size_t smem = static_cast<size_t>(kCentringSmemBytes);
-  const CentringKernel kernel = centring_kernel_for(args);
-  for (int64_t pair = 0; pair < kv_heads_total; ++pair) {
-    Cluster cluster(args.cluster, kCentringThreads);
-    for (int r = 0; r < args.cluster; ++r) cluster.blocks.push_back(std::make_unique<Block>(kCentringThreads, smem));
+  const CentringKernels kernels = centring_kernels_for(args);
+  // One host thread per thread of a grid row, stepping through the rows in
+  // order, each row with its own blocks (its barriers and shared memory): a
+  // thread that finishes a row waits in the next one's barriers for the rest.
+  // Kernel 1: a row is a (b, hk)'s cluster, its blocks at once.
+  if (args.sums != 0) {
+    std::vector<std::unique_ptr<Cluster>> clusters;
+    for (int64_t pair = 0; pair < kv_heads_total; ++pair) {
+      clusters.push_back(std::make_unique<Cluster>(args.cluster, kCentringSumThreads));
+      for (int r = 0; r < args.cluster; ++r) {
+        clusters.back()->blocks.push_back(
+            std::make_unique<Block>(kCentringSumThreads, static_cast<size_t>(kCentringSumSmemBytes)));
+      }
+    }
     std::vector<std::thread> threads;
-    threads.reserve(static_cast<size_t>(args.cluster * kCentringThreads));
     for (int r = 0; r < args.cluster; ++r) {
-      for (int t = 0; t < kCentringThreads; ++t) {
+      for (int t = 0; t < kCentringSumThreads; ++t) {
         threads.emplace_back([&, r, t] {
-          threadIdx.x = static_cast<unsigned>(t);
-          blockIdx.x = static_cast<unsigned>(r);
-          blockIdx.y = static_cast<unsigned>(pair);
-          gaugewatch_emulation::current = cluster.blocks[static_cast<size_t>(r)].get();
-          gaugewatch_emulation::current_cluster = &cluster;
-          kernel(args);
+          for (int64_t pair = 0; pair < kv_heads_total; ++pair) {
+            Cluster& cluster = *clusters[static_cast<size_t>(pair)];
+            threadIdx.x = static_cast<unsigned>(t);
+            blockIdx.x = static_cast<unsigned>(r);
+            blockIdx.y = static_cast<unsigned>(pair);
+            gaugewatch_emulation::current = cluster.blocks[static_cast<size_t>(r)].get();
+            gaugewatch_emulation::current_cluster = &cluster;
+            kernels.sum(args);
+          }
         });
       }
     }
     for (auto& thread : threads) thread.join();
   }
+  // Kernel 2, after it: a row is one block.
+  std::vector<std::unique_ptr<Block>> blocks;
+  for (int64_t i = 0; i < kv_heads_total * args.apply_blocks; ++i) {
+    blocks.push_back(std::make_unique<Block>(kCentringApplyThreads, static_cast<size_t>(kCentringApplySmemBytes)));
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kCentringApplyThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t i = 0; i < kv_heads_total * args.apply_blocks; ++i) {
+        threadIdx.x = static_cast<unsigned>(t);
+        blockIdx.x = static_cast<unsigned>(i % args.apply_blocks);
+        blockIdx.y = static_cast<unsigned>(i / args.apply_blocks);
+        gaugewatch_emulation::current = blocks[static_cast<size_t>(i)].get();
+        gaugewatch_emulation::current_cluster = nullptr;
+        kernels.apply(args);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
   return cudaSuccess;
 }
 }  // namespace gaugewatch::gpu::detail
