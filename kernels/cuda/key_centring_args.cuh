@@ -29,8 +29,8 @@ inline constexpr int kCentringMaxCluster = 8;  // the portable cluster size
 // query_parts threads a row (query_parts_of in key_centring.cu), thread
 // `part` taking chunks part, part + parts, ... in two chains (even and odd
 // elements), the parts then meeting by xor shuffles. These constants fix
-// that order; they are the layout of the staged one-launch kernel these
-// kernels replace, kept so that the results are unchanged bit for bit.
+// that order (and with it kbar's rounding, which the tests pin bit for bit);
+// they need not match the kernels' launch shapes.
 inline constexpr int kCentringOrderThreads = 512;
 inline constexpr int64_t kCentringOrderShareBytes = 200 * 1024;
 inline constexpr int64_t kCentringOrderBatchBytes = 16 * 1024;

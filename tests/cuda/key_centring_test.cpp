@@ -5,9 +5,9 @@
 // policies, GQA, every instantiation (BF16, FP16 and FP32, each on the
 // 16-byte path and one element at a time: head dims 36 and 35), head dims 64,
 // 80, 128 and 256, clusters of 1, 2, 4 and 8 blocks, key counts that no block
-// or cluster size divides, more keys than a block stages (the rest through
-// the ring and read again), a full stage (the first query tile after the
-// keys), many query tiles a block, strided q, a padded lse (L > N) with a
+// or cluster size divides, shares of many summation batches (a block's
+// 200 KiB share; 16 KiB batches), many keys and lse rows per apply block,
+// strided q, a padded lse (L > N) with a
 // -inf row and a padded output (L_out > L), infinite and NaN operands.
 //
 // Build: gaugewatch_cuda_tests (GPU; skips without an sm_90 device) and
@@ -386,16 +386,14 @@ TEST(KeyCentring, GqaHeadDimsAndOddLengths) {
 TEST(KeyCentring, MoreKeysThanABlockStages) {
   SKIP_WITHOUT_GPU();
   using testing_cuda::shape;
-  // FP32, d = 256: 1 KiB rows, 200 staged per block; one (b, hk) pair takes a
-  // cluster of 8, so 2000 keys give each block 250: 128 kept (whole batches
-  // of 16, the ring's 4 batches left free), 122 through the ring (it wraps)
-  // and read again.
+  // FP32, d = 256: 1 KiB rows; one (b, hk) pair takes a cluster of 8, so
+  // 2000 keys give each share 250: 15 whole batches of 16 keys and a partial
+  // one, each summed in the fixed order (key_centring_args.cuh).
   CentringCase c = make("fp32_d256_ring", shape(1, 2, 1, 9, 2000, 256), 40.0f);
   c.dtype = gpu::ElementType::kFp32;
   c.policy = gpu::CentringPolicy::kAlways;
-  // BF16, d = 128: 5600 keys give each block of the 8 700 (175 KiB, all
-  // staged), so no query tile fits beside them and tile 0 loads after the
-  // keys are written (elsewhere it loads while they are).
+  // BF16, d = 128: 5600 keys give each share of the 8 700 (175 KiB, 11
+  // batches), and the apply blocks many keys each.
   CentringCase full = make("bf16_d128_full_stage", shape(1, 2, 1, 40, 5600, 128), 60.0f);
   for (const CentringCase& x : {c, full}) run_case(x);
 }
