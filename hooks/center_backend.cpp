@@ -21,7 +21,7 @@ std::optional<std::array<Tensor, 4>> center_backward(const CallInfo& info, const
     return std::nullopt;
   }
   try {
-    // center_keys (one kernel: kernels/cuda/key_centring.h) takes lse
+    // center_keys (two kernels: kernels/cuda/key_centring.h) takes lse
     // (B, Hq, L >= N) and leaves entries >= N as they are (efficient
     // attention's padding); cuDNN's (B, H, N, 1) goes in as (B, H, N) and
     // comes back in its own shape. Its outputs are the only allocations

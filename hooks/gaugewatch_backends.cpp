@@ -128,8 +128,10 @@ std::optional<std::array<Tensor, 4>> gaugewatch_backward(const CallInfo& info, B
     if (!at::isfinite(lse3).all().item<bool>()) return refuse("non-finite inputs");
   }
   try {
+    // grad_out as autograd hands it over (SDPA's transposed layout): the op
+    // reads strided rows in place, a copy here would cost a pass over it.
     auto [dq, dk, dv] = grads_of(call_op("attention_backward",
-                                         {{"grad_out", grad_out.contiguous()}, {"q", q}, {"k", k}, {"v", v},
+                                         {{"grad_out", grad_out}, {"q", q}, {"k", k}, {"v", v},
                                           {"out", out}, {"lse", lse3}, {"is_causal", info.is_causal},
                                           {"scale", info.scale}, {"backend", b}}));
     // CPU: a non-finite gradient runs stock instead. CUDA: not checked (the

@@ -22,6 +22,13 @@ over rounds of these paired differences, a bootstrap 95% interval, min / max.
     python3 bench/hooks/backend_step_time.py --model gpt2_4k --deadline-s 400   # GPU-bound GPT-2 small
     .venv/bin/python bench/hooks/backend_step_time.py --tiny      # CPU, seconds: the test's configuration
     ... [--budget-s S] [--rounds N] [--procs P] [--burst N] [--deadline-s S] [--out FILE.json]
+        [--variants A,B] [--profile-steps N]
+
+--profile-steps N (default 3 on CUDA): after the rounds, N steps of each
+variant's first process run under torch.profiler; the report adds each
+variant's busy time per step and the kernels whose time differs most from
+no_library's (where a backend's extra step time goes: its kernels, copies,
+memsets).
 
 --model: the example's configuration for the device (default; tiny with
 --tiny), or a plain GPT of examples/sink_gpt.py without the sink regime on
@@ -125,6 +132,10 @@ def main():
     p.add_argument("--model", choices=["example", *PLAIN_MODELS], default="example",
                    help="example: examples/sink_gpt.py's configuration for the device; else a plain GPT")
     paired_rounds.add_arguments(p, ROOT)
+    p.add_argument("--profile-steps", type=int,
+                   help="after the rounds, profile this many steps of each variant's first process and report its "
+                        "kernels (CUDA) or operators (CPU) by time per step and what it adds to no_library's; "
+                        "0: none (default: 3 on CUDA, 0 on the CPU)")
     args = p.parse_args()
     import torch
     if args.device is None:
@@ -138,6 +149,7 @@ def main():
     args.warmup = args.warmup if args.warmup is not None else (2 if args.tiny else 10)
     args.burst = args.burst or (2 if args.tiny else 10 if cuda else 5)
     args.budget_s = args.budget_s or (120.0 if cuda else 40.0)
+    args.profile_steps = args.profile_steps if args.profile_steps is not None else (3 if cuda else 0)
     if not pathlib.Path(args.lib).exists():
         raise SystemExit(f"{args.lib} not found: build first or pass --lib")
     names = args.variants.split(",")
@@ -151,6 +163,7 @@ def main():
     bursts = paired_rounds.run_rounds(workers, args, run_started=started)
     r = len(bursts["no_library"])
 
+    profiles = {name: workers[name][0].profile(args.profile_steps) for name in names} if args.profile_steps else {}
     results = {}
     for name in names:
         stats = None
@@ -185,8 +198,13 @@ def main():
         lines.append(f"| {name} | {row['median_ms']:.2f} | {fmt('vs_no_library')} | {fmt('vs_stock')} | "
                      f"{'-' if ran is None else ('yes' if ran else 'NO: ' + json.dumps(row['backward_calls']))} |")
     text = "\n".join(lines) + "\n"
+    if profiles:
+        text += (f"\nProfiled {args.profile_steps} step(s) of each variant after the rounds (torch.profiler; "
+                 f"{'GPU kernels by device time' if cuda else 'operators by self CPU time'}), per step:\n\n"
+                 + paired_rounds.profile_report(profiles))
     print(text)
     report = {"date": time.strftime("%Y-%m-%d"), "args": vars(args), "rounds": r, "results": results,
+              "profiles": profiles,
               "wall_s": time.monotonic() - started,
               "machine": {"platform": platform.platform(), "torch": torch.__version__,
                           "gpu": torch.cuda.get_device_name(0) if cuda else None}}

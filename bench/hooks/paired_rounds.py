@@ -10,8 +10,9 @@ pairs.
 
 A worker runs a Python script: WORKER_HEAD (json, sys, time imported; `a`,
 its spec, parsed from argv[1]), then the benchmark's own part, which defines
-`step()` (one timed training step, seconds) and `stats()` (the hooks
-library's stats, None without the library), then WORKER_LOOP.
+`step()` (one timed training step, seconds), `stats()` (the hooks
+library's stats, None without the library) and `model` (its parameters' device
+says what a profile records), then WORKER_LOOP.
 """
 
 import json
@@ -29,8 +30,29 @@ a = json.loads(sys.argv[1])
 """
 
 # Warm-up, then commands on stdin, one JSON line each:
-# {"run": n} -> {"times": [...]}; {"quit": true} -> {"stats": ...}.
+# {"run": n} -> {"times": [...]}; {"quit": true} -> {"stats": ...};
+# {"profile": n} -> {"kernels": {name: [calls per step, ms per step]}}: n steps
+# under torch.profiler; on CUDA every GPU kernel (and memcpy / memset) by its
+# device time, on the CPU every operator by its self CPU time (the time of no
+# operator is counted twice: the sum is the busy time of the step).
 WORKER_LOOP = r"""
+def profile_steps(n):
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    cuda = torch.cuda.is_available() and any(p.is_cuda for p in model.parameters())
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            step()
+    kernels = {}
+    for e in prof.key_averages():
+        if cuda and e.device_type != DeviceType.CUDA:
+            continue
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0:
+            kernels[e.key] = [e.count / n, us / 1e3 / n]
+    return kernels
+
 warm = [step() for _ in range(a["warmup"])]
 print(json.dumps({"ready": True, "warmup_times": warm}), flush=True)
 for line in sys.stdin:
@@ -38,6 +60,9 @@ for line in sys.stdin:
     if cmd.get("quit"):
         print(json.dumps({"stats": stats()}), flush=True)
         break
+    if "profile" in cmd:
+        print(json.dumps({"kernels": profile_steps(cmd["profile"])}), flush=True)
+        continue
     print(json.dumps({"times": [step() for _ in range(cmd["run"])]}), flush=True)
 """
 
@@ -94,6 +119,11 @@ class Worker:
     def run(self, steps):
         self.proc.stdin.write(json.dumps({"run": steps}) + "\n")
         return self.reply()["times"]
+
+    def profile(self, steps):
+        """{kernel or operator: [calls per step, ms per step]} over `steps` profiled steps (WORKER_LOOP)."""
+        self.proc.stdin.write(json.dumps({"profile": steps}) + "\n")
+        return self.reply()["kernels"]
 
     def quit(self):
         self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
@@ -165,3 +195,45 @@ def summarize(diffs, seed=1, resamples=2000):
 def paired(bursts, name, base, of=statistics.median):
     """summarize() of `name`'s per-round burst statistic `of` against `base`'s of the same round."""
     return summarize([pct(of(m), of(b)) for m, b in zip(bursts[name], bursts[base])])
+
+
+def short_kernel_name(name, width=72):
+    """A profiler key without its return type, template arguments and parameters, at most `width` characters."""
+    name = name.removeprefix("void ")
+    for stop in "<(":
+        if stop in name[1:]:
+            name = name[:name.index(stop, 1)]
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def merge_short_names(kernels):
+    """{short name: [calls, ms]} per step: instantiations of one template summed."""
+    merged = {}
+    for name, (calls, ms) in kernels.items():
+        row = merged.setdefault(short_kernel_name(name), [0.0, 0.0])
+        row[0] += calls
+        row[1] += ms
+    return merged
+
+
+def profile_report(profiles, base="no_library", top=8, min_ms=0.02):
+    """Markdown: per variant its busy time per step (the sum of its kernels'
+    or operators' times) and the `top` kernels whose time per step differs
+    most from the base variant's (at least min_ms)."""
+    merged = {name: merge_short_names(k) for name, k in profiles.items()}
+    base_k = merged.get(base, {})
+    base_busy = sum(ms for _, ms in base_k.values())
+    lines = ["| variant | busy ms / step | vs " + base + " | largest differences from " + base +
+             " (ms / step, calls / step) |", "|---|---|---|---|"]
+    for name, k in merged.items():
+        busy = sum(ms for _, ms in k.values())
+        diffs = []
+        for kernel in set(k) | set(base_k):
+            calls, ms = k.get(kernel, [0.0, 0.0])
+            d = ms - base_k.get(kernel, [0.0, 0.0])[1]
+            if abs(d) >= min_ms:
+                diffs.append((d, kernel, calls))
+        diffs.sort(key=lambda x: -abs(x[0]))
+        text = "; ".join(f"`{kernel}` {d:+.3f} ({calls:g})" for d, kernel, calls in diffs[:top]) or "-"
+        lines.append(f"| {name} | {busy:.2f} | {busy - base_busy:+.2f} | {text if name != base else '-'} |")
+    return "\n".join(lines) + "\n"

@@ -1,9 +1,9 @@
-// Launcher of key centring: validation, the cluster size, the shared-memory
-// stage's use (resident keys, load batches, query tiles) and the
-// instantiation (element type; 16-byte chunks or single elements); math in
-// kernels/cuda/key_centring.h. Host code only (no <<<>>>;
-// key_centring_launch.cu launches), so the CPU emulation compiles this same
-// file against its runtime.
+// Launcher of key centring: validation, the summation order's partition
+// (cluster size, batch, query parts; key_centring_args.cuh), the apply
+// kernel's blocks and the instantiation (element type; 16-byte chunks or
+// single elements); math in kernels/cuda/key_centring.h. Host code only (no
+// <<<>>>; key_centring_launch.cu launches), so the CPU emulation compiles
+// this same file against its runtime.
 // Build: target gaugewatch_cuda (sm_90a). Run: tests/cuda/key_centring_test.cpp.
 
 #include "kernels/cuda/key_centring.h"
@@ -23,16 +23,16 @@ using checks::kMaxGridY;
 
 int element_size(ElementType t) { return t == ElementType::kFp32 ? 4 : 2; }
 
-// Blocks per (b, hk), a function of the shape only (so the FP64 sums, and an
-// FP32 key's rounding, never depend on the device): enough blocks for about
-// one per SM of a 132-SM GPU when there are few heads, and enough that a
-// block's share of the keys fits its stage; a power of two (clusters of 2, 4
-// or 8 blocks pack a GPC's SMs, one block per SM), at most the portable
-// cluster size, at least 16 keys a block.
+// Shares (kernel 1's blocks) per (b, hk), a function of the shape only (so
+// the FP64 sums never depend on the device): enough blocks for about one per
+// SM of a 132-SM GPU when there are few heads, and shares of at most
+// kCentringOrderShareBytes; a power of two (clusters of 2, 4 or 8 blocks
+// pack a GPC's SMs), at most the portable cluster size, at least 16 keys a
+// block. It fixes the summation order (key_centring_args.cuh).
 int cluster_of(const ProblemShape& s, int64_t row_bytes) {
   const int64_t pairs = s.batch * s.kv_heads;
   const int64_t fill = pairs >= 132 ? 1 : (132 + pairs - 1) / pairs;
-  const int64_t fit = (s.kv_len * row_bytes + detail::kCentringStageBytes - 1) / detail::kCentringStageBytes;
+  const int64_t fit = (s.kv_len * row_bytes + detail::kCentringOrderShareBytes - 1) / detail::kCentringOrderShareBytes;
   const int64_t want = fill > fit ? fill : fit;
   const int64_t most = (s.kv_len + 15) / 16;
   int c = 1;
@@ -41,15 +41,17 @@ int cluster_of(const ProblemShape& s, int64_t row_bytes) {
   return c;
 }
 
-// Threads per query row in step 4 (a power of two): the fewest that let two
-// tiles of kCentringThreads / parts rows fit the stage.
-int query_parts_of(int64_t row_bytes, bool vec, int64_t* stride) {
+// Threads per query row (a power of two), which fixes the order of the
+// q . kbar additions: the fewest that let two tiles of
+// kCentringOrderThreads / parts rows, each row padded against bank
+// conflicts, fit kCentringOrderShareBytes (the staged kernel's layout).
+int query_parts_of(int64_t row_bytes, bool vec) {
   for (int parts = 1;; parts *= 2) {
-    // 16-byte rows padded so that the 8 threads of a shared-memory phase read
-    // distinct banks (row stride = 4 parts words mod 32).
     const int64_t words = row_bytes / 4;
-    *stride = vec ? row_bytes + 4 * (((4 * parts - words) % 32 + 32) % 32) : (row_bytes + 15) / 16 * 16;
-    if (parts == 32 || 2 * (detail::kCentringThreads / parts) * *stride <= detail::kCentringStageBytes) return parts;
+    const int64_t stride = vec ? row_bytes + 4 * (((4 * parts - words) % 32 + 32) % 32) : (row_bytes + 15) / 16 * 16;
+    if (parts == 32 || 2 * (detail::kCentringOrderThreads / parts) * stride <= detail::kCentringOrderShareBytes) {
+      return parts;
+    }
   }
 }
 
@@ -117,26 +119,28 @@ Status center_keys(const KeyCentringParams& p, cudaStream_t stream) {
                    aligned_operand(p.k, p.k_strides, esize) &&
                    aligned_operand(p.k_centred, p.k_centred_strides, esize);
   a.vec = vec ? 1 : 0;
+  a.pairs = s.batch * s.kv_heads;
+  a.sums = p.policy != CentringPolicy::kNever && s.kv_len > 0 ? 1 : 0;
   a.cluster = cluster_of(s, row_bytes);
   a.keys_per_block = (s.kv_len + a.cluster - 1) / a.cluster;
-  // Keys per batch: ~16 KiB. A share that fits the stage stays whole; else
-  // whole batches stay and the rest pass through a ring of kCentringDepth.
-  const int64_t stage_rows = detail::kCentringStageBytes / row_bytes;
-  const int64_t batch = detail::kCentringBatchBytes / row_bytes;
+  const int64_t batch = detail::kCentringOrderBatchBytes / row_bytes;
   a.batch_rows = batch > 1 ? batch : 1;
-  if (a.keys_per_block <= stage_rows) {
-    a.resident_rows = a.keys_per_block;
-  } else {
-    const int64_t kept = stage_rows / a.batch_rows - detail::kCentringDepth;
-    a.resident_rows = (kept > 0 ? kept : 0) * a.batch_rows;
-  }
-  a.query_parts = query_parts_of(row_bytes, vec, &a.query_stride);
-  a.query_tile_rows = detail::kCentringThreads / a.query_parts;
+  a.query_parts = query_parts_of(row_bytes, vec);
+  // Kernel 2: about kCentringApplyBlocksTarget blocks, at least
+  // kCentringApplyMinKeys keys a block (its results do not depend on these).
+  const int64_t pairs = a.pairs > 0 ? a.pairs : 1;
+  const int64_t by_target = (detail::kCentringApplyBlocksTarget + pairs - 1) / pairs;
+  const int64_t by_keys = (s.kv_len + detail::kCentringApplyMinKeys - 1) / detail::kCentringApplyMinKeys;
+  const int64_t apply = by_target < by_keys ? by_target : by_keys;
+  a.apply_blocks = static_cast<int>(apply > 1 ? apply : 1);
+  a.apply_keys = (s.kv_len + a.apply_blocks - 1) / a.apply_blocks;
+  const int64_t lse_rows = s.q_heads / s.kv_heads * a.lse_out_len;
+  a.apply_lse_rows = (lse_rows + a.apply_blocks - 1) / a.apply_blocks;
   a.dtype = static_cast<int>(p.dtype);
   a.policy = static_cast<int>(p.policy);
   a.ratio = p.offset_spread_ratio;
   a.scale = static_cast<float>(s.scale);
-  const cudaError_t err = detail::launch_centring(a, s.batch * s.kv_heads, stream);
+  const cudaError_t err = detail::launch_centring(a, a.pairs, stream);
   if (err != cudaSuccess) return checks::cuda_failure("key centring", err);
   return {};
 }

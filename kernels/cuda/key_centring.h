@@ -22,16 +22,18 @@
 // The softmax is unchanged, so a stock backward on (q, k_centred, v, out,
 // lse_shifted) returns the same gradients mathematically.
 //
-// One launch, one pass over K: a cluster of 1, 2, 4 or 8 blocks per (b, hk)
-// (the cluster size depends on the shape only: results are bit-identical run
-// to run), 512 threads and one block per SM. Each block copies its share of
-// the keys into shared memory in ~16 KiB batches (cp.async, three batches in
-// flight) and sums them in FP64 (columns of k and of (k - k_0)^2, k_0 the
-// head's first key, so the squares do not cancel when the offset dominates);
-// the cluster adds the blocks' sums in rank order through distributed shared
-// memory; every block then writes its keys centred from shared memory and
-// shifts its share of the group's lse rows, several threads per row sharing
-// q . kbar. Structure: key_centring_kernels.cuh; traffic and its floor:
+// Two launches on one stream, no workspace. Kernel 1 (sums): a cluster of
+// 1, 2, 4 or 8 blocks of 512 threads per (b, hk), each block reading its
+// share of the keys once from memory and summing the columns of k and of
+// (k - k_0)^2 in FP64 (k_0 the head's first key, so the squares do not
+// cancel when the offset dominates); the cluster adds the blocks' sums in
+// rank order through distributed shared memory and its first block writes
+// kbar. Kernel 2 (apply): blocks of 256 threads, several per (b, hk), read
+// kbar back and stream the keys again, writing them centred, then shift
+// their share of the group's lse rows, several threads per row sharing
+// q . kbar. The order of every FP64 sum is a function of the shape only
+// (key_centring_args.cuh), so results are bit-identical run to run.
+// Structure and cost: key_centring_kernels.cuh; traffic and its floor:
 // kernels/cuda/README.md, Key centring.
 //
 // Layouts: q (B, Hq, N, d), k and k_centred (B, Hkv, M, d), any batch/head/row
@@ -79,8 +81,9 @@ struct KeyCentringParams {
 
 Status validate(const KeyCentringParams& params);
 
-// Enqueues the one kernel on `stream`; never synchronizes, never aborts. No
-// workspace: the blocks of a (b, hk) meet in distributed shared memory.
+// Enqueues the two kernels on `stream`; never synchronizes, never aborts. No
+// workspace: the blocks of a (b, hk) meet in distributed shared memory, and
+// kernel 2 reads kbar from the `kbar` output.
 Status center_keys(const KeyCentringParams& params, cudaStream_t stream);
 
 }  // namespace gaugewatch::gpu

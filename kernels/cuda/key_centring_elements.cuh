@@ -1,6 +1,6 @@
 #pragma once
-// Element types, 16-byte chunks, asynchronous copies and cluster primitives of
-// the key centring kernel (key_centring_kernels.cuh), each with the CPU
+// Element types, 16-byte chunks and cluster primitives of the key centring
+// kernels (key_centring_kernels.cuh), each with the CPU
 // emulation's counterpart (tests/cuda/key_centring_test.cpp) where the GPU
 // uses an instruction the host does not have.
 
@@ -110,29 +110,15 @@ __device__ __forceinline__ uint32_t chunk_element(const CentringChunk& c, int e)
   }
 }
 
-// Asynchronous 16-byte global -> shared copies (cp.async, through L2 only):
-// a thread's copies are complete, for that thread, after a wait; a barrier
-// then shows them to the block. The emulation copies at once.
+// The cluster's barrier and its blocks' shared memory (the emulation's
+// counterparts: tests/cuda/key_centring_test.cpp).
 #ifdef GAUGEWATCH_CUDA_EMULATION
-__device__ __forceinline__ void centring_copy_16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
-__device__ __forceinline__ void centring_copy_commit() {}
-template <int N>
-__device__ __forceinline__ void centring_copy_wait() {}
 __device__ __forceinline__ void centring_cluster_sync() { gaugewatch_emulation::cluster_sync(); }
 template <class T>
 __device__ __forceinline__ T* centring_cluster_peer(T* local, int rank) {
   return static_cast<T*>(gaugewatch_emulation::cluster_peer_smem(local, rank));
 }
 #else
-__device__ __forceinline__ void centring_copy_16(void* dst, const void* src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void centring_copy_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void centring_copy_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ void centring_cluster_sync() { cooperative_groups::this_cluster().sync(); }
 template <class T>
 __device__ __forceinline__ T* centring_cluster_peer(T* local, int rank) {

@@ -61,7 +61,7 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // otherwise bf16 and pivot run the key-outer kernel (FP32 atomics). gproj's
 // structure is chosen once when the library loads:
 // GAUGEWATCH_GPROJ_KERNEL=key_outer runs the key-outer kernel and its second
-// pass (opt-in: emulation-tested, not yet measured on a GPU); unset, empty or
+// pass (opt-in: measured slower than the pair on the H200); unset, empty or
 // "pair" the two-kernel pair, gproj's default; another value warns once on
 // stderr and keeps the pair. The metrics keep the default: their backends'
 // runs are bit-repeatable.
@@ -80,7 +80,7 @@ Grads fused_fp32_backward(const AttentionCall& call, const at::Tensor& grad_out_
                           const DeviceMask& mask, const std::optional<Fp32Subset>& subset, bool deterministic,
                           bool center_keys, cudaStream_t stream);
 
-// Key centring (kernels/cuda/key_centring.h), one kernel and no workspace:
+// Key centring (kernels/cuda/key_centring.h), two kernels and no workspace:
 // (k_centred, lse_shifted, kbar) of checked operands, k_centred with k's
 // strides where k is dense; lse_shifted (B, Hq, max(L, lse_out_len))
 // contiguous, rows past L zero (the memory-efficient backward's padding).

@@ -616,7 +616,7 @@ TEST(Bf16Backward, DeterministicPairIsBitwiseRepeatable) {
 
 // Which structure each backend runs. bf16 and pivot take the key-outer kernel
 // by default; gproj takes the pair unless gproj_key_outer is set (the
-// key-outer gproj is emulation-tested, not yet measured on a GPU), and even
+// key-outer gproj measured slower than the pair on the H200), and even
 // then not when deterministic, on the mma.sync pair or with diagnostics (bf16
 // only). The workspace follows the choice (the key-outer gproj needs U, m and
 // dK in FP32). Host code only: runs without a GPU.

@@ -5,9 +5,9 @@
 // policies, GQA, every instantiation (BF16, FP16 and FP32, each on the
 // 16-byte path and one element at a time: head dims 36 and 35), head dims 64,
 // 80, 128 and 256, clusters of 1, 2, 4 and 8 blocks, key counts that no block
-// or cluster size divides, more keys than a block stages (the rest through
-// the ring and read again), a full stage (the first query tile after the
-// keys), many query tiles a block, strided q, a padded lse (L > N) with a
+// or cluster size divides, shares of many summation batches (a block's
+// 200 KiB share; 16 KiB batches), many keys and lse rows per apply block,
+// strided q, a padded lse (L > N) with a
 // -inf row and a padded output (L_out > L), infinite and NaN operands.
 //
 // Build: gaugewatch_cuda_tests (GPU; skips without an sm_90 device) and
@@ -32,9 +32,10 @@
 #ifdef GAUGEWATCH_CENTRING_EMULATION
 // CPU emulation: this translation unit is the emulated runtime, the real host
 // launcher (key_centring.cu, compiled as C++), and below the launcher in place
-// of key_centring_launch.cu's cluster launch: the blocks of one cluster run
-// at the same time (a barrier across them, and each block's shared memory
-// reachable from the others), clusters one after another.
+// of key_centring_launch.cu's two launches: kernel 1's clusters in order, the
+// blocks of one cluster at the same time (a barrier across them, and each
+// block's shared memory reachable from the others); then kernel 2's blocks in
+// order.
 #include "emulation.cpp"
 #include "kernels/cuda/key_centring.cu"
 #include "kernels/cuda/key_centring_kernels.cuh"
@@ -61,27 +62,57 @@ namespace gaugewatch::gpu::detail {
 cudaError_t launch_centring(const CentringArgs& args, int64_t kv_heads_total, cudaStream_t) {
   using gaugewatch_emulation::Block;
   using gaugewatch_emulation::Cluster;
-  const size_t smem = static_cast<size_t>(kCentringSmemBytes);
-  const CentringKernel kernel = centring_kernel_for(args);
-  for (int64_t pair = 0; pair < kv_heads_total; ++pair) {
-    Cluster cluster(args.cluster, kCentringThreads);
-    for (int r = 0; r < args.cluster; ++r) cluster.blocks.push_back(std::make_unique<Block>(kCentringThreads, smem));
+  const CentringKernels kernels = centring_kernels_for(args);
+  // One host thread per thread of a grid row, stepping through the rows in
+  // order, each row with its own blocks (its barriers and shared memory): a
+  // thread that finishes a row waits in the next one's barriers for the rest.
+  // Kernel 1: a row is a (b, hk)'s cluster, its blocks at once.
+  if (args.sums != 0) {
+    std::vector<std::unique_ptr<Cluster>> clusters;
+    for (int64_t pair = 0; pair < kv_heads_total; ++pair) {
+      clusters.push_back(std::make_unique<Cluster>(args.cluster, kCentringSumThreads));
+      for (int r = 0; r < args.cluster; ++r) {
+        clusters.back()->blocks.push_back(
+            std::make_unique<Block>(kCentringSumThreads, static_cast<size_t>(kCentringSumSmemBytes)));
+      }
+    }
     std::vector<std::thread> threads;
-    threads.reserve(static_cast<size_t>(args.cluster * kCentringThreads));
     for (int r = 0; r < args.cluster; ++r) {
-      for (int t = 0; t < kCentringThreads; ++t) {
+      for (int t = 0; t < kCentringSumThreads; ++t) {
         threads.emplace_back([&, r, t] {
-          threadIdx.x = static_cast<unsigned>(t);
-          blockIdx.x = static_cast<unsigned>(r);
-          blockIdx.y = static_cast<unsigned>(pair);
-          gaugewatch_emulation::current = cluster.blocks[static_cast<size_t>(r)].get();
-          gaugewatch_emulation::current_cluster = &cluster;
-          kernel(args);
+          for (int64_t pair = 0; pair < kv_heads_total; ++pair) {
+            Cluster& cluster = *clusters[static_cast<size_t>(pair)];
+            threadIdx.x = static_cast<unsigned>(t);
+            blockIdx.x = static_cast<unsigned>(r);
+            blockIdx.y = static_cast<unsigned>(pair);
+            gaugewatch_emulation::current = cluster.blocks[static_cast<size_t>(r)].get();
+            gaugewatch_emulation::current_cluster = &cluster;
+            kernels.sum(args);
+          }
         });
       }
     }
     for (auto& thread : threads) thread.join();
   }
+  // Kernel 2, after it: a row is one block.
+  std::vector<std::unique_ptr<Block>> blocks;
+  for (int64_t i = 0; i < kv_heads_total * args.apply_blocks; ++i) {
+    blocks.push_back(std::make_unique<Block>(kCentringApplyThreads, static_cast<size_t>(kCentringApplySmemBytes)));
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kCentringApplyThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t i = 0; i < kv_heads_total * args.apply_blocks; ++i) {
+        threadIdx.x = static_cast<unsigned>(t);
+        blockIdx.x = static_cast<unsigned>(i % args.apply_blocks);
+        blockIdx.y = static_cast<unsigned>(i / args.apply_blocks);
+        gaugewatch_emulation::current = blocks[static_cast<size_t>(i)].get();
+        gaugewatch_emulation::current_cluster = nullptr;
+        kernels.apply(args);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
   return cudaSuccess;
 }
 }  // namespace gaugewatch::gpu::detail
@@ -355,16 +386,14 @@ TEST(KeyCentring, GqaHeadDimsAndOddLengths) {
 TEST(KeyCentring, MoreKeysThanABlockStages) {
   SKIP_WITHOUT_GPU();
   using testing_cuda::shape;
-  // FP32, d = 256: 1 KiB rows, 200 staged per block; one (b, hk) pair takes a
-  // cluster of 8, so 2000 keys give each block 250: 128 kept (whole batches
-  // of 16, the ring's 4 batches left free), 122 through the ring (it wraps)
-  // and read again.
+  // FP32, d = 256: 1 KiB rows; one (b, hk) pair takes a cluster of 8, so
+  // 2000 keys give each share 250: 15 whole batches of 16 keys and a partial
+  // one, each summed in the fixed order (key_centring_args.cuh).
   CentringCase c = make("fp32_d256_ring", shape(1, 2, 1, 9, 2000, 256), 40.0f);
   c.dtype = gpu::ElementType::kFp32;
   c.policy = gpu::CentringPolicy::kAlways;
-  // BF16, d = 128: 5600 keys give each block of the 8 700 (175 KiB, all
-  // staged), so no query tile fits beside them and tile 0 loads after the
-  // keys are written (elsewhere it loads while they are).
+  // BF16, d = 128: 5600 keys give each share of the 8 700 (175 KiB, 11
+  // batches), and the apply blocks many keys each.
   CentringCase full = make("bf16_d128_full_stage", shape(1, 2, 1, 40, 5600, 128), 60.0f);
   for (const CentringCase& x : {c, full}) run_case(x);
 }

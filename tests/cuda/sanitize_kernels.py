@@ -3,9 +3,9 @@ compute-sanitizer (memcheck, racecheck, synccheck) in scripts/device.sh:
 multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64
 and 128; bf16 and pivot both on the key-outer kernel (default) and on the
 two-kernel pair (deterministic=True), gproj on the pair (its default, and
-deterministic=True); and the one-launch key centring
-(center_keys) on GQA with a padded lse, head dims 64, 128 and 256, and on
-long keys (the ring of batches past a block's stage). Exits non-zero on any
+deterministic=True); and key centring's two kernels (center_keys) on GQA
+with a padded lse, head dims 64, 128 and 256, and on long keys (a share of
+many batches). Exits non-zero on any
 Python-side failure; the sanitizer's own exit code (--error-exitcode)
 reports hazards.
 
@@ -74,8 +74,8 @@ if WARP_SPECIALIZED:
     sys.exit(0)
 
 CENTRING = [dict(B=2, Hq=4, Hkv=2, N=300, L=320, d=d) for d in (64, 128, 256)]
-# 7000 keys of d = 128 over a cluster of 8: 875 a block, more than the 800 a
-# block stages, so the copies also cycle through the ring of batches.
+# 7000 keys of d = 128 over a cluster of 8: 875 a block, 14 batches of the
+# summation order; the apply kernel's blocks take 64 keys or more each.
 CENTRING.append(dict(B=1, Hq=2, Hkv=1, N=7000, L=7000, d=128))
 for case in CENTRING:
     g = torch.Generator(device="cuda").manual_seed(1)

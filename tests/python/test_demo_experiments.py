@@ -75,9 +75,16 @@ def test_sink_backends_tiny(binaries, tmp_path, record_line):
 
 def test_backend_step_time_tiny(binaries, tmp_path):
     out = tmp_path / "step.json"
-    run("bench/hooks/backend_step_time.py", "--tiny", "--out", out)
-    results = json.loads(out.read_text())["results"]
-    assert set(results) == {"no_library", "stock", "monitor_defaults", "gproj", "pivot", "center"}
+    run("bench/hooks/backend_step_time.py", "--tiny", "--profile-steps", "1", "--out", out)
+    report = json.loads(out.read_text())
+    results = report["results"]
+    assert set(results) == {"no_library", "stock", "monitor_defaults", "gproj", "gproj_key_outer", "pivot", "bf16",
+                            "center"}
+    # The profile: every variant's operators; the hooked backends run the library's ops.
+    assert set(report["profiles"]) == set(results)
+    assert any("gaugewatch" in op for op in report["profiles"]["gproj"]), sorted(report["profiles"]["gproj"])
+    assert not any("gaugewatch" in op for op in report["profiles"]["no_library"])
+    assert "busy ms / step" in out.with_suffix(".md").read_text()
     for name, row in results.items():
         assert row["median_ms"] > 0 and row["bursts"] == 3, (name, row)
         if name not in ("no_library", "center"):

@@ -4,10 +4,10 @@ and backend "center"), on the GPU:
 - the FP32 recompute with a key-padding bool mask (a stride-0 broadcast view),
   an additive bias with -inf entries, and the monitor's row subset, against
   the FP64 masked truth (SDPA's math on float64, autograd);
-- center_keys on CUDA (one kernel) equals the CPU op bit for bit: kbar,
+- center_keys on CUDA (two kernels) equals the CPU op bit for bit: kbar,
   k - kbar and the shifted lse (BF16 and FP16, GQA, d 64/128/256, lengths no
-  block divides, a padded lse, SDPA's transposed layout, keys beyond a
-  block's shared-memory stage, the three policies);
+  block divides, a padded lse, SDPA's transposed layout, long keys (a
+  summation share of many batches), the three policies);
 - backend "center" on sink-like inputs: SDPA flash's dQ is ~100% off, the
   centred flash backward ~1%; on random inputs it stays near stock; with GQA;
   with a key-padding mask (the memory-efficient backward) against the masked

@@ -15,7 +15,9 @@ namespace gaugewatch::gpu::bf16 {
 
 cudaError_t launch_delta(const DeltaArgs& a, cudaStream_t /*stream*/) {
   if (a.rows <= 0) return cudaSuccess;
-  gaugewatch_emulation::run_grid(dim3(static_cast<unsigned>((a.rows + 7) / 8)), 256, 0, [&a] { delta_kernel(a); });
+  const int64_t per_block = delta_rows_per_block(a.d);
+  const dim3 grid(static_cast<unsigned>((a.rows + per_block - 1) / per_block));
+  gaugewatch_emulation::run_grid(grid, 32 * kDeltaWarps, 0, [&a] { delta_kernel(a); });
   return cudaSuccess;
 }
 

@@ -46,6 +46,9 @@ inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
 };
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
