@@ -10,8 +10,9 @@ layer's backward on one backend, and the monitor's overhead at its defaults:
                       of gproj and pivot)
   gproj_key_outer     gproj on the key-outer kernel and its second pass
                       (GAUGEWATCH_GPROJ_KERNEL=key_outer)
-  pivot_ws, bf16_ws   pivot, bf16 on the warp-specialized key-outer kernel
-                      (GAUGEWATCH_BF16_KERNEL=ws)
+  pivot_no_ws, bf16_no_ws  pivot, bf16 on the key-outer kernel without warp
+                      specialization (GAUGEWATCH_BF16_KERNEL=key_outer; their
+                      default is the warp-specialized one)
 
 Method (bench/hooks/paired_rounds.py): every variant runs in --procs
 long-lived processes, warmed up once; then rounds, in each of which every
@@ -112,8 +113,8 @@ VARIANTS = {
     "gproj_key_outer": {**OFF, "GAUGEWATCH_BACKEND": "gproj", "GAUGEWATCH_GPROJ_KERNEL": "key_outer"},
     "pivot": {**OFF, "GAUGEWATCH_BACKEND": "pivot"},
     "bf16": {**OFF, "GAUGEWATCH_BACKEND": "bf16"},
-    "pivot_ws": {**OFF, "GAUGEWATCH_BACKEND": "pivot", "GAUGEWATCH_BF16_KERNEL": "ws"},
-    "bf16_ws": {**OFF, "GAUGEWATCH_BACKEND": "bf16", "GAUGEWATCH_BF16_KERNEL": "ws"},
+    "pivot_no_ws": {**OFF, "GAUGEWATCH_BACKEND": "pivot", "GAUGEWATCH_BF16_KERNEL": "key_outer"},
+    "bf16_no_ws": {**OFF, "GAUGEWATCH_BACKEND": "bf16", "GAUGEWATCH_BF16_KERNEL": "key_outer"},
     "center": {**OFF, "GAUGEWATCH_BACKEND": "center"},
 }
 

@@ -11,7 +11,8 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   the delta pre-pass and the workspace allocation; gw_center is
                   key centring (center_keys' kernels) plus SDPA's flash backward;
                   the default path (deterministic=False): bf16 and pivot run
-                  the key-outer kernel, gproj the two-kernel pair
+                  the warp-specialized key-outer kernel, gproj the two-kernel
+                  pair
   gw_<backend>_pair  bf16, gproj, pivot with deterministic=True: the two-kernel
                   pair, side by side with the key-outer kernel
   gw_center_keys  center_keys alone (the centring's share of gw_center)
@@ -24,11 +25,11 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
   gw_<backend>_mma_sync  the same with GAUGEWATCH_BF16_KERNEL=mma_sync: the
                   mma.sync kernel pair that the Hopper (wgmma) pair replaced,
                   for bf16, gproj and pivot (a child process, likewise)
-  gw_bf16_ws, gw_pivot_ws  bf16 and pivot with GAUGEWATCH_BF16_KERNEL=ws: the
-                  opt-in warp-specialized key-outer kernel (TMA producer
-                  warpgroup; a child process, likewise), with its ratios to
-                  cuDNN (*_ws_vs_cudnn) and to the default key-outer kernel
-                  (<backend>_ws_over_key_outer)
+  gw_bf16_no_ws, gw_pivot_no_ws  bf16 and pivot with
+                  GAUGEWATCH_BF16_KERNEL=key_outer: the key-outer kernel
+                  without warp specialization (cp.async loads by every
+                  thread; a child process, likewise), the baseline of the
+                  default warp-specialized one (<backend>_ws_over_no_ws)
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
@@ -40,7 +41,7 @@ dK fix-up lands on one key), q[..., 0] = 4, k_0 = (2 sqrt(d), 0, ..., 0).
 
 Run (needs a GPU and the built ops library; GAUGEWATCH_GPROJ_KERNEL unset):
   python3 bench/kernels/bench_bf16_backward.py [--json F] [--markdown F] [--shapes A,B]
-      [--skip-fp32] [--skip-mma-sync] [--skip-gproj-key-outer] [--skip-ws]
+      [--skip-fp32] [--skip-mma-sync] [--skip-gproj-key-outer] [--skip-no-ws]
 Writes $GAUGEWATCH_BENCH_OUT/bench_bf16_backward.json when that is set (device.sh).
 Exits 1 (after writing the results) when a child process failed.
 """
@@ -71,8 +72,9 @@ GW = ("bf16", "gproj", "pivot", "center", "fp32")
 PAIR = ("bf16", "gproj", "pivot")
 # Also timed with GAUGEWATCH_BF16_KERNEL=mma_sync (gw_<backend>_mma_sync).
 MMA_SYNC = ("bf16", "gproj", "pivot")
-# Also timed with GAUGEWATCH_BF16_KERNEL=ws (gw_<backend>_ws): the warp-specialized key-outer kernel.
-WS = ("bf16", "pivot")
+# Also timed with GAUGEWATCH_BF16_KERNEL=key_outer (gw_<backend>_no_ws): the key-outer kernel
+# without warp specialization.
+NO_WS = ("bf16", "pivot")
 # Variants timed in a child process with the environment the ops library
 # reads when it loads: name -> (environment, backends, key suffix). The child
 # writes gw_<backend><suffix>_ms and kernels_us<suffix> (its backends'
@@ -80,7 +82,7 @@ WS = ("bf16", "pivot")
 VARIANTS = {
     "mma_sync": ({"GAUGEWATCH_BF16_KERNEL": "mma_sync"}, MMA_SYNC, "_mma_sync"),
     "gproj_key_outer": ({"GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, ("gproj",), "_key_outer"),
-    "ws": ({"GAUGEWATCH_BF16_KERNEL": "ws"}, WS, "_ws"),
+    "no_ws": ({"GAUGEWATCH_BF16_KERNEL": "key_outer"}, NO_WS, "_no_ws"),
 }
 
 
@@ -141,8 +143,9 @@ def main():
     parser.add_argument("--skip-mma-sync", action="store_true", help="leave out the mma.sync baseline pair")
     parser.add_argument("--skip-gproj-key-outer", action="store_true",
                         help="leave out the key-outer gproj (GAUGEWATCH_GPROJ_KERNEL=key_outer)")
-    parser.add_argument("--skip-ws", action="store_true",
-                        help="leave out the warp-specialized key-outer kernel (GAUGEWATCH_BF16_KERNEL=ws)")
+    parser.add_argument("--skip-no-ws", action="store_true",
+                        help="leave out the key-outer kernel without warp specialization "
+                             "(GAUGEWATCH_BF16_KERNEL=key_outer)")
     parser.add_argument("--variant-child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant_child:
@@ -239,8 +242,8 @@ def main():
         children_ok &= merge_variant(cases, args, "mma_sync")
     if not args.skip_gproj_key_outer and cases:
         children_ok &= merge_variant(cases, args, "gproj_key_outer")
-    if not args.skip_ws and cases:
-        children_ok &= merge_variant(cases, args, "ws")
+    if not args.skip_no_ws and cases:
+        children_ok &= merge_variant(cases, args, "no_ws")
     for row in cases:
         ms, pair, cudnn = row.get("gw_gproj_key_outer_ms"), row["gw_gproj_pair_ms"], row.get("sdpa_cudnn_ms")
         flops = effective_flops(row["B"], row["Hq"], row["N"], row["d"], row["causal"])
@@ -248,12 +251,11 @@ def main():
         row["gw_gproj_key_outer_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
         row["gw_gproj_key_outer_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
         row["gproj_key_outer_over_pair"] = None if ms is None else ms / pair
-        for backend in WS:
-            ms = row.get(f"gw_{backend}_ws_ms")
-            row[f"gw_{backend}_ws_ms"] = ms
-            row[f"gw_{backend}_ws_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
-            row[f"gw_{backend}_ws_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
-            row[f"{backend}_ws_over_key_outer"] = None if ms is None else ms / row[f"gw_{backend}_ms"]
+        for backend in NO_WS:
+            ms = row.get(f"gw_{backend}_no_ws_ms")
+            row[f"gw_{backend}_no_ws_ms"] = ms
+            row[f"gw_{backend}_no_ws_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
+            row[f"{backend}_ws_over_no_ws"] = None if ms is None else row[f"gw_{backend}_ms"] / ms
 
     def fmt(row, key):
         ms = row.get(key + "_ms")
@@ -271,7 +273,8 @@ def main():
                      f" | {ratio(row['gproj_over_flash'])} | {ratio(row['gproj_over_bf16'])} | "
                      f"{ratio(row['pivot_over_bf16'])} | {ratio(row['center_over_flash'])} | "
                      f"{row['gw_center_keys_ms']:.3f} |")
-    lines += ["", "Key-outer kernel (bf16, pivot: default; gproj: GAUGEWATCH_GPROJ_KERNEL=key_outer, opt-in) "
+    lines += ["", "Key-outer kernel (bf16, pivot: default, warp-specialized; gproj: "
+              "GAUGEWATCH_GPROJ_KERNEL=key_outer, opt-in) "
               "against the two-kernel pair (deterministic=True; gproj's default), and against cuDNN: "
               "ms (effective TFLOP/s)", "",
               "| shape | sdpa_cudnn | gw_bf16 key-outer | gw_bf16 pair | gw_pivot key-outer | gw_pivot pair | "
@@ -286,16 +289,16 @@ def main():
                      f"{ratio(row.get('gw_gproj_pair_vs_cudnn'))} | {ratio(row['gw_gproj_key_outer_vs_cudnn'])} | "
                      f"{ratio(row['bf16_key_outer_over_pair'])} | {ratio(row['pivot_key_outer_over_pair'])} | "
                      f"{ratio(row['gproj_key_outer_over_pair'])} |")
-    if any(row.get("gw_bf16_ws_ms") is not None or row.get("gw_pivot_ws_ms") is not None for row in cases):
-        lines += ["", "Warp-specialized key-outer kernel (GAUGEWATCH_BF16_KERNEL=ws, opt-in) against the default "
-                  "key-outer kernel and cuDNN: ms (effective TFLOP/s)", "",
-                  "| shape | sdpa_cudnn | gw_bf16 key-outer | gw_bf16 ws | gw_pivot key-outer | gw_pivot ws | "
-                  "bf16 ws/cuDNN | pivot ws/cuDNN | bf16 ws/key-outer | pivot ws/key-outer |", "|---" * 10 + "|"]
+    if any(row.get("gw_bf16_no_ws_ms") is not None or row.get("gw_pivot_no_ws_ms") is not None for row in cases):
+        lines += ["", "Warp-specialized key-outer kernel (the default) against the key-outer kernel without warp "
+                  "specialization (GAUGEWATCH_BF16_KERNEL=key_outer) and cuDNN: ms (effective TFLOP/s)", "",
+                  "| shape | sdpa_cudnn | gw_bf16 ws | gw_bf16 no-ws | gw_pivot ws | gw_pivot no-ws | "
+                  "bf16 ws/cuDNN | pivot ws/cuDNN | bf16 ws/no-ws | pivot ws/no-ws |", "|---" * 10 + "|"]
         for row in cases:
             lines.append(f"| {row['shape']} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, 'gw_bf16')} | "
-                         f"{fmt(row, 'gw_bf16_ws')} | {fmt(row, 'gw_pivot')} | {fmt(row, 'gw_pivot_ws')} | "
-                         f"{ratio(row['gw_bf16_ws_vs_cudnn'])} | {ratio(row['gw_pivot_ws_vs_cudnn'])} | "
-                         f"{ratio(row['bf16_ws_over_key_outer'])} | {ratio(row['pivot_ws_over_key_outer'])} |")
+                         f"{fmt(row, 'gw_bf16_no_ws')} | {fmt(row, 'gw_pivot')} | {fmt(row, 'gw_pivot_no_ws')} | "
+                         f"{ratio(row.get('gw_bf16_vs_cudnn'))} | {ratio(row.get('gw_pivot_vs_cudnn'))} | "
+                         f"{ratio(row['bf16_ws_over_no_ws'])} | {ratio(row['pivot_ws_over_no_ws'])} |")
     if any("gw_bf16_mma_sync_ms" in row for row in cases):
         lines += ["", "Hopper (wgmma) pair against the mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync): "
                   "ms Hopper / mma.sync", "", "| shape | " + " | ".join(MMA_SYNC) + " |",
@@ -335,7 +338,7 @@ def variant_child(args, variant):
                 lambda x, b=backend: ops.attention_backward(x["do"], x["q"], x["k"], x["v"], x["out"], x["lse"],
                                                             is_causal=causal, backend=b), inputs, args.reps, warmup=3)
         row[f"kernels_us{suffix}"] = kernel_breakdown(ops, inputs[0], causal, backends=backends,
-                                                      pairs=() if variant in ("gproj_key_outer", "ws") else PAIR)
+                                                      pairs=() if variant in ("gproj_key_outer", "no_ws") else PAIR)
         result[name] = row
         del inputs
         torch.cuda.empty_cache()

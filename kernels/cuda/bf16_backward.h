@@ -41,9 +41,10 @@
 //       r recomputed by the same instructions (bit-identical r), C_j = sum_i
 //       r_ij bf16(-lambda_i q_i), dK'_j = bf16(alpha (dKacc_j + C_j)).
 //   8 products per tile pair against the pair's 9 for gproj.
-//   Opt-in for bf16 and pivot (keyouter_warp_specialized): the same per-tile
-//   work on a warp-specialized block (bf16_keyouter_ws_kernel.cuh: a TMA
-//   producer warpgroup feeding two compute warpgroups through mbarriers).
+//   bf16 and pivot run it by default on a warp-specialized block
+//   (keyouter_warp_specialized; bf16_keyouter_ws_kernel.cuh: a TMA producer
+//   warpgroup feeding two compute warpgroups through mbarriers; the same
+//   per-tile work).
 //   Not bitwise repeatable: the FP32 sums of dQ, U, rho, m and pivot's dK
 //   fix-up take the order the atomics land in (the header states the
 //   rounding); every other value is computed as in the pair.
@@ -152,8 +153,9 @@ struct Bf16BackwardParams {
   // key-outer kernel (bf16_keyouter_ws_kernel.cuh: a TMA producer warpgroup
   // and two compute warpgroups; the same per-tile products, bit for bit) where
   // its TMA maps can be encoded (bf16_uses_key_outer_ws), keyouter_kernel
-  // otherwise. Opt-in until measured on a GPU. Ignored by gproj and the pair.
-  bool keyouter_warp_specialized = false;
+  // otherwise; false: keyouter_kernel (12-19% slower on the H200,
+  // kernels/cuda/README.md). Ignored by gproj and the pair.
+  bool keyouter_warp_specialized = true;
 
   Bf16RowDiagnostics diagnostics;
 

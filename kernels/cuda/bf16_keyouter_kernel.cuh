@@ -1,8 +1,8 @@
 #pragma once
 // Key-outer one-pass Hopper kernel of the fused BF16 backward, backends bf16,
 // pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h),
-// the default for bf16 and pivot when the caller does not ask for bitwise
-// determinism; opt-in for gproj (Bf16BackwardParams::gproj_key_outer:
+// for bf16 and pivot the fallback of the warp-specialized kernel (their
+// default without bitwise determinism) and its baseline; opt-in for gproj (Bf16BackwardParams::gproj_key_outer:
 // correct on the GPU but 1.26-1.38x the pair's time, kernels/cuda/README.md). One
 // kernel computes the five products per tile pair (S, dP, dV, dK, dQ) where
 // the two-kernel pair of bf16_backward_hopper.cuh needs seven; dQ is
@@ -83,7 +83,7 @@
 // (B, Hq, N, d) BF16 (written by finish_rows_kernel).
 // The per-tile work (KeyTile below) is shared with the warp-specialized
 // variant for bf16 and pivot (bf16_keyouter_ws_kernel.cuh: TMA producer
-// warpgroup, mbarrier ring; opt-in), which replaces only the loads and the
+// warpgroup, mbarrier ring; the default), which replaces only the loads and the
 // block barriers around it.
 // Build: instantiated in bf16_keyouter_d{64,128}.cu and (gproj)
 // bf16_keyouter_d{64,128}_gproj.cu; emulation:

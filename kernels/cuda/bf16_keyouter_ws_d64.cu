@@ -1,5 +1,5 @@
 // The warp-specialized key-outer backward at head dim 64: backends bf16 and
-// pivot (opt-in: Bf16BackwardParams::keyouter_warp_specialized). Its fallback,
+// pivot (the default: Bf16BackwardParams::keyouter_warp_specialized). Its fallback,
 // keyouter_kernel, and the finish kernels are instantiated in
 // bf16_keyouter_d64.cu (one definition of each kernel in the library).
 #include "kernels/cuda/bf16_keyouter_ws_launch.cuh"

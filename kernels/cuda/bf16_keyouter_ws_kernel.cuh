@@ -4,9 +4,11 @@
 // as keyouter_kernel (bf16_keyouter_kernel.cuh, KeyTile: the same
 // instructions on the same operands, so S, dP, t, r, dV, dK and every dQ tile
 // are bit for bit those of keyouter_kernel), but the compute warpgroups never
-// load and never wait at a block barrier for loads. Opt-in
-// (Bf16BackwardParams::keyouter_warp_specialized, torch ops:
-// GAUGEWATCH_BF16_KERNEL=ws).
+// load and never wait at a block barrier for loads. The default for bf16
+// and pivot without bitwise determinism (Bf16BackwardParams::
+// keyouter_warp_specialized; torch ops: GAUGEWATCH_BF16_KERNEL=key_outer runs
+// keyouter_kernel instead): 0.81-0.89x keyouter_kernel's time on the H200
+// (kernels/cuda/README.md).
 //
 // Block: 384 threads, 128 keys of one (batch, kv head).
 //   warpgroup 0, producer (setmaxnreg.dec to kProducerRegs): its warp 0 loads

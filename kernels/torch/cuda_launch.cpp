@@ -16,14 +16,15 @@ namespace gaugewatch::torch_ops {
 namespace {
 
 // GAUGEWATCH_BF16_KERNEL: "mma_sync" runs the mma.sync kernel pair
-// (Bf16KernelPair::kMmaSyncBaseline); "ws" runs bf16 and pivot's key-outer
-// path on the warp-specialized kernel (Bf16BackwardParams::
-// keyouter_warp_specialized); unset or empty keeps the defaults. Any other
-// value keeps them and says so once, on stderr (a static initializer: it must
-// not throw).
+// (Bf16KernelPair::kMmaSyncBaseline); "key_outer" runs bf16 and pivot's
+// key-outer path on the key-outer kernel without warp specialization (the
+// measured baseline of the default, Bf16BackwardParams::
+// keyouter_warp_specialized = false); unset, empty or "ws" keeps the
+// defaults (the warp-specialized kernel). Any other value keeps them and says
+// so once, on stderr (a static initializer: it must not throw).
 struct Bf16KernelChoice {
   gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper;
-  bool warp_specialized = false;
+  bool warp_specialized = true;
 };
 
 Bf16KernelChoice bf16_kernel_from_environment() {
@@ -33,11 +34,13 @@ Bf16KernelChoice bf16_kernel_from_environment() {
   const std::string_view value(env);
   if (value == "mma_sync") {
     choice.pair = gpu::Bf16KernelPair::kMmaSyncBaseline;
-  } else if (value == "ws") {
-    choice.warp_specialized = true;
-  } else {
+  } else if (value == "key_outer") {
+    choice.warp_specialized = false;
+  } else if (value != "ws") {
     std::fprintf(stderr,
-                 "[gaugewatch] GAUGEWATCH_BF16_KERNEL=%s is not one of mma_sync, ws: the default kernels run\n", env);
+                 "[gaugewatch] GAUGEWATCH_BF16_KERNEL=%s is not one of ws, key_outer, mma_sync: the default kernels "
+                 "run\n",
+                 env);
   }
   return choice;
 }

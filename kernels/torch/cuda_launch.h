@@ -49,9 +49,10 @@ gpu::ProblemShape problem_shape(const AttentionCall& call, const DeviceOffsets& 
 // The kernel pair of the fused BF16 backward, chosen once when the library
 // loads: GAUGEWATCH_BF16_KERNEL=mma_sync selects the mma.sync baseline (for
 // measuring the Hopper pair against it), anything else the Hopper pair.
-// GAUGEWATCH_BF16_KERNEL=ws keeps the Hopper pair and runs bf16 and pivot's
-// key-outer path on the warp-specialized kernel (opt-in: emulation-tested,
-// not yet measured; Bf16BackwardParams::keyouter_warp_specialized); another
+// bf16 and pivot's key-outer path runs the warp-specialized kernel by default
+// (Bf16BackwardParams::keyouter_warp_specialized); GAUGEWATCH_BF16_KERNEL=
+// key_outer runs the key-outer kernel without warp specialization instead
+// (its measured baseline), `ws` is the default spelled out; another
 // non-empty value warns once on stderr and keeps the defaults.
 gpu::Bf16KernelPair bf16_kernel_pair();
 

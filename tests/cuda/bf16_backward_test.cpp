@@ -325,7 +325,7 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
 }
 
 // The warp-specialized key-outer kernel (bf16_keyouter_ws_kernel.cuh; bf16 and
-// pivot, opted into by keyouter_warp_specialized) on the same shapes: the
+// pivot's default, keyouter_warp_specialized) on the same shapes: the
 // launcher must choose it (its TMA maps encode for every case here), the
 // reference tolerances of the key-outer kernel, and against keyouter_kernel:
 // dV bit for bit (bf16: dK too), since every t, r and per-tile product is
@@ -645,6 +645,9 @@ TEST(Bf16Backward, GprojDefaultsToThePair) {
     p.projection = projection;
     p.gproj_key_outer = false;
     EXPECT_TRUE(gpu::bf16_uses_key_outer(p)) << "bf16 and pivot default to the key-outer kernel";
+    // ... warp-specialized where its TMA maps encode (bf16_uses_key_outer_ws
+    // asks the driver: GPU tests WarpSpecialized*).
+    EXPECT_TRUE(gpu::Bf16BackwardParams{}.keyouter_warp_specialized);
     p.gproj_key_outer = true;
     EXPECT_TRUE(gpu::bf16_uses_key_outer(p));
   }

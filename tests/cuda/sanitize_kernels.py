@@ -1,7 +1,8 @@
 """Small calls of every CUDA backend of gaugewatch::attention_backward, for
 compute-sanitizer (memcheck, racecheck, synccheck) in scripts/device.sh:
 multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64
-and 128; bf16 and pivot both on the key-outer kernel (default) and on the
+and 128; bf16 and pivot both on the key-outer path (default: the
+warp-specialized key-outer kernel) and on the
 two-kernel pair (deterministic=True), gproj on the pair (its default, and
 deterministic=True); and key centring's two kernels (center_keys) on GQA
 with a padded lse, head dims 64, 128 and 256, and on long keys (a share of
@@ -13,10 +14,10 @@ With GAUGEWATCH_GPROJ_KERNEL=key_outer (the library reads it once, when it
 loads) the script runs only the key-outer gproj (the key-outer kernel, its
 row finish and its second pass over the keys) on the same cases:
 scripts/device.sh runs it that way a second time under each tool. With
-GAUGEWATCH_BF16_KERNEL=ws it runs only bf16 and pivot on their key-outer path
-(deterministic=False), i.e. the warp-specialized key-outer kernel (TMA
-producer warpgroup, mbarrier ring, named barriers) and its finish, on the
-same cases: device.sh's third run under each tool.
+GAUGEWATCH_BF16_KERNEL=key_outer it runs only bf16 and pivot on their
+key-outer path (deterministic=False) on the key-outer kernel without warp
+specialization and its finish, on the same cases: device.sh's third run
+under each tool.
 """
 
 import os
@@ -30,9 +31,9 @@ build = Path(os.environ.get("GAUGEWATCH_BUILD_DIR", REPO / "build"))
 torch.ops.load_library(os.environ.get("GAUGEWATCH_OPS_LIB", str(build / "lib" / "libgaugewatch_ops.so")))
 ops = torch.ops.gaugewatch
 GPROJ_KEY_OUTER = os.environ.get("GAUGEWATCH_GPROJ_KERNEL") == "key_outer"
-WARP_SPECIALIZED = os.environ.get("GAUGEWATCH_BF16_KERNEL") == "ws"
-if GPROJ_KEY_OUTER and WARP_SPECIALIZED:
-    print("sanitize_kernels: set one of GAUGEWATCH_GPROJ_KERNEL=key_outer, GAUGEWATCH_BF16_KERNEL=ws")
+PLAIN_KEY_OUTER = os.environ.get("GAUGEWATCH_BF16_KERNEL") == "key_outer"
+if GPROJ_KEY_OUTER and PLAIN_KEY_OUTER:
+    print("sanitize_kernels: set one of GAUGEWATCH_GPROJ_KERNEL=key_outer, GAUGEWATCH_BF16_KERNEL=key_outer")
     sys.exit(1)
 
 CASES = [
@@ -56,7 +57,7 @@ for case in CASES:
     if "cu_q" in case:
         kw.update(cu_seqlens_q=torch.tensor(case["cu_q"], dtype=torch.int32, device="cuda"),
                   cu_seqlens_k=torch.tensor(case["cu_k"], dtype=torch.int32, device="cuda"))
-    runs = [("gproj", False)] if GPROJ_KEY_OUTER else [("bf16", False), ("pivot", False)] if WARP_SPECIALIZED else (
+    runs = [("gproj", False)] if GPROJ_KEY_OUTER else [("bf16", False), ("pivot", False)] if PLAIN_KEY_OUTER else (
         [(b, False) for b in ("bf16", "gproj", "pivot", "fp32")] + [(b, True) for b in ("bf16", "gproj", "pivot")])
     for backend, deterministic in runs:
         grads = ops.attention_backward(do, q, k, v, out, lse, backend=backend, deterministic=deterministic, **kw)
@@ -68,9 +69,9 @@ for case in CASES:
 if GPROJ_KEY_OUTER:
     print(f"sanitize_kernels: {len(CASES)} cases of the key-outer gproj (GAUGEWATCH_GPROJ_KERNEL=key_outer) ran")
     sys.exit(0)
-if WARP_SPECIALIZED:
-    print(f"sanitize_kernels: {len(CASES)} cases of bf16 and pivot on the warp-specialized key-outer kernel "
-          "(GAUGEWATCH_BF16_KERNEL=ws) ran")
+if PLAIN_KEY_OUTER:
+    print(f"sanitize_kernels: {len(CASES)} cases of bf16 and pivot on the key-outer kernel without warp "
+          "specialization (GAUGEWATCH_BF16_KERNEL=key_outer) ran")
     sys.exit(0)
 
 CENTRING = [dict(B=2, Hq=4, Hkv=2, N=300, L=320, d=d) for d in (64, 128, 256)]

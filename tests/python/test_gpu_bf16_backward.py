@@ -8,16 +8,16 @@
   the exact dQ is 0), GProj's largest |dQ| there is >= 1000x below SDPA flash's;
 - sink-like inputs where flash, cuDNN and efficient are >= 90% off: GProj
   dQ/dK <= 0.5%, pivot <= 1%; random inputs: GProj <= 1.2x flash, pivot <= 1.3x;
-- the default path (bf16 and pivot: the key-outer one-pass kernel, dQ by FP32
-  atomics; gproj: the two-kernel pair) and deterministic=True (the pair)
+- the default path (bf16 and pivot: the warp-specialized key-outer one-pass
+  kernel, dQ by FP32 atomics; gproj: the two-kernel pair) and deterministic=True (the pair)
   both against the reference emulation, and against each other to summation
   order;
 - the opt-in key-outer gproj (GAUGEWATCH_GPROJ_KERNEL=key_outer, in a child
   process) against the pair: dV bit for bit, dQ/dK to summation order, and
   on sink-like inputs dQ as close to FP64 as the pair's;
-- the opt-in warp-specialized key-outer kernel (GAUGEWATCH_BF16_KERNEL=ws, in
-  a child process) against the key-outer kernel: dV (bf16: dK) bit for bit,
-  dQ to summation order;
+- the warp-specialized key-outer kernel (GAUGEWATCH_BF16_KERNEL=ws) against
+  the key-outer kernel without warp specialization (=key_outer), each in a
+  child process: dV (bf16: dK) bit for bit, dQ to summation order;
 - deterministic=True: bitwise repeatable; SDPA-strided operands give the same
   bits as contiguous (the key-outer path: the same to summation order);
 - the FP32 kernel's floor on sink-like inputs with and without key centring.
@@ -219,7 +219,7 @@ sys.path.insert(0, sys.argv[1])
 from test_gpu_bf16_backward import make_inputs, ours, strided_problem
 from test_ops import ops
 got = {}
-for d in (64, 128):
+for d in (int(sys.argv[3]),):
     args = strided_problem(d)
     for path, deterministic in (("key_outer", False), ("pair", True)):
         got["strided", d, path] = [t.cpu() for t in ops.attention_backward(
@@ -283,7 +283,7 @@ sys.path.insert(0, sys.argv[1])
 from test_gpu_bf16_backward import strided_problem
 from test_ops import ops
 got = {}
-for d in (64, 128):
+for d in (int(sys.argv[3]),):
     args = strided_problem(d)
     for backend in ("bf16", "pivot"):
         for layout, operands in (("strided", args), ("contiguous", [t.contiguous() for t in args])):
@@ -298,39 +298,43 @@ torch.save(got, sys.argv[2])
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_keyouter_ws_agrees_with_key_outer(tmp_path, record_line, d):
-    """GAUGEWATCH_BF16_KERNEL=ws (read once, when the library loads: a child
-    process) runs bf16 and pivot's key-outer path on the warp-specialized
-    kernel (TMA producer warpgroup): the same per-tile products as the
-    key-outer kernel (the default), so dV (and bf16's dK) bit for bit, dQ
-    (pivot's dK) to the FP32 order of the atomics. Contiguous operands must
-    run the warp-specialized kernel; SDPA-strided ones run it where the
-    driver accepts their TMA maps and the key-outer kernel otherwise (the
-    kernels that ran are recorded)."""
+    """GAUGEWATCH_BF16_KERNEL=ws (the default) and =key_outer (read once, when
+    the library loads: one child process each) run bf16 and pivot's
+    key-outer path on the warp-specialized kernel (TMA producer warpgroup)
+    and on the key-outer kernel without warp specialization: the same
+    per-tile products, so dV (and bf16's dK) bit for bit, dQ (pivot's dK) to
+    the FP32 order of the atomics. Contiguous operands must run the
+    warp-specialized kernel under ws, and never under key_outer; SDPA-strided
+    ones run it where the driver accepts their TMA maps (the kernels that ran
+    are recorded)."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    saved = tmp_path / f"ws_d{d}.pt"
-    env = dict(os.environ, GAUGEWATCH_BF16_KERNEL="ws")
     here = str(Path(__file__).resolve().parent)
-    subprocess.run([sys.executable, "-c", _WS_CHILD, here, str(saved)], env=env, check=True, timeout=600)
-    got = torch.load(saved)
-    args = strided_problem(d)
+    got = {}
+    for choice in ("ws", "key_outer"):
+        saved = tmp_path / f"{choice}_d{d}.pt"
+        env = dict(os.environ, GAUGEWATCH_BF16_KERNEL=choice)
+        subprocess.run([sys.executable, "-c", _WS_CHILD, here, str(saved), str(d)], env=env, check=True, timeout=600)
+        got[choice] = torch.load(saved)
     for backend in ("bf16", "pivot"):
-        key_outer = ops.attention_backward(*args, is_causal=True, backend=backend)
         for layout in ("strided", "contiguous"):
-            kernels = got["kernels", layout, d, backend]
+            kernels = got["ws"]["kernels", layout, d, backend]
             record_line(f"GAUGEWATCH_BF16_KERNEL=ws {backend} d={d} {layout}: {', '.join(kernels)}")
             if layout == "contiguous":
                 assert any("keyouter_ws_kernel" in name for name in kernels), \
                     f"{backend} d{d}: the warp-specialized kernel did not run: {kernels}"
-            ws = got[layout, d, backend]
-            assert torch.equal(ws[2].cuda(), key_outer[2]), f"{backend} d{d} {layout} dv: ws vs key-outer"
+            plain = got["key_outer"]["kernels", layout, d, backend]
+            assert not any("keyouter_ws_kernel" in name for name in plain), \
+                f"{backend} d{d}: GAUGEWATCH_BF16_KERNEL=key_outer ran the warp-specialized kernel: {plain}"
+            ws, key_outer = got["ws"][layout, d, backend], got["key_outer"][layout, d, backend]
+            assert torch.equal(ws[2], key_outer[2]), f"{backend} d{d} {layout} dv: ws vs key-outer"
             if backend == "bf16":
-                assert torch.equal(ws[1].cuda(), key_outer[1]), f"{backend} d{d} {layout} dk: ws vs key-outer"
+                assert torch.equal(ws[1], key_outer[1]), f"{backend} d{d} {layout} dk: ws vs key-outer"
             for label, x, y in zip("qk", ws, key_outer):
-                assert rel(x.cuda(), y) <= 1e-2, f"{backend} d{d} {layout} d{label}: ws vs key-outer"
+                assert rel(x, y) <= 1e-2, f"{backend} d{d} {layout} d{label}: ws vs key-outer"
 
 
 def test_unsupported_inputs_are_named():
