@@ -193,6 +193,41 @@ const char* name_of(gpu::Projection projection) {
   }
 }
 
+// `got` against the reference emulation with the fused kernels' tolerances
+// (2e-2 relative; dQ exempt where bf16's unprojected leak dominates: the leak
+// rho_i mu_k follows the last bit of every t, the summation order of S, so on
+// sink-like inputs only its size is comparable), and every output element
+// written (outputs are poisoned with NaN first). `label` names the kernel.
+void expect_reference_tolerances(const KernelRun& got, const ref::FusedBackward& want, gpu::Projection projection,
+                                 const Bf16Case& c, const char* label) {
+  const ref::Gradients& expect = reference_of(want, projection);
+  const double eq = relative(got.grads.dq, expect.dq), ek = relative(got.grads.dk, expect.dk),
+               ev = relative(got.grads.dv, expect.dv);
+  std::printf("[ %s %s%s ] vs reference emulation: dq %.2e dk %.2e dv %.2e\n", c.name.c_str(), name_of(projection),
+              label, eq, ek, ev);
+  const bool leak_dominated = projection == gpu::Projection::kNone && c.key_offset != 0.0f;
+  if (!leak_dominated) {
+    EXPECT_LE(eq, 2e-2);
+  }
+  EXPECT_LE(ek, 2e-2);
+  EXPECT_LE(ev, 2e-2);
+  for (const auto* g : {&got.grads.dq, &got.grads.dk, &got.grads.dv}) {
+    for (float x : *g) ASSERT_TRUE(std::isfinite(x)) << "an output element was not written";
+  }
+}
+
+// dV bit for bit against `base`, and dK too for bf16 (no fix-up touches it):
+// both contract the same t and r by the same MMA sequence.
+void expect_same_dv_and_plain_dk(const KernelRun& got, const KernelRun& base, gpu::Projection projection,
+                                 const char* base_name) {
+  EXPECT_EQ(std::memcmp(got.grads.dv.data(), base.grads.dv.data(), got.grads.dv.size() * sizeof(float)), 0)
+      << "dV differs from " << base_name;
+  if (projection == gpu::Projection::kNone) {
+    EXPECT_EQ(std::memcmp(got.grads.dk.data(), base.grads.dk.data(), got.grads.dk.size() * sizeof(float)), 0)
+        << "dK differs from " << base_name;
+  }
+}
+
 class Bf16BackwardCase : public ::testing::TestWithParam<Bf16Case> {};
 
 TEST_P(Bf16BackwardCase, MatchesReferenceEmulation) {
@@ -205,22 +240,7 @@ TEST_P(Bf16BackwardCase, MatchesReferenceEmulation) {
     SCOPED_TRACE(name_of(projection));
     const KernelRun got = run_kernel(in, saved, projection);
     ASSERT_TRUE(got.status.ok()) << got.status.message;
-    const ref::Gradients& expect = reference_of(want, projection);
-    const double eq = relative(got.grads.dq, expect.dq), ek = relative(got.grads.dk, expect.dk),
-                 ev = relative(got.grads.dv, expect.dv);
-    std::printf("[ %s %s ] vs reference emulation: dq %.2e dk %.2e dv %.2e\n", c.name.c_str(), name_of(projection),
-                eq, ek, ev);
-    // The unprojected leak rho_i mu_k follows the last bit of every t (the
-    // summation order of S): on sink-like inputs only its size is comparable.
-    const bool leak_dominated = projection == gpu::Projection::kNone && c.key_offset != 0.0f;
-    if (!leak_dominated) {
-      EXPECT_LE(eq, 2e-2);
-    }
-    EXPECT_LE(ek, 2e-2);
-    EXPECT_LE(ev, 2e-2);
-    for (const auto* g : {&got.grads.dq, &got.grads.dk, &got.grads.dv}) {
-      for (float x : *g) ASSERT_TRUE(std::isfinite(x)) << "an output element was not written";
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, projection, c, ""));
     if (projection == gpu::Projection::kNone) {
       for (size_t i = 0; i < got.p_max.size(); ++i) {
         const float want_p = want.rows.pivot[i] < 0 ? 0.0f : want.rows.p_max[i];
@@ -291,30 +311,12 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
     const KernelRun got = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
     ASSERT_TRUE(got.status.ok()) << got.status.message;
     ASSERT_TRUE(got.key_outer) << "the launcher did not choose the key-outer kernel";
-    const ref::Gradients& expect = reference_of(want, projection);
-    const double eq = relative(got.grads.dq, expect.dq), ek = relative(got.grads.dk, expect.dk),
-                 ev = relative(got.grads.dv, expect.dv);
-    std::printf("[ %s %s key-outer ] vs reference emulation: dq %.2e dk %.2e dv %.2e\n", c.name.c_str(),
-                name_of(projection), eq, ek, ev);
-    const bool leak_dominated = projection == gpu::Projection::kNone && c.key_offset != 0.0f;
-    if (!leak_dominated) {
-      EXPECT_LE(eq, 2e-2);
-    }
-    EXPECT_LE(ek, 2e-2);
-    EXPECT_LE(ev, 2e-2);
-    for (const auto* g : {&got.grads.dq, &got.grads.dk, &got.grads.dv}) {
-      for (float x : *g) ASSERT_TRUE(std::isfinite(x)) << "an output element was not written";
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, projection, c, " key-outer"));
     // The same t and r as the pair's dkdv kernel, contracted by the same MMA
-    // sequence: dV (and bf16's dK, which no fix-up touches) bit for bit.
+    // sequence.
     const KernelRun pair = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kPair);
     ASSERT_TRUE(pair.status.ok()) << pair.status.message;
-    EXPECT_EQ(std::memcmp(got.grads.dv.data(), pair.grads.dv.data(), got.grads.dv.size() * sizeof(float)), 0)
-        << "dV differs from the pair's";
-    if (projection == gpu::Projection::kNone) {
-      EXPECT_EQ(std::memcmp(got.grads.dk.data(), pair.grads.dk.data(), got.grads.dk.size() * sizeof(float)), 0)
-          << "dK differs from the pair's";
-    }
+    expect_same_dv_and_plain_dk(got, pair, projection, "the pair's");
     if (projection == gpu::Projection::kGproj) {
       const double pq = relative(got.grads.dq, pair.grads.dq), pk = relative(got.grads.dk, pair.grads.dk);
       std::printf("[ %s gproj key-outer ] vs the pair: dq %.2e dk %.2e\n", c.name.c_str(), pq, pk);
@@ -346,29 +348,11 @@ TEST_P(Bf16KeyOuterCase, WarpSpecializedMatchesKeyOuter) {
         run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter, /*warp_specialized=*/true);
     ASSERT_TRUE(got.status.ok()) << got.status.message;
     ASSERT_TRUE(got.key_outer_ws) << "the launcher did not choose the warp-specialized key-outer kernel";
-    const ref::Gradients& expect = reference_of(want, projection);
-    const double eq = relative(got.grads.dq, expect.dq), ek = relative(got.grads.dk, expect.dk),
-                 ev = relative(got.grads.dv, expect.dv);
-    std::printf("[ %s %s key-outer ws ] vs reference emulation: dq %.2e dk %.2e dv %.2e\n", c.name.c_str(),
-                name_of(projection), eq, ek, ev);
-    const bool leak_dominated = projection == gpu::Projection::kNone && c.key_offset != 0.0f;
-    if (!leak_dominated) {
-      EXPECT_LE(eq, 2e-2);
-    }
-    EXPECT_LE(ek, 2e-2);
-    EXPECT_LE(ev, 2e-2);
-    for (const auto* g : {&got.grads.dq, &got.grads.dk, &got.grads.dv}) {
-      for (float x : *g) ASSERT_TRUE(std::isfinite(x)) << "an output element was not written";
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, projection, c, " key-outer ws"));
     const KernelRun base = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
     ASSERT_TRUE(base.status.ok()) << base.status.message;
     ASSERT_FALSE(base.key_outer_ws);
-    EXPECT_EQ(std::memcmp(got.grads.dv.data(), base.grads.dv.data(), got.grads.dv.size() * sizeof(float)), 0)
-        << "dV differs from keyouter_kernel's";
-    if (projection == gpu::Projection::kNone) {
-      EXPECT_EQ(std::memcmp(got.grads.dk.data(), base.grads.dk.data(), got.grads.dk.size() * sizeof(float)), 0)
-          << "dK differs from keyouter_kernel's";
-    }
+    expect_same_dv_and_plain_dk(got, base, projection, "keyouter_kernel's");
     const double bq = relative(got.grads.dq, base.grads.dq), bk = relative(got.grads.dk, base.grads.dk);
     std::printf("[ %s %s key-outer ws ] vs keyouter_kernel: dq %.2e dk %.2e\n", c.name.c_str(), name_of(projection),
                 bq, bk);
@@ -403,12 +387,7 @@ TEST(Bf16Backward, WarpSpecializedSdpaStrides) {
       const KernelRun contiguous = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
       ASSERT_TRUE(base.status.ok()) << base.status.message;
       ASSERT_TRUE(contiguous.status.ok()) << contiguous.status.message;
-      EXPECT_EQ(std::memcmp(ws.grads.dv.data(), base.grads.dv.data(), ws.grads.dv.size() * sizeof(float)), 0)
-          << "dV differs from keyouter_kernel's";
-      if (projection == gpu::Projection::kNone) {
-        EXPECT_EQ(std::memcmp(ws.grads.dk.data(), base.grads.dk.data(), ws.grads.dk.size() * sizeof(float)), 0)
-            << "dK differs from keyouter_kernel's";
-      }
+      expect_same_dv_and_plain_dk(ws, base, projection, "keyouter_kernel's");
       EXPECT_LE(relative(ws.grads.dq, contiguous.grads.dq), 1e-2);
       EXPECT_LE(relative(ws.grads.dk, contiguous.grads.dk), 1e-2);
       EXPECT_LE(relative(ws.grads.dv, contiguous.grads.dv), 1e-2);
