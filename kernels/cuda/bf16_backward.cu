@@ -146,31 +146,11 @@ bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
 
 size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layout_of(p).total; }
 
-bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) {
-  if (!p.keyouter_warp_specialized || p.projection == Projection::kGproj || !bf16_uses_key_outer(p)) return false;
-  if (!validate(p).ok()) return false;
-  bf16::Args a{};
-  a.q = p.q;
-  a.k = p.k;
-  a.v = p.v;
-  a.grad_out = p.grad_out;
-  a.q_strides = p.q_strides;
-  a.k_strides = p.k_strides;
-  a.v_strides = p.v_strides;
-  a.grad_out_strides = p.grad_out_strides;
-  a.batch = static_cast<int>(p.shape.batch);
-  a.hq = static_cast<int>(p.shape.q_heads);
-  a.hkv = static_cast<int>(p.shape.kv_heads);
-  a.n = static_cast<int>(p.shape.q_len);
-  a.m = static_cast<int>(p.shape.kv_len);
-  return bf16::keyouter_ws_maps_encodable(a, static_cast<int>(p.shape.head_dim));
-}
-
 namespace {
 
-// The kernels' argument block: the parameters, the workspace's per-row arrays,
+// The parameters' part of the kernels' argument block: operands, outputs,
 // and the shape as the int the kernels index with (validate() bounds it).
-bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
+bf16::Args operand_args(const Bf16BackwardParams& p) {
   const ProblemShape& sh = p.shape;
   bf16::Args a{};
   a.q = p.q;
@@ -186,15 +166,6 @@ bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
   a.dq = p.dq;
   a.dk = p.dk;
   a.dv = p.dv;
-  a.delta = reinterpret_cast<float*>(ws + w.delta);
-  a.row_factor = reinterpret_cast<float*>(ws + w.row_factor);
-  a.pivot_key = reinterpret_cast<int32_t*>(ws + w.pivot_key);
-  a.neg_lambda_q = reinterpret_cast<uint16_t*>(ws + w.neg_lambda_q);
-  a.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
-  a.pivot_code = reinterpret_cast<unsigned long long*>(ws + w.pivot_code);
-  a.dk_accum = reinterpret_cast<float*>(ws + w.dk_accum);
-  a.u_accum = reinterpret_cast<float*>(ws + w.u_accum);
-  a.mass_accum = reinterpret_cast<float*>(ws + w.mass_accum);
   a.batch = static_cast<int>(sh.batch);
   a.hq = static_cast<int>(sh.q_heads);
   a.hkv = static_cast<int>(sh.kv_heads);
@@ -208,6 +179,31 @@ bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
   a.cu_k = sh.cu_seqlens_k;
   a.num_segments = static_cast<int>(sh.num_segments);
   a.diag = p.diagnostics;
+  return a;
+}
+
+}  // namespace
+
+bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) {
+  if (!p.keyouter_warp_specialized || p.projection == Projection::kGproj || !bf16_uses_key_outer(p)) return false;
+  if (!validate(p).ok()) return false;
+  return bf16::keyouter_ws_maps_encodable(operand_args(p), static_cast<int>(p.shape.head_dim));
+}
+
+namespace {
+
+// The kernels' argument block: operand_args and the workspace's arrays.
+bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
+  bf16::Args a = operand_args(p);
+  a.delta = reinterpret_cast<float*>(ws + w.delta);
+  a.row_factor = reinterpret_cast<float*>(ws + w.row_factor);
+  a.pivot_key = reinterpret_cast<int32_t*>(ws + w.pivot_key);
+  a.neg_lambda_q = reinterpret_cast<uint16_t*>(ws + w.neg_lambda_q);
+  a.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  a.pivot_code = reinterpret_cast<unsigned long long*>(ws + w.pivot_code);
+  a.dk_accum = reinterpret_cast<float*>(ws + w.dk_accum);
+  a.u_accum = reinterpret_cast<float*>(ws + w.u_accum);
+  a.mass_accum = reinterpret_cast<float*>(ws + w.mass_accum);
   return a;
 }
 
