@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -41,7 +42,12 @@ void parallel_for(int64_t count, const std::function<void(int64_t)>& fn) {
   };
   std::vector<std::thread> threads;
   threads.reserve(workers - 1);
-  for (int64_t t = 1; t < workers; ++t) threads.emplace_back(work);
+  try {
+    for (int64_t t = 1; t < workers; ++t) threads.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No more threads to be had (a pids limit, memory): the items are handed
+    // out by `next`, so the threads that did start and this one do them all.
+  }
   work();
   for (auto& thread : threads) thread.join();
   if (failure) std::rethrow_exception(failure);

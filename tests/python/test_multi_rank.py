@@ -76,7 +76,7 @@ def launch(workdir, socket, run_id, nproc=2, node_rank=0, nnodes=1, master_port=
     command = [str(build_dir() / "bin" / "gaugewatch"), "run", "--socket", socket, "--run-id", run_id,
                "--sample-every", "1000", "--", str(TORCHRUN), "--nproc-per-node", str(nproc), *rendezvous,
                "--no-python", "sh", "-c",
-               f'GAUGEWATCH_STATS_FILE="{stats}" exec "{sys.executable}" "{TRAINER}" "$@"', "ddp_tiny",
+               f'GAUGEWATCH_STATS_FILE="{stats}" exec "{sys.executable}" -X faulthandler "{TRAINER}" "$@"', "ddp_tiny",
                "--steps", "3000", "--step-sleep", "0.02", "--stop-file", str(workdir / f"stop-{run_id}"), *extra]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
