@@ -608,18 +608,18 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
   }
 }
 
-// Pivot: dK = bf16(alpha dKacc), two elements per thread: pair idx of the
-// contiguous dKacc is column 2 idx % D of key row 2 idx / D (flat over B,
-// Hkv, M), stored at dK's strides. (A template so that each head dim's
-// translation unit has its own definition.)
+// Pivot: dK = bf16(alpha dKacc), two elements per thread; grid
+// (M D / 2 / kConvertThreads, B * Hkv): blockIdx.y is the (batch, kv head),
+// so dK's strides need no division of a flat index. (A template so that each
+// head dim's translation unit has its own definition.)
 template <int D>
-__global__ void __launch_bounds__(kConvertThreads) finish_keys_kernel(const Args a, int64_t pairs) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kConvertThreads + threadIdx.x;
-  if (idx >= pairs) return;
-  const float2 x = *reinterpret_cast<const float2*>(a.dk_accum + 2 * idx);
-  const int64_t key_row = 2 * idx / D, bhk = key_row / a.m;
-  const int col = static_cast<int>(2 * idx % D);
-  uint16_t* out = output_row(a.dk, a.dk_strides, bhk / a.hkv, bhk % a.hkv, key_row % a.m) + col;
+__global__ void __launch_bounds__(kConvertThreads) finish_keys_kernel(const Args a) {
+  const int bhk = blockIdx.y;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kConvertThreads + threadIdx.x;  // in this head
+  if (pair >= static_cast<int64_t>(a.m) * (D / 2)) return;
+  const float2 x = *reinterpret_cast<const float2*>(a.dk_accum + (static_cast<int64_t>(bhk) * a.m * D + 2 * pair));
+  const int key = static_cast<int>(pair / (D / 2)), col = static_cast<int>(2 * (pair % (D / 2)));
+  uint16_t* out = output_row(a.dk, a.dk_strides, bhk / a.hkv, bhk % a.hkv, key) + col;
   *reinterpret_cast<uint32_t*>(out) = mma::pack_bf16(a.scale * x.x, a.scale * x.y);
 }
 
