@@ -75,10 +75,10 @@
 // q's, k's and v's stride order, kernels/torch/stride_order.h, so no copy
 // follows), strides even: every store writes two adjacent BF16 as one 32-bit
 // word. Packed calls use the same strides (packing only offsets rows within N
-// and M). Causal masking, packing, GQA and
-// rows with no visible key exactly as kernels/cuda/fp32_backward.h; an
-// attn_mask (ProblemShape::mask) is refused by validate(): these kernels take
-// no mask (the FP32 recompute and backend center do).
+// and M). Causal masking, packing, GQA and rows with no visible key exactly
+// as kernels/cuda/fp32_backward.h; an attn_mask (ProblemShape::mask) is
+// refused by validate(): these kernels take no mask (the FP32 recompute and
+// backend center do).
 //
 // Row diagnostics (optional, each FP32 (B, Hq, N) contiguous, null to skip;
 // projection kNone only, so the projected variants spend no registers on them):

@@ -456,15 +456,15 @@ TEST(Bf16Backward, WarpSpecializedSdpaStrides) {
 // Outputs at strides (Bf16BackwardParams::dq_strides, dk_strides, dv_strides):
 // dq, dk and dv as SDPA's (B, L, H, d) views of slot 0 of fused projection
 // buffers (Outputs::kProjection: head stride d, row strides 3 H d, 3 H d and
-// 2 H d; the torch op hands the kernels (B, L, H, d) strides for
-// SDPA-strided operands), against the same
-// kernel writing contiguous outputs from the same operands. Nothing outside
-// the views is written (gather_output), and the values are the contiguous
-// run's: the pairs' bit for bit (no atomics); the key-outer kernels' dV (bf16:
-// dK) bit for bit, dQ (pivot and gproj: dK) to 1e-2 relative, since FP32
-// atomics land in another order from run to run on a GPU (as
-// WarpSpecializedMatchesKeyOuter). GQA with B = 2 at d = 64, and packed
-// sequences at d = 128 (packing offsets rows within N and M: the same strides).
+// 2 H d; the torch op hands the kernels (B, L, H, d) strides for SDPA-strided
+// operands), against the same kernel writing contiguous outputs from the same
+// operands. Nothing outside the views is written (gather_output), and the
+// values are the contiguous run's: the pairs' bit for bit (no atomics); the
+// key-outer kernels' dV (bf16: dK) bit for bit, dQ (pivot and gproj: dK) to
+// 1e-2 relative, since FP32 atomics land in another order from run to run on
+// a GPU (as WarpSpecializedMatchesKeyOuter; the emulation matched bit for bit
+// here). GQA with B = 2 at d = 64, and packed sequences at d = 128 (packing
+// offsets rows within N and M: the same strides).
 std::vector<Bf16Case> strided_output_cases() {
   std::vector<Bf16Case> out;
   for (const Bf16Case& c : cases()) {
