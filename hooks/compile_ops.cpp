@@ -33,7 +33,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
-#include <numeric>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -42,6 +41,7 @@
 #include "hooks/interception.h"
 #include "hooks/log.h"
 #include "hooks/torch_errors.h"
+#include "kernels/torch/stride_order.h"
 
 namespace gaugewatch::hooks {
 namespace {
@@ -85,19 +85,6 @@ Sizes strides_in_order(const Sizes& sizes, const std::vector<std::int64_t>& orde
   return strides;
 }
 
-// The dimensions of `t` from the largest stride to the smallest (ties keep
-// the dimension order): the layout the CUDA flash and cuDNN ops give their
-// results (flash: empty_like of the (B, N, H, d)-transposed operand; cuDNN:
-// alloc_with_matching_layout).
-std::vector<std::int64_t> stride_order(const Tensor& t) {
-  std::vector<std::int64_t> order(static_cast<std::size_t>(t.dim()));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
-    return t.sym_stride(a).sym_gt(t.sym_stride(b)).guard_bool(__FILE__, __LINE__);
-  });
-  return order;
-}
-
 const std::vector<std::int64_t> kBnhd{0, 2, 1, 3};  // (B, N, H, d) in memory, viewed as (B, H, N, d)
 
 struct Layout {
@@ -106,11 +93,12 @@ struct Layout {
 
 // The attention output (B, H, N, Dv): efficient attention always allocates
 // (B, N, H, Dv); the CPU and CUDA flash and cuDNN ops follow the query's
-// stride order (measured on the CPU flash op for contiguous, transposed and
-// fused-qkv queries; the CUDA ops by reading their allocation).
+// stride order (torch_ops::stride_order; measured on the CPU flash op for
+// contiguous, transposed and fused-qkv queries; the CUDA ops by reading
+// their allocation).
 Layout out_layout(OpKind kind, const Tensor& q, const Tensor& v) {
   Sizes sizes{q.sym_size(0), q.sym_size(1), q.sym_size(2), v.sym_size(3)};
-  const auto order = kind == OpKind::kEfficient ? kBnhd : stride_order(q);
+  const auto order = kind == OpKind::kEfficient ? kBnhd : torch_ops::stride_order(q);
   auto strides = strides_in_order(sizes, order);
   return {std::move(sizes), std::move(strides)};
 }
@@ -145,14 +133,11 @@ Layout lse_layout(OpKind kind, const Tensor& q) {
   return {};
 }
 
-// A gradient of `input` as the stock backward returns it: the CPU flash and
-// efficient backwards always (B, N, H, d); CUDA flash and cuDNN in the
-// input's stride order (the gaugewatch backends return the same: see
-// like_input in the interceptor).
+// A gradient of `input` as the stock backward returns it (stock_grad_order,
+// sdpa_ops.h; the gaugewatch backends return the same: stock_grad_layout).
 Layout grad_layout(OpKind kind, const Tensor& input) {
   Sizes sizes(input.sym_sizes().begin(), input.sym_sizes().end());
-  const bool bnhd = (kind == OpKind::kCpuFlash || kind == OpKind::kEfficient) && input.dim() == 4;
-  auto strides = strides_in_order(sizes, bnhd ? kBnhd : stride_order(input));
+  auto strides = strides_in_order(sizes, stock_grad_order(input, kind));
   return {std::move(sizes), std::move(strides)};
 }
 

@@ -9,11 +9,11 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_ops.h>
 #include <ATen/core/LegacyTypeDispatch.h>
-#include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
-#include <algorithm>
 #include <vector>
+
+#include "kernels/torch/stride_order.h"
 
 namespace gaugewatch::hooks {
 
@@ -96,27 +96,14 @@ std::array<Tensor, 4> stock_backward(const CallInfo& i, const Tensor& grad_out, 
   return {};
 }
 
-Tensor stock_grad_layout(const Tensor& grad, const Tensor& input, OpKind kind) {
-  const std::int64_t dims = input.dim();
-  std::vector<std::int64_t> order(static_cast<std::size_t>(dims));
-  for (std::int64_t i = 0; i < dims; ++i) order[static_cast<std::size_t>(i)] = i;
-  if ((kind == OpKind::kCpuFlash || kind == OpKind::kEfficient) && dims == 4) {
-    order = {0, 2, 1, 3};
-  } else {
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::int64_t a, std::int64_t b) { return input.stride(a) > input.stride(b); });
-  }
-  std::vector<std::int64_t> sizes(order.size()), inverse(order.size());
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    sizes[i] = input.size(order[i]);
-    inverse[static_cast<std::size_t>(order[i])] = static_cast<std::int64_t>(i);
-  }
-  Tensor target = at::empty(sizes, grad.options().dtype(input.scalar_type())).permute(inverse);
-  if (grad.scalar_type() == input.scalar_type() && grad.strides() == target.strides()) return grad;
-  target.copy_(grad);
-  return target;
+std::vector<std::int64_t> stock_grad_order(const Tensor& input, OpKind kind) {
+  if ((kind == OpKind::kCpuFlash || kind == OpKind::kEfficient) && input.dim() == 4) return {0, 2, 1, 3};
+  return torch_ops::stride_order(input);
 }
 
+Tensor stock_grad_layout(const Tensor& grad, const Tensor& input, OpKind kind) {
+  return torch_ops::to_order(grad, stock_grad_order(input, kind), input.scalar_type());
+}
 
 Tensor canonical_lse(const Tensor& lse, std::int64_t q_len) {
   if (!lse.defined()) return lse;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "hooks/runtime.h"
 
@@ -57,16 +58,22 @@ std::array<at::Tensor, 4> stock_backward(const CallInfo& info, const at::Tensor&
                                          const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                                          const at::Tensor& lse);
 
+// The dims of a gradient of `input` as SDPA's backward of `kind` lays it out
+// (torch 2.11), outermost first. The CPU flash and the CUDA efficient
+// backwards always allocate (B, N, H, d) and return it transposed, whatever
+// the input's strides (efficient too for q, k, v sliced from one fused qkv
+// buffer; measured on the H200, and its meta registration says the same):
+// {0, 2, 1, 3}. The CUDA flash and cuDNN ops allocate in the input's stride
+// order (torch_ops::stride_order, kernels/torch/stride_order.h, the layout
+// gaugewatch::attention_backward returns), so an SDPA-strided q (transposed
+// from (B, N, H, d) or sliced from a fused qkv projection) gets a
+// (B, N, H, d) transposed gradient and a contiguous q a contiguous one.
+std::vector<std::int64_t> stock_grad_order(const at::Tensor& input, OpKind kind);
+
 // A gradient as SDPA's backward of `kind` returns it for `input`: the
-// input's dtype and the stock backward's layout (torch 2.11). The CPU flash
-// and the CUDA efficient backwards always allocate (B, N, H, d) and return it
-// transposed, whatever the input's strides (efficient too for q, k, v sliced
-// from one fused qkv buffer; measured on the H200, and its meta registration
-// says the same); the CUDA flash and cuDNN ops allocate in the input's stride
-// order, so an SDPA-strided q (transposed from (B, N, H, d) or sliced from a
-// fused qkv projection) gets a (B, N, H, d) transposed gradient and a
-// contiguous q a contiguous one. `grad` is returned as it is when its layout
-// already matches, else copied.
+// input's dtype, dense in stock_grad_order. `grad` is returned as it is when
+// its layout already matches (the op's result for flash and cuDNN, and for
+// efficient attention on SDPA-strided inputs), else copied.
 at::Tensor stock_grad_layout(const at::Tensor& grad, const at::Tensor& input, OpKind kind);
 
 // The log-sum-exp of an intercepted call as (B, H, N), a view: the ops return

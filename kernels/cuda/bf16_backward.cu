@@ -87,8 +87,8 @@ void Bf16BackwardParams::set_contiguous_strides() {
   const ProblemShape& s = shape;
   const OperandStrides query{s.q_heads * s.q_len * s.head_dim, s.q_len * s.head_dim, s.head_dim};
   const OperandStrides key{s.kv_heads * s.kv_len * s.head_dim, s.kv_len * s.head_dim, s.head_dim};
-  q_strides = grad_out_strides = out_strides = query;
-  k_strides = v_strides = key;
+  q_strides = grad_out_strides = out_strides = dq_strides = query;
+  k_strides = v_strides = dk_strides = dv_strides = key;
   lse_strides = LseStrides{s.q_heads * s.q_len, s.q_len};
 }
 
@@ -136,6 +136,27 @@ Status validate(const Bf16BackwardParams& params) {
       return invalid("BF16 tensor strides must be multiples of 8 elements (16-byte rows); call .contiguous()");
     }
   }
+  // The outputs: two adjacent elements per 32-bit store, and no two rows at
+  // one address (a zero stride is the default of OperandStrides, not a layout).
+  struct Output {
+    const char* name;
+    OperandStrides s;
+    int64_t heads, len;
+  };
+  const Output outputs[] = {{"dq", t.dq_strides, p.q_heads, p.q_len},
+                            {"dk", t.dk_strides, p.kv_heads, p.kv_len},
+                            {"dv", t.dv_strides, p.kv_heads, p.kv_len}};
+  for (const Output& o : outputs) {
+    const std::string strides = std::string(o.name) + " strides (batch " + std::to_string(o.s.batch) + ", head " +
+                                std::to_string(o.s.head) + ", row " + std::to_string(o.s.row) + ")";
+    if (o.s.batch % 2 != 0 || o.s.head % 2 != 0 || o.s.row % 2 != 0) {
+      return invalid(strides + " must be even: the kernels store BF16 pairs as 32-bit words (4-byte aligned rows)");
+    }
+    if ((p.batch > 1 && o.s.batch == 0) || (o.heads > 1 && o.s.head == 0) || (o.len > 1 && o.s.row == 0)) {
+      return invalid(strides + " are 0 along a dimension of size > 1: rows would be written over each other; "
+                               "set the output's strides (set_contiguous_strides() for contiguous outputs)");
+    }
+  }
   return {};
 }
 
@@ -166,6 +187,9 @@ bf16::Args operand_args(const Bf16BackwardParams& p) {
   a.dq = p.dq;
   a.dk = p.dk;
   a.dv = p.dv;
+  a.dq_strides = p.dq_strides;
+  a.dk_strides = p.dk_strides;
+  a.dv_strides = p.dv_strides;
   a.batch = static_cast<int>(sh.batch);
   a.hq = static_cast<int>(sh.q_heads);
   a.hkv = static_cast<int>(sh.kv_heads);

@@ -69,11 +69,16 @@
 // Layouts: q, grad_out, out: (B, Hq, N, d); k, v: (B, Hkv, M, d); BF16, last
 // dim contiguous, other strides free (SDPA's (B, N, H, d) views work), rows
 // 16-byte aligned. lse: FP32 (B, Hq, N) natural-log, any batch/head strides,
-// row stride 1 (cuDNN's (B, H, N, 1) is the same memory). dq, dk, dv: BF16,
-// contiguous (B, Hq, N, d) / (B, Hkv, M, d). Causal masking, packing, GQA and
-// rows with no visible key exactly as kernels/cuda/fp32_backward.h; an
-// attn_mask (ProblemShape::mask) is refused by validate(): these kernels take
-// no mask (the FP32 recompute and backend center do).
+// row stride 1 (cuDNN's (B, H, N, 1) is the same memory). dq, dk, dv: BF16
+// (B, Hq, N, d) / (B, Hkv, M, d), last dim contiguous, other strides free
+// (dq_strides, dk_strides, dv_strides; the torch op allocates them dense in
+// q's, k's and v's stride order, kernels/torch/stride_order.h, so no copy
+// follows), strides even: every store writes two adjacent BF16 as one 32-bit
+// word. Packed calls use the same strides (packing only offsets rows within N
+// and M). Causal masking, packing, GQA and rows with no visible key exactly
+// as kernels/cuda/fp32_backward.h; an attn_mask (ProblemShape::mask) is
+// refused by validate(): these kernels take no mask (the FP32 recompute and
+// backend center do).
 //
 // Row diagnostics (optional, each FP32 (B, Hq, N) contiguous, null to skip;
 // projection kNone only, so the projected variants spend no registers on them):
@@ -132,10 +137,11 @@ struct Bf16BackwardParams {
   const float* lse = nullptr;
   OperandStrides q_strides, k_strides, v_strides, out_strides, grad_out_strides;
   LseStrides lse_strides;
-  // Outputs (device, BF16, contiguous).
+  // Outputs (device, BF16), at their strides (even: 32-bit stores).
   uint16_t* dq = nullptr;
   uint16_t* dk = nullptr;
   uint16_t* dv = nullptr;
+  OperandStrides dq_strides, dk_strides, dv_strides;
 
   Projection projection = Projection::kGproj;
   Bf16KernelPair kernel_pair = Bf16KernelPair::kHopper;
@@ -159,7 +165,8 @@ struct Bf16BackwardParams {
 
   Bf16RowDiagnostics diagnostics;
 
-  // Fills the strides of contiguous (B, H, L, d) tensors and (B, H, N) lse.
+  // Fills the strides of contiguous (B, H, L, d) operands and outputs and
+  // of a contiguous (B, H, N) lse.
   void set_contiguous_strides();
 };
 

@@ -37,6 +37,7 @@ struct Args {
   uint16_t* dq;
   uint16_t* dk;
   uint16_t* dv;
+  OperandStrides dq_strides, dk_strides, dv_strides;  // even (32-bit stores)
   const float* delta;      // (B, Hq, N) workspace
   float* row_factor;       // gproj: lambda_i; pivot: rho_i     (B, Hq, N) workspace
   int32_t* pivot_key;      // pivot: j*(i)                     (B, Hq, N) workspace
@@ -76,8 +77,29 @@ __device__ __forceinline__ T* head_ptr(T* base, const OperandStrides& s, int64_t
   return base + b * s.batch + h * s.head;
 }
 
+// blockIdx.y read again at the point of use, as a value the compiler cannot
+// merge with an earlier read: indices divided out of it there need no
+// register across a kernel's main loop (the mma.sync dq kernel at two blocks
+// per SM has none to spare for its (batch, head) until the dQ stores).
+__device__ __forceinline__ int block_y_again() {
+#if defined(GAUGEWATCH_CUDA_EMULATION)
+  return static_cast<int>(blockIdx.y);
+#else
+  int y;
+  asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(y));
+  return y;
+#endif
+}
+
+// Row `row` of head h of batch element b in a (B, H, L, d) output (dq, dk, dv
+// at their strides).
+__device__ __forceinline__ uint16_t* output_row(uint16_t* base, const OperandStrides& s, int64_t b, int64_t h,
+                                                int64_t row) {
+  return base + b * s.batch + h * s.head + row * s.row;
+}
+
 // One query head's operands and the index of its row 0 in the (B, Hq, N)
-// workspace arrays (delta, row_factor, pivot_key) and outputs.
+// workspace arrays (delta, row_factor, pivot_key) and row diagnostics.
 struct QueryHead {
   const uint16_t* q;
   const uint16_t* grad_out;

@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
     if (row >= a.n) continue;
     const int64_t orow = row_base + row;
     const float lam = mass[hh] > 0.0f ? rho[hh] / mass[hh] : 0.0f;
-    uint16_t* out = a.dq + orow * D;
+    uint16_t* out = output_row(a.dq, a.dq_strides, b, h, row);
     const uint16_t* kstar = (P == Projection::kPivot && parg[hh] >= 0) ? kh.k + parg[hh] * a.k_strides.row : nullptr;
 #pragma unroll
     for (int jn = 0; jn < D / 8; ++jn) {
@@ -561,13 +561,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
 
   // dK = bf16(alpha dKacc), dV = bf16(dVacc) (pivot's fix-up already in dKacc).
   // Keys past M are not written.
-  const int64_t key_base = static_cast<int64_t>(bhk) * a.m;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int key = j0 + 64 * wg + row0 + g + 8 * hh;
     if (key >= a.m) continue;
-    uint16_t* dko = a.dk + (key_base + key) * D;
-    uint16_t* dvo = a.dv + (key_base + key) * D;
+    uint16_t* dko = output_row(a.dk, a.dk_strides, b, hk, key);
+    uint16_t* dvo = output_row(a.dv, a.dv_strides, b, hk, key);
 #pragma unroll
     for (int jn = 0; jn < D / 8; ++jn) {
       const int col = 8 * jn + 2 * c;

@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
     const int key = j0 + 64 * wg + row0 + g + 8 * hh;
     if (key >= a.m) continue;
     const float* dka = a.dk_accum + (key_base + key) * D;
-    uint16_t* dko = a.dk + (key_base + key) * D;
+    uint16_t* dko = output_row(a.dk, a.dk_strides, b, hk, key);
 #pragma unroll
     for (int jn = 0; jn < D / 8; ++jn) {
       const int col = 8 * jn + 2 * c;

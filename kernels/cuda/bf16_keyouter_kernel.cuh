@@ -415,7 +415,8 @@ struct KeyTile {
     for (int hh = 0; hh < 2; ++hh) {
       const int key = j0 + 64 * wg + 16 * v + g + 8 * hh;
       if (key >= a.m) continue;
-      uint16_t* dvo = a.dv + (key_base + key) * D;
+      uint16_t* dvo = output_row(a.dv, a.dv_strides, b, hk, key);
+      uint16_t* dko = output_row(a.dk, a.dk_strides, b, hk, key);  // kNone
 #pragma unroll
       for (int jn = 0; jn < D / 8; ++jn) {
         const int col = 8 * jn + 2 * c;
@@ -424,7 +425,7 @@ struct KeyTile {
           *reinterpret_cast<float2*>(a.dk_accum + (key_base + key) * D + col) =
               make_float2(dk[4 * jn + 2 * hh], dk[4 * jn + 2 * hh + 1]);
         } else {
-          *reinterpret_cast<uint32_t*>(a.dk + (key_base + key) * D + col) =
+          *reinterpret_cast<uint32_t*>(dko + col) =
               mma::pack_bf16(a.scale * dk[4 * jn + 2 * hh], a.scale * dk[4 * jn + 2 * hh + 1]);
         }
       }
@@ -584,7 +585,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
       lq[0] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[0]), -lam * mma::bf16_bits_to_float(qr[1]));
       lq[1] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[2]), -lam * mma::bf16_bits_to_float(qr[3]));
     }
-    uint32_t* out = reinterpret_cast<uint32_t*>(a.dq + (row_base + row) * D + col);
+    uint32_t* out = reinterpret_cast<uint32_t*>(output_row(a.dq, a.dq_strides, b, h, row) + col);
     out[0] = mma::pack_bf16(a.scale * x[0], a.scale * x[1]);
     out[1] = mma::pack_bf16(a.scale * x[2], a.scale * x[3]);
   }
@@ -607,14 +608,19 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
   }
 }
 
-// Pivot: dK = bf16(alpha dKacc), two elements per thread. (A template so that
-// each head dim's translation unit has its own definition.)
+// Pivot: dK = bf16(alpha dKacc), two elements per thread; grid
+// (M D / 2 / kConvertThreads, B * Hkv): blockIdx.y is the (batch, kv head),
+// so dK's strides need no division of a flat index. (A template so that each
+// head dim's translation unit has its own definition.)
 template <int D>
-__global__ void __launch_bounds__(kConvertThreads) finish_keys_kernel(const Args a, int64_t pairs) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kConvertThreads + threadIdx.x;
-  if (idx >= pairs) return;
-  const float2 x = *reinterpret_cast<const float2*>(a.dk_accum + 2 * idx);
-  *reinterpret_cast<uint32_t*>(a.dk + 2 * idx) = mma::pack_bf16(a.scale * x.x, a.scale * x.y);
+__global__ void __launch_bounds__(kConvertThreads) finish_keys_kernel(const Args a) {
+  const int bhk = blockIdx.y;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kConvertThreads + threadIdx.x;  // in this head
+  if (pair >= static_cast<int64_t>(a.m) * (D / 2)) return;
+  const float2 x = *reinterpret_cast<const float2*>(a.dk_accum + (static_cast<int64_t>(bhk) * a.m * D + 2 * pair));
+  const int key = static_cast<int>(pair / (D / 2)), col = static_cast<int>(2 * (pair % (D / 2)));
+  uint16_t* out = output_row(a.dk, a.dk_strides, bhk / a.hkv, bhk % a.hkv, key) + col;
+  *reinterpret_cast<uint32_t*>(out) = mma::pack_bf16(a.scale * x.x, a.scale * x.y);
 }
 
 }  // namespace gaugewatch::gpu::bf16::keyouter

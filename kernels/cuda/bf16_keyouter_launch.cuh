@@ -31,10 +31,11 @@ cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   if constexpr (P == Projection::kPivot) {
-    const int64_t pairs = static_cast<int64_t>(a.batch) * a.hkv * a.m * D / 2;
-    if (pairs > 0) {
-      const auto blocks = static_cast<unsigned>((pairs + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads);
-      keyouter::finish_keys_kernel<D><<<blocks, keyouter::kConvertThreads, 0, stream>>>(a, pairs);
+    const int64_t pairs = static_cast<int64_t>(a.m) * D / 2;  // per (batch, kv head)
+    const dim3 keys_grid(static_cast<unsigned>((pairs + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads),
+                         kv_grid.y);
+    if (keys_grid.x > 0 && keys_grid.y > 0) {
+      keyouter::finish_keys_kernel<D><<<keys_grid, keyouter::kConvertThreads, 0, stream>>>(a);
       err = cudaGetLastError();
     }
   }

@@ -3,13 +3,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 namespace gaugewatch::torch_ops {
 
@@ -43,18 +40,6 @@ void check_center_keys_operands(const at::Tensor& q, const at::Tensor& k, const 
               ", ", lse.device());
   TORCH_CHECK(!scale.has_value() || std::isfinite(*scale), "gaugewatch: center_keys: scale must be finite");
   parse_policy(policy);
-}
-
-at::Tensor empty_in_key_order(const at::Tensor& k) {
-  std::array<int64_t, 3> order{0, 1, 2};
-  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
-    return k.sym_stride(x) > k.sym_stride(y);
-  });
-  const std::array<c10::SymInt, 4> sizes{k.sym_size(order[0]), k.sym_size(order[1]), k.sym_size(order[2]),
-                                         k.sym_size(3)};
-  std::vector<int64_t> inverse(4, 3);
-  for (int64_t i = 0; i < 3; ++i) inverse[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
-  return at::empty_symint(sizes, k.options()).permute(inverse);
 }
 
 CenterKeysCall check_center_keys(const at::Tensor& q, const at::Tensor& k, const at::Tensor& lse,

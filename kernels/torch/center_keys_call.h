@@ -25,13 +25,6 @@ struct CenterKeysCall {
 void check_center_keys_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& lse,
                                 std::optional<double> scale, c10::string_view policy);
 
-// Storage for k - kbar, the same on every device (CPU, CUDA, Meta): dense, in
-// k's dimension order (dims 0..2 by stride, largest first; d last). SDPA's
-// (B, M, H, d) views and slices of a fused qkv projection keep their order,
-// so a stock backward lays out dK for it as it would for k (no copy back to
-// stock's layout).
-at::Tensor empty_in_key_order(const at::Tensor& k);
-
 // The same plus every size: batch, head dim and lse's (B, Hq) agree, Hkv
 // divides Hq, L >= N.
 CenterKeysCall check_center_keys(const at::Tensor& q, const at::Tensor& k, const at::Tensor& lse,

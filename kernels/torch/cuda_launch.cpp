@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "kernels/torch/center_keys_call.h"
+#include "kernels/torch/stride_order.h"
 
 namespace gaugewatch::torch_ops {
 namespace {
@@ -81,17 +81,29 @@ at::Tensor checked_offsets(const at::Tensor& t, int64_t length, const char* name
   return t.to(q.device(), at::kInt).contiguous();
 }
 
+// Stride of dim i of a (B, H, L, d) tensor as the kernels take it: a
+// dimension of size 1 is never stepped along, so its stride is irrelevant (0).
+int64_t kernel_stride(const at::Tensor& x, int i) { return x.size(i) > 1 ? x.stride(i) : int64_t{0}; }
+
 // Element strides (batch, head, row) of a (B, H, L, d) BF16 operand, taken as
 // it is when its rows are contiguous and 16-byte aligned (SDPA's transposed
-// (B, L, H, d) views qualify), otherwise from a contiguous copy. A dimension
-// of size 1 is never stepped along: its stride is irrelevant.
+// (B, L, H, d) views qualify), otherwise from a contiguous copy.
 at::Tensor kernel_operand(const at::Tensor& t, gpu::OperandStrides& strides) {
-  auto stride_of = [](const at::Tensor& x, int i) { return x.size(i) > 1 ? x.stride(i) : int64_t{0}; };
   bool usable = (t.size(3) <= 1 || t.stride(3) == 1) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  for (int i = 0; i < 3; ++i) usable = usable && stride_of(t, i) % 8 == 0;
+  for (int i = 0; i < 3; ++i) usable = usable && kernel_stride(t, i) % 8 == 0;
   const at::Tensor u = usable ? t : t.contiguous();
-  strides = gpu::OperandStrides{stride_of(u, 0), stride_of(u, 1), stride_of(u, 2)};
+  strides = gpu::OperandStrides{kernel_stride(u, 0), kernel_stride(u, 1), kernel_stride(u, 2)};
   return u;
+}
+
+// A (B, H, L, d) BF16 gradient of `input`, dense in input's stride order
+// (stride_order.h: rows contiguous), and its strides for the kernels, which
+// write it in place.
+at::Tensor kernel_output(const at::Tensor& input, gpu::OperandStrides& strides) {
+  at::Tensor t = empty_in_stride_order(input, input.options());
+  TORCH_INTERNAL_ASSERT(t.size(3) <= 1 || t.stride(3) == 1, "gaugewatch: gradient rows must be contiguous");
+  strides = gpu::OperandStrides{kernel_stride(t, 0), kernel_stride(t, 1), kernel_stride(t, 2)};
+  return t;
 }
 
 at::Tensor workspace_of(const at::Tensor& like, size_t bytes) {
@@ -158,10 +170,11 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   p.out = static_cast<const uint16_t*>(ok.data_ptr());
   p.grad_out = static_cast<const uint16_t*>(gk.data_ptr());
   p.lse = lk.data_ptr<float>();
-  const auto contiguous = at::MemoryFormat::Contiguous;
-  at::Tensor dq = at::empty(q.sizes(), q.options().memory_format(contiguous));
-  at::Tensor dk = at::empty(k.sizes(), k.options().memory_format(contiguous));
-  at::Tensor dv = at::empty(v.sizes(), v.options().memory_format(contiguous));
+  // The gradients in the layout attention_backward returns (stride_order.h),
+  // written by the kernels at their strides: no copy after the backward.
+  const at::Tensor dq = kernel_output(q, p.dq_strides);
+  const at::Tensor dk = kernel_output(k, p.dk_strides);
+  const at::Tensor dv = kernel_output(v, p.dv_strides);
   p.dq = static_cast<uint16_t*>(dq.data_ptr());
   p.dk = static_cast<uint16_t*>(dk.data_ptr());
   p.dv = static_cast<uint16_t*>(dv.data_ptr());
@@ -238,7 +251,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> centred_keys(const at::Tensor& q_
                                                             gpu::CentringPolicy policy, double offset_spread_ratio,
                                                             cudaStream_t stream, int64_t lse_out_len) {
   const at::Tensor q = last_dim_contiguous(q_arg), k = last_dim_contiguous(k_arg);
-  const at::Tensor k_centred = empty_in_key_order(k);
+  const at::Tensor k_centred = empty_in_stride_order(k, k.options());
   const int64_t out_len = lse_out_len > lse.size(2) ? lse_out_len : lse.size(2);
   at::Tensor lse_shifted = at::empty({lse.size(0), lse.size(1), out_len}, lse.options());
   at::Tensor kbar = at::empty({k.size(0), k.size(1), k.size(3)}, k.options());

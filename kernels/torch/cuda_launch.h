@@ -57,7 +57,8 @@ gpu::ProblemShape problem_shape(const AttentionCall& call, const DeviceOffsets& 
 gpu::Bf16KernelPair bf16_kernel_pair();
 
 // The fused BF16 backward (BF16 operands, SDPA strides taken as they are when
-// rows are 16-byte aligned); BF16 gradients, contiguous. `diag` only with
+// rows are 16-byte aligned); BF16 gradients dense in the stride order of q,
+// k, v (stride_order.h), written in place by the kernels. `diag` only with
 // projection kNone. deterministic: the two-kernel pair (bitwise repeatable);
 // otherwise bf16 and pivot run the key-outer kernel (FP32 atomics). gproj's
 // structure is chosen once when the library loads:

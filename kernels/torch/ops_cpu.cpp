@@ -28,6 +28,7 @@
 #include "kernels/torch/attention_mask.h"
 #include "kernels/torch/center_keys_call.h"
 #include "kernels/torch/registration.h"
+#include "kernels/torch/stride_order.h"
 
 namespace gaugewatch::torch_ops {
 namespace {
@@ -153,7 +154,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> center_keys_cpu(const at::Tensor&
   const int64_t kbar_sizes[] = {call.batch, call.kv_heads, d};
   const at::Tensor kbar_f = to_tensor(kbar, kbar_sizes, at::kFloat);
   // Differences of two values of k's grid are exact in float; one rounding back.
-  const at::Tensor k_centred = empty_in_key_order(k).copy_((k.to(at::kFloat) - kbar_f.unsqueeze(2)).to(k.scalar_type()));
+  const at::Tensor k_centred =
+      empty_in_stride_order(k, k.options()).copy_((k.to(at::kFloat) - kbar_f.unsqueeze(2)).to(k.scalar_type()));
   // q . kbar in FP64 (exact for BF16 and FP16 operands), then FP32, as the
   // CUDA kernel computes it (kernels/cuda/key_centring.h): the two agree bit for bit.
   const at::Tensor kbar_per_q_head = kbar_f.to(at::kDouble).repeat_interleave(call.q_heads / call.kv_heads, 1);
@@ -218,12 +220,13 @@ Grads center_backward_cpu(const AttentionCall& call, const at::Tensor& grad_out,
                                                                   call.scale);
 }
 
-Grads attention_backward_cpu(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                             const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool is_causal,
-                             std::optional<double> scale, c10::string_view backend_name_arg,
-                             c10::string_view causal_alignment, const std::optional<at::Tensor>& cu_seqlens_q,
-                             const std::optional<at::Tensor>& cu_seqlens_k, bool /*deterministic*/,
-                             bool center_keys, const std::optional<at::Tensor>& attn_mask) {
+// Every backend's gradients in the reference's (B, H, L, d) order, or for
+// center in the CPU flash backward's (B, N, H, d)-transposed layout.
+Grads backward_cpu(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& out, const at::Tensor& lse, bool is_causal, std::optional<double> scale,
+                   c10::string_view backend_name_arg, c10::string_view causal_alignment,
+                   const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+                   bool center_keys, const std::optional<at::Tensor>& attn_mask) {
   const AttentionCall call = check_attention_call(grad_out, q, k, v, out, lse, is_causal, scale, causal_alignment,
                                                   cu_seqlens_q, cu_seqlens_k);
   const Backend backend = parse_backend(backend_name_arg);
@@ -253,6 +256,20 @@ Grads attention_backward_cpu(const at::Tensor& grad_out, const at::Tensor& q, co
       return {to_tensor(g.dq, q.sizes(), dtype), to_tensor(g.dk, k.sizes(), dtype), to_tensor(g.dv, k.sizes(), dtype)};
     }
   }
+}
+
+// The gradients as the CUDA kernels write them (and the Meta kernel says):
+// dense in the stride order of q, k, v (a copy here, where that is not the
+// reference's or the CPU flash backward's layout).
+Grads attention_backward_cpu(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool is_causal,
+                             std::optional<double> scale, c10::string_view backend_name,
+                             c10::string_view causal_alignment, const std::optional<at::Tensor>& cu_seqlens_q,
+                             const std::optional<at::Tensor>& cu_seqlens_k, bool /*deterministic*/,
+                             bool center_keys, const std::optional<at::Tensor>& attn_mask) {
+  return in_operand_order(backward_cpu(grad_out, q, k, v, out, lse, is_causal, scale, backend_name, causal_alignment,
+                                       cu_seqlens_q, cu_seqlens_k, center_keys, attn_mask),
+                          q, k, v);
 }
 
 // dq of a chosen row depends only on that row's grad_out, and a row whose

@@ -21,6 +21,7 @@
 #include "kernels/torch/cuda_launch.h"
 #include "kernels/torch/ops_cuda_center.h"
 #include "kernels/torch/registration.h"
+#include "kernels/torch/stride_order.h"
 
 namespace gaugewatch::torch_ops {
 namespace {
@@ -82,13 +83,18 @@ Grads attention_backward_cuda(const at::Tensor& grad_out, const at::Tensor& q, c
   check_attn_mask(attn_mask, call, q);
   const Backend backend = parse_backend(backend_arg);
   TORCH_CHECK(backend != Backend::kFp64, "gaugewatch: backend 'fp64' is the CPU reference only; pass CPU tensors");
+  // Every backend returns the gradients dense in the stride order of q, k, v
+  // (stride_order.h, as the Meta kernel says): the fused BF16 kernels write
+  // them so; the FP32 kernel's contiguous results and the stock backward's
+  // (center) are copied where their layout differs.
   if (backend == Backend::kCenter) {
     const c10::cuda::CUDAGuard guard(q.device());
-    return center_backward_cuda(call, grad_out, q, k, v, out, lse, attn_mask);
+    return in_operand_order(center_backward_cuda(call, grad_out, q, k, v, out, lse, attn_mask), q, k, v);
   }
   if (backend == Backend::kFp32) {
-    return run_fp32(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, std::nullopt, std::nullopt, deterministic,
-                    center_keys, attn_mask);
+    return in_operand_order(run_fp32(call, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, std::nullopt, std::nullopt,
+                                     deterministic, center_keys, attn_mask),
+                            q, k, v);
   }
   TORCH_CHECK(!attn_mask.has_value(), "gaugewatch: backend '", gaugewatch::backend_name(backend),
               "' (the fused BF16 backward) takes no attn_mask; use backend 'center' (the stock backward on "

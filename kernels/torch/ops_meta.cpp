@@ -1,6 +1,7 @@
-// Meta (fake tensor) implementations of the gaugewatch ops: output shapes and
-// dtypes only, after the same argument checks as the real backends, so
-// torch.compile and torch.library.opcheck can trace the ops.
+// Meta (fake tensor) implementations of the gaugewatch ops: output shapes,
+// dtypes and strides (the real kernels' own: stride_order.h), after the same
+// argument checks as the real backends, so torch.compile and
+// torch.library.opcheck can trace the ops.
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -13,6 +14,7 @@
 #include "kernels/torch/attention_mask.h"
 #include "kernels/torch/center_keys_call.h"
 #include "kernels/torch/registration.h"
+#include "kernels/torch/stride_order.h"
 
 namespace gaugewatch::torch_ops {
 namespace {
@@ -28,8 +30,9 @@ Grads attention_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, c
   check_operands(grad_out, q, k, v, out, lse, causal_alignment, cu_seqlens_q, cu_seqlens_k);
   check_attn_mask_operand(attn_mask, q);
   const auto options = q.options().dtype(backend_dtype(parse_backend(backend)));
-  return {at::empty_symint(q.sym_sizes(), options), at::empty_symint(k.sym_sizes(), options),
-          at::empty_symint(k.sym_sizes(), options)};
+  // Every device and backend returns the gradients dense in the operands'
+  // stride order (stride_order.h).
+  return {empty_in_stride_order(q, options), empty_in_stride_order(k, options), empty_in_stride_order(v, options)};
 }
 
 Grads attention_backward_rows_meta(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
@@ -64,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> center_keys_meta(const at::Tensor
                                                                 c10::string_view policy) {
   check_center_keys_operands(q, k, lse, scale, policy);
   const c10::SymInt kbar_sizes[] = {k.sym_size(0), k.sym_size(1), k.sym_size(3)};
-  return {empty_in_key_order(k), at::empty_symint(lse.sym_sizes(), lse.options()),
+  return {empty_in_stride_order(k, k.options()), at::empty_symint(lse.sym_sizes(), lse.options()),
           at::empty_symint(kbar_sizes, k.options())};
 }
 

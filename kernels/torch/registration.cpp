@@ -1,7 +1,7 @@
 // The gaugewatch torch op schemas, declared once. Backend files only m.impl:
 //   ops_cpu.cpp   CPU: every backend through the CPU reference (kernels/reference)
 //   ops_cuda.cpp  CUDA: backend "fp32" through the fused FP32 kernel (kernels/cuda)
-//   ops_meta.cpp  Meta / fake tensors: output shapes and dtypes only
+//   ops_meta.cpp  Meta / fake tensors: output shapes, dtypes and strides only
 // Load from Python with torch.ops.load_library("build/lib/libgaugewatch_ops.so"),
 // then call torch.ops.gaugewatch.<op>.
 //
@@ -19,6 +19,9 @@
 //   out and lse are not used; outputs float32; center_keys subtracts each kv
 //   head's mean key first, which leaves the exact gradients unchanged and removes
 //   most of the FP32 floor on offset keys), "fp64" (CPU only, float64 truth).
+//   dq, dk, dv: dense, each in the stride order of q, k, v (kernels/torch/stride_order.h:
+//     contiguous for contiguous operands, (B, N, H, d)-transposed for SDPA's views), on
+//     every device and backend; the CUDA fused BF16 kernels write them in place.
 //   deterministic: bitwise repeatable results (CUDA fp32: no dQ atomics; CUDA bf16 and pivot: the
 //     two-kernel pair instead of the key-outer kernel; CUDA gproj runs the pair unless
 //     GAUGEWATCH_GPROJ_KERNEL=key_outer).

@@ -92,11 +92,64 @@ std::vector<uint16_t> sdpa_order(const std::vector<uint16_t>& x, int64_t batch, 
   return out;
 }
 
+// Where the kernels write dq, dk and dv (Bf16BackwardParams::dq_strides, ...).
+enum class Outputs {
+  kContiguous,  // (B, H, L, d)
+  // SDPA's (B, L, H, d) view of slot 0 of a fused (B, L, S, H, d) buffer, as
+  // the gradient of a tensor sliced from a projection: head stride d, row
+  // stride S H d; the other slots are not the output's. dq and dk: S = 3 (a
+  // qkv projection), dv: S = 2 (a kv projection), so dk's and dv's strides
+  // differ (dq's differ from dk's where Hq != Hkv).
+  kProjection,
+};
+
+struct OutputLayout {
+  gpu::OperandStrides strides;
+  size_t elements = 0;  // of the whole buffer
+};
+
+OutputLayout output_layout(Outputs outputs, int64_t slots, int64_t batch, int64_t heads, int64_t len, int64_t d) {
+  if (outputs == Outputs::kContiguous) {
+    return {{heads * len * d, len * d, d}, static_cast<size_t>(batch * heads * len * d)};
+  }
+  const int64_t row = slots * heads * d;
+  return {{len * row, d, row}, static_cast<size_t>(batch * len * row)};
+}
+
+// The (B, H, L, d) elements of a downloaded output at `layout`'s strides, as
+// contiguous floats. The buffer was poisoned (all bits set): an element
+// outside the strided view that does not hold the poison any more was
+// written by mistake, and fails the test.
+std::vector<float> gather_output(const std::vector<uint16_t>& bits, const OutputLayout& layout, int64_t batch,
+                                 int64_t heads, int64_t len, int64_t d, const char* name) {
+  const gpu::OperandStrides& s = layout.strides;
+  std::vector<uint16_t> values;
+  values.reserve(static_cast<size_t>(batch * heads * len * d));
+  std::vector<char> inside(bits.size(), 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < len; ++i) {
+        for (int64_t c = 0; c < d; ++c) {
+          const auto at = static_cast<size_t>(b * s.batch + h * s.head + i * s.row + c);
+          values.push_back(bits[at]);
+          inside[at] = 1;
+        }
+      }
+    }
+  }
+  size_t stray = 0;
+  for (size_t i = 0; i < bits.size(); ++i) stray += !inside[i] && bits[i] != 0xffffu ? 1 : 0;
+  EXPECT_EQ(stray, 0u) << name << ": elements written outside the output's strided view";
+  return from_bf16_bits(values);
+}
+
 // sdpa_strides: Q, K, V and dO in SDPA's (B, L, H, d) memory, passed by their
-// strides (batch L H d, head d, row H d); out, lse and the outputs contiguous.
+// strides (batch L H d, head d, row H d); out and lse contiguous. `outputs`:
+// where dq, dk and dv are written.
 KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& saved, gpu::Projection projection,
                      gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper, Path path = Path::kPair,
-                     bool warp_specialized = false, bool sdpa_strides = false) {
+                     bool warp_specialized = false, bool sdpa_strides = false,
+                     Outputs outputs = Outputs::kContiguous) {
   const auto& sh = in.shape;
   const int64_t d = sh.head_dim;
   auto layout = [&](const std::vector<float>& x, int64_t heads, int64_t len) {
@@ -107,8 +160,10 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
       v(layout(in.v, sh.kv_heads, sh.kv_len)), go(layout(in.grad_out, sh.q_heads, sh.q_len));
   DeviceBuffer<uint16_t> out(to_bf16_bits(saved.out));
   DeviceBuffer<float> lse(saved.lse);
-  DeviceBuffer<uint16_t> dq(static_cast<size_t>(sh.q_elements())), dk(static_cast<size_t>(sh.kv_elements())),
-      dv(static_cast<size_t>(sh.kv_elements()));
+  const OutputLayout q_out = output_layout(outputs, 3, sh.batch, sh.q_heads, sh.q_len, d);
+  const OutputLayout k_out = output_layout(outputs, 3, sh.batch, sh.kv_heads, sh.kv_len, d);
+  const OutputLayout v_out = output_layout(outputs, 2, sh.batch, sh.kv_heads, sh.kv_len, d);
+  DeviceBuffer<uint16_t> dq(q_out.elements), dk(k_out.elements), dv(v_out.elements);
   dq.poison();
   dk.poison();
   dv.poison();
@@ -139,6 +194,9 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
     p.q_strides = p.grad_out_strides = query;
     p.k_strides = p.v_strides = key;
   }
+  p.dq_strides = q_out.strides;
+  p.dk_strides = k_out.strides;
+  p.dv_strides = v_out.strides;
   if (projection == gpu::Projection::kNone && path == Path::kPair) {
     p.diagnostics.row_mass = row_mass.get();
     p.diagnostics.p_max = p_max.get();
@@ -155,9 +213,9 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   if (run.status.ok() && sync != cudaSuccess) {
     run.status = gpu::Status{sync, std::string("kernel failed: ") + cudaGetErrorString(sync)};
   }
-  run.grads.dq = from_bf16_bits(dq.download());
-  run.grads.dk = from_bf16_bits(dk.download());
-  run.grads.dv = from_bf16_bits(dv.download());
+  run.grads.dq = gather_output(dq.download(), q_out, sh.batch, sh.q_heads, sh.q_len, d, "dq");
+  run.grads.dk = gather_output(dk.download(), k_out, sh.batch, sh.kv_heads, sh.kv_len, d, "dk");
+  run.grads.dv = gather_output(dv.download(), v_out, sh.batch, sh.kv_heads, sh.kv_len, d, "dv");
   if (projection == gpu::Projection::kNone && path == Path::kPair) {
     run.row_mass = row_mass.download();
     run.p_max = p_max.download();
@@ -391,6 +449,90 @@ TEST(Bf16Backward, WarpSpecializedSdpaStrides) {
       EXPECT_LE(relative(ws.grads.dq, contiguous.grads.dq), 1e-2);
       EXPECT_LE(relative(ws.grads.dk, contiguous.grads.dk), 1e-2);
       EXPECT_LE(relative(ws.grads.dv, contiguous.grads.dv), 1e-2);
+    }
+  }
+}
+
+// Outputs at strides (Bf16BackwardParams::dq_strides, dk_strides, dv_strides):
+// dq, dk and dv as SDPA's (B, L, H, d) views of slot 0 of fused projection
+// buffers (Outputs::kProjection: head stride d, row strides 3 H d, 3 H d and
+// 2 H d; the torch op hands the kernels (B, L, H, d) strides for SDPA-strided
+// operands), against the same kernel writing contiguous outputs from the same
+// operands. Nothing outside the views is written (gather_output), and the
+// values are the contiguous run's: the pairs' bit for bit (no atomics); the
+// key-outer kernels' dV (bf16: dK) bit for bit, dQ (pivot and gproj: dK) to
+// 1e-2 relative, since FP32 atomics land in another order from run to run on
+// a GPU (as WarpSpecializedMatchesKeyOuter; the emulation matched bit for bit
+// here). GQA with B = 2 at d = 64, and packed sequences at d = 128 (packing
+// offsets rows within N and M: the same strides).
+std::vector<Bf16Case> strided_output_cases() {
+  std::vector<Bf16Case> out;
+  for (const Bf16Case& c : cases()) {
+    if (c.name == "gqa_top_left" || c.name == "packed_d128") out.push_back(c);
+  }
+  return out;
+}
+
+TEST(Bf16Backward, StridedOutputsPair) {
+  SKIP_WITHOUT_GPU();
+  for (const Bf16Case& c : strided_output_cases()) {
+    SCOPED_TRACE(c.name);
+    const ref::AttentionInputs in = make_inputs(c);
+    const ref::SavedForward saved = ref::forward_fused_bf16(in);
+    for (const auto pair : {gpu::Bf16KernelPair::kHopper, gpu::Bf16KernelPair::kMmaSyncBaseline}) {
+      SCOPED_TRACE(pair == gpu::Bf16KernelPair::kHopper ? "hopper pair" : "mma.sync pair");
+      for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kGproj, gpu::Projection::kPivot}) {
+        // The mma.sync pair (slow on the emulation) on one case and gproj: its
+        // stores are the same code for every projection and head dim.
+        const bool mma_sync = pair == gpu::Bf16KernelPair::kMmaSyncBaseline;
+        if (mma_sync && (c.name != "gqa_top_left" || projection != gpu::Projection::kGproj)) continue;
+        SCOPED_TRACE(name_of(projection));
+        const KernelRun strided =
+            run_kernel(in, saved, projection, pair, Path::kPair, false, false, Outputs::kProjection);
+        const KernelRun contiguous = run_kernel(in, saved, projection, pair, Path::kPair);
+        ASSERT_TRUE(strided.status.ok()) << strided.status.message;
+        ASSERT_TRUE(contiguous.status.ok()) << contiguous.status.message;
+        for (const auto& [x, y, label] : {std::tuple{&strided.grads.dq, &contiguous.grads.dq, "dq"},
+                                          std::tuple{&strided.grads.dk, &contiguous.grads.dk, "dk"},
+                                          std::tuple{&strided.grads.dv, &contiguous.grads.dv, "dv"}}) {
+          ASSERT_EQ(x->size(), y->size());
+          EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0)
+              << label << " at strides differs from the contiguous run";
+        }
+      }
+    }
+  }
+}
+
+// The key-outer kernel (keyouter_kernel: bf16, pivot and gproj with its
+// second pass) and the warp-specialized one (bf16, pivot), as above.
+TEST(Bf16Backward, StridedOutputsKeyOuter) {
+  SKIP_WITHOUT_GPU();
+  for (const Bf16Case& c : strided_output_cases()) {
+    SCOPED_TRACE(c.name);
+    const ref::AttentionInputs in = make_inputs(c);
+    const ref::SavedForward saved = ref::forward_fused_bf16(in);
+    for (const bool warp_specialized : {false, true}) {
+      SCOPED_TRACE(warp_specialized ? "keyouter_ws_kernel" : "keyouter_kernel");
+      for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot, gpu::Projection::kGproj}) {
+        if (warp_specialized && projection == gpu::Projection::kGproj) continue;  // gproj has no ws kernel
+        SCOPED_TRACE(name_of(projection));
+        const KernelRun strided = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter,
+                                             warp_specialized, false, Outputs::kProjection);
+        const KernelRun contiguous =
+            run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter, warp_specialized);
+        ASSERT_TRUE(strided.status.ok()) << strided.status.message;
+        ASSERT_TRUE(contiguous.status.ok()) << contiguous.status.message;
+        ASSERT_TRUE(strided.key_outer);
+        ASSERT_EQ(strided.key_outer_ws, warp_specialized) << "the launcher chose another key-outer kernel";
+        expect_same_dv_and_plain_dk(strided, contiguous, projection, "the contiguous run's");
+        const double eq = relative(strided.grads.dq, contiguous.grads.dq),
+                     ek = relative(strided.grads.dk, contiguous.grads.dk);
+        std::printf("[ %s %s %s ] strided outputs vs contiguous: dq %.2e dk %.2e\n", c.name.c_str(),
+                    name_of(projection), warp_specialized ? "key-outer ws" : "key-outer", eq, ek);
+        EXPECT_LE(eq, 1e-2);
+        EXPECT_LE(ek, 1e-2);
+      }
     }
   }
 }
@@ -682,6 +824,26 @@ TEST(Bf16Backward, RejectsUnsupportedInputsWithReasons) {
   p.diagnostics.p_max = &sink;
   p.projection = gpu::Projection::kGproj;
   EXPECT_NE(gpu::validate(p).message.find("bf16 variant"), std::string::npos);
+  p.diagnostics = {};
+  // Output strides: any, but even (the kernels store BF16 pairs as 32-bit
+  // words) and not 0 along a dimension of size > 1. validate() reads no
+  // tensor: aligned host addresses stand in for them.
+  alignas(16) uint16_t tensors[8] = {};
+  float lse = 0.0f;
+  p.q = p.k = p.v = p.out = p.grad_out = p.dq = p.dk = p.dv = tensors;
+  p.lse = &lse;
+  p.shape.q_len = p.shape.kv_len = 4;
+  p.set_contiguous_strides();
+  EXPECT_TRUE(gpu::validate(p).ok()) << gpu::validate(p).message;
+  p.dv_strides.row = 3 * 64;  // a slot of a (B, M, 3, H, d) buffer: fine
+  p.dq_strides.row = 3 * 64 + 2;
+  EXPECT_TRUE(gpu::validate(p).ok()) << gpu::validate(p).message;
+  p.dk_strides.row = 65;
+  std::string why = gpu::validate(p).message;
+  EXPECT_NE(why.find("dk strides (batch 256, head 256, row 65) must be even"), std::string::npos) << why;
+  p.dk_strides = {};
+  why = gpu::validate(p).message;
+  EXPECT_NE(why.find("dk strides (batch 0, head 0, row 0) are 0"), std::string::npos) << why;
 }
 
 }  // namespace

@@ -20,6 +20,8 @@
   child process: dV (bf16: dK) bit for bit, dQ to summation order;
 - deterministic=True: bitwise repeatable; SDPA-strided operands give the same
   bits as contiguous (the key-outer path: the same to summation order);
+- SDPA-strided and fused-qkv operands: dq, dk, dv written by the kernels at
+  (B, N, H, d) strides, no copy kernel after them;
 - the FP32 kernel's floor on sink-like inputs with and without key centring.
 Skips without a CUDA GPU; runs through scripts/device.sh.
 """
@@ -179,6 +181,58 @@ def strided_problem(d):
                          for s in (3.0, 1.0, 1.0, 1.0))
     out, lse = flash_forward(q, k, v, causal=True, scale=None)
     return (grad_out, q, k, v, out, lse)
+
+
+def fused_qkv_problem(d):
+    """strided_problem's values with q, k, v sliced from one (B, N, 3, H, d)
+    projection (rows 3 H d apart: not dense), as a GPT-2 c_attn output gives them."""
+    grad_out, q, k, v, out, lse = strided_problem(d)
+    qkv = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    assert not q.is_contiguous() and q.stride(2) == 3 * q.shape[1] * d
+    return (grad_out, q, k, v, out, lse)
+
+
+def row_order_strides(t):
+    """Strides of a dense (B, N, H, d) tensor viewed as (B, H, N, d)."""
+    B, H, N, d = t.shape
+    return (N * H * d, d, H * d, 1)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("backend", PROJECTED)
+def test_strided_outputs_written_in_place(backend, d):
+    """SDPA-strided and fused-qkv operands: the kernels write dq, dk, dv at
+    (B, N, H, d) strides (the layout SDPA's flash and cuDNN backwards give,
+    so the hooks return them as they are) and nothing else runs after them
+    (no copy kernel); the values are the contiguous call's: the pair's
+    (deterministic=True, and gproj's default) bit for bit, the key-outer
+    default's dV (bf16: dK) bit for bit and dQ (pivot: dK) to 1e-2, the FP32
+    atomics' order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for make in (strided_problem, fused_qkv_problem):
+        args = make(d)
+        contiguous = [t.contiguous() for t in args]
+        for deterministic in (True, False):
+            label = f"{make.__name__} d{d} deterministic={deterministic}"
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                got = ops.attention_backward(*args, is_causal=True, backend=backend, deterministic=deterministic)
+                torch.cuda.synchronize()
+            kernels = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+            assert not any("copy" in name for name in kernels), f"{label}: a copy ran: {sorted(kernels)}"
+            want = ops.attention_backward(*contiguous, is_causal=True, backend=backend, deterministic=deterministic)
+            for name, x, t in zip("qkv", got, args[1:4]):
+                assert x.stride() == row_order_strides(t), f"{label}: d{name} strides {x.stride()}"
+            assert all(y.is_contiguous() for y in want)
+            if deterministic or backend == "gproj":
+                assert all(torch.equal(x, y) for x, y in zip(got, want)), label
+                continue
+            assert torch.equal(got[2], want[2]), f"{label}: dv"
+            if backend == "bf16":
+                assert torch.equal(got[1], want[1]), f"{label}: dk"
+            for name, x, y in zip("qk", got, want):
+                assert rel(x, y) <= 1e-2, f"{label}: d{name}"
 
 
 @pytest.mark.parametrize("backend", PROJECTED)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -228,6 +229,59 @@ def test_rows_op_matches_float64_autograd():
     assert rel(dv, dv_part) < 1e-5
 
 
+# --- gradient layout ------------------------------------------------------------------------------------
+
+
+def operand_layouts(B=2, H=2, N=24, d=64, seed=21, device="cpu"):
+    """One problem's grad_out, q, k, v in three layouts (the same values, on
+    `device`), and the strides attention_backward must give each gradient:
+    contiguous (B, H, N, d); SDPA's (B, N, H, d) storage viewed as
+    (B, H, N, d); slot 0, 1, 2 of a fused (B, N, 3, H, d) qkv projection
+    (strided rows, not dense), whose gradients are dense (B, N, H, d)."""
+    p = Problem(B=B, Hq=H, Hkv=H, N=N, M=N, d=d, causal=True, seed=seed, device=device)
+    contiguous = (H * N * d, N * d, d, 1)
+    row_order = (N * H * d, d, H * d, 1)
+    sdpa = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (p.grad_out, p.q, p.k, p.v)]
+    qkv = torch.stack([t.transpose(1, 2) for t in (p.q, p.k, p.v)], dim=2)  # (B, N, 3, H, d)
+    fused = [sdpa[0]] + [qkv[:, :, i].transpose(1, 2) for i in range(3)]
+    assert not fused[1].is_contiguous() and fused[1].stride() == (N * 3 * H * d, d, 3 * H * d, 1)
+    layouts = {"contiguous": ([p.grad_out, p.q, p.k, p.v], contiguous), "sdpa": (sdpa, row_order),
+               "fused_qkv": (fused, row_order)}
+    return p, layouts
+
+
+@pytest.mark.parametrize("backend", ["fp64", "fp32", "bf16", "gproj", "pivot", "center"])
+def test_gradients_dense_in_operand_stride_order_cpu_and_meta(backend):
+    """attention_backward returns dq, dk, dv dense in the stride order of q, k,
+    v (kernels/torch/stride_order.h; the CUDA kernels write them so), whatever
+    layout the backend computes in, with the values of the contiguous call;
+    the Meta kernel (fake tensors: torch.compile, opcheck) gives the same
+    strides."""
+    p, layouts = operand_layouts()
+    reference = ops.attention_backward(*p.args(), **p.kwargs(backend=backend))
+    for name, (operands, want) in layouts.items():
+        args = (*operands, p.out, p.lse)
+        got = ops.attention_backward(*args, **p.kwargs(backend=backend))
+        meta = ops.attention_backward(*(t.to("meta") for t in args), **p.kwargs(backend=backend))
+        with FakeTensorMode() as mode:
+            fake = ops.attention_backward(*(mode.from_tensor(t) for t in args), **p.kwargs(backend=backend))
+        for label, x, m, f, ref in zip("qkv", got, meta, fake, reference):
+            assert x.stride() == want, f"{name}: d{label} strides {x.stride()}"
+            assert m.stride() == want and f.stride() == want, f"{name}: Meta d{label} strides {m.stride()}"
+            assert m.dtype == f.dtype == x.dtype
+            assert torch.equal(x, ref), f"{name}: d{label} differs from the contiguous call's"
+
+
+def test_opcheck_attention_backward_fused_qkv_operands():
+    # Non-dense operands through opcheck, dynamic shapes included (the Meta
+    # kernel orders symbolic strides). opcheck compares the fake and real
+    # outputs' strides on CUDA only: test_cuda_gradients_dense_in_operand_stride_order.
+    p, layouts = operand_layouts(N=12)
+    operands, _ = layouts["fused_qkv"]
+    for backend in ("bf16", "center"):
+        torch.library.opcheck(ops.attention_backward.default, (*operands, p.out, p.lse), p.kwargs(backend=backend))
+
+
 # --- errors ---------------------------------------------------------------------------------------------
 
 
@@ -317,6 +371,26 @@ def test_cuda_opcheck_and_head_dim_limits():
     with pytest.raises(RuntimeError, match="head dims 64, 128 and 256"):
         q = Problem(N=8, M=8, d=32, device="cuda")
         ops.attention_backward(*q.args(), backend="fp32")
+
+
+@requires_cuda
+@pytest.mark.parametrize("backend", ["fp32", "bf16", "gproj", "pivot", "center"])
+def test_cuda_gradients_dense_in_operand_stride_order(backend):
+    """The CPU test's layouts on CUDA: the fused BF16 kernels write the
+    gradients at these strides, the FP32 kernel's and the stock backward's
+    (center) are copied to them; the fake tensors agree (opcheck checks too)."""
+    p, layouts = operand_layouts(device="cuda")
+    for name, (operands, want) in layouts.items():
+        args = (*operands, p.out, p.lse)
+        got = ops.attention_backward(*args, **p.kwargs(backend=backend))
+        with FakeTensorMode() as mode:
+            fake = ops.attention_backward(*(mode.from_tensor(t) for t in args), **p.kwargs(backend=backend))
+        for label, x, f in zip("qkv", got, fake):
+            assert x.is_cuda and x.stride() == want, f"{name}: d{label} strides {x.stride()}"
+            assert f.stride() == want, f"{name}: fake d{label} strides {f.stride()}"
+    operands, _ = layouts["fused_qkv"]
+    torch.library.opcheck(ops.attention_backward.default, (*operands, p.out, p.lse),
+                          p.kwargs(backend=backend, deterministic=True))
 
 
 # --- a second copy of the library ----------------------------------------------------------------

@@ -330,12 +330,14 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
 
   // dQ' = alpha (dQacc - correction), rounded once to BF16.
   const int d0 = half * (D / 2);
+  const int bh_out = block_y_again();  // (b, h) again: no register held across the key loop
+  uint16_t* const dq_head = head_ptr(a.dq, a.dq_strides, bh_out / a.hq, bh_out % a.hq);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int row = i0 + row0 + g + 8 * hh;
     if (row >= a.n) continue;
     const int64_t orow = row_base + row;
-    uint16_t* out = a.dq + orow * D;
+    uint16_t* out = dq_head + static_cast<int64_t>(row) * a.dq_strides.row;
     const uint16_t* kstar = (P == Projection::kPivot && jstar[hh] >= 0) ? kh.k + jstar[hh] * a.k_strides.row : nullptr;
 #pragma unroll
     for (int nt = 0; nt < D / 16; ++nt) {
@@ -557,14 +559,13 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
   // dK = bf16(alpha dKacc), dV = bf16(dVacc) (pivot's fix-up already in dKacc).
   // Keys past M are not written.
   const int d0 = half * (D / 2);
-  const int64_t key_base = static_cast<int64_t>(bhk) * a.m;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int kl = row0 + g + 8 * hh;
     const int key = j0 + kl;
     if (key >= a.m) continue;
-    uint16_t* dko = a.dk + (key_base + key) * D;
-    uint16_t* dvo = a.dv + (key_base + key) * D;
+    uint16_t* dko = output_row(a.dk, a.dk_strides, b, hk, key);
+    uint16_t* dvo = output_row(a.dv, a.dv_strides, b, hk, key);
 #pragma unroll
     for (int nt = 0; nt < D / 16; ++nt) {
       const int col = d0 + nt * 8 + 2 * c;

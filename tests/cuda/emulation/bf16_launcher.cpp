@@ -73,11 +73,12 @@ void launch_keyouter_finish(const Args& a) {
                                    [&a] { keyouter::finish_rows_kernel<D, P>(a); });
   }
   if constexpr (P == Projection::kPivot) {
-    const int64_t pairs = static_cast<int64_t>(a.batch) * a.hkv * a.m * D / 2;
-    if (pairs > 0) {
-      const dim3 grid(static_cast<unsigned>((pairs + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads));
-      gaugewatch_emulation::run_grid(grid, keyouter::kConvertThreads, 0,
-                                     [&a, pairs] { keyouter::finish_keys_kernel<D>(a, pairs); });
+    const int64_t pairs = static_cast<int64_t>(a.m) * D / 2;  // per (batch, kv head)
+    const dim3 keys_grid(static_cast<unsigned>((pairs + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads),
+                         kv_grid.y);
+    if (keys_grid.x > 0 && keys_grid.y > 0) {
+      gaugewatch_emulation::run_grid(keys_grid, keyouter::kConvertThreads, 0,
+                                     [&a] { keyouter::finish_keys_kernel<D>(a); });
     }
   }
   if constexpr (P == Projection::kGproj) {
