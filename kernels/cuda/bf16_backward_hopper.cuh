@@ -91,8 +91,10 @@ __device__ __forceinline__ void zero(float (&acc)[F]) {
 template <int D, int XR, int YR>
 __device__ __forceinline__ void scores_mma(float (&s)[32], const uint16_t* x, int x_row0, const uint16_t* y,
                                            int y_row0) {
+  wgmma::mma_ss_first<false, false>(s, wgmma::desc_k_major(x + wgmma::chunk_offset<XR>(x_row0, 0)),
+                                    wgmma::desc_k_major(y + wgmma::chunk_offset<YR>(y_row0, 0)));
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
+  for (int kk = 1; kk < D / 16; ++kk) {
     wgmma::mma_ss<false, false>(s, wgmma::desc_k_major(x + wgmma::chunk_offset<XR>(x_row0, 2 * kk)),
                                 wgmma::desc_k_major(y + wgmma::chunk_offset<YR>(y_row0, 2 * kk)));
   }
@@ -114,24 +116,39 @@ __device__ __forceinline__ float probability(const Args& a, float s, float lse_l
 // as visited) unrounded, for callers that only pack them to BF16: pack_bf16
 // rounds to nearest even as round_bf16 does, and RN(RN(x)) = RN(x), so the
 // MMAs consume the same bits for two conversions fewer per element.
+// A warp whose rows all see all 64 keys (every tile off the mask's edge)
+// takes a loop without the per-element visibility test: the same
+// instructions on the visible elements, so the same bits, for about half the
+// integer and select work per element.
 template <bool kRound = true, class Visit>
 __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], float (&dp)[32], const RowInputs& in,
                                              int j_base, Visit&& visit) {
   const int c = threadIdx.x & 3;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
+  const float scale_log2 = a.scale_log2;
+  auto element = [&](int i, bool visible) {
     const int half = (i >> 1) & 1;
     const int j = j_base + 8 * (i >> 2) + 2 * c + (i & 1);
-    const bool visible = j >= in.kb[half] && j < in.ke[half];
     // exp2(s alpha log2e - lse log2e) as FlashAttention forms it; a select,
     // not a multiply, for masked keys, so NaN or Inf in padding never leaks.
-    const float p = visible ? mma::exp2_approx(fmaf(s[i], a.scale_log2, -in.lse_log2[half])) : 0.0f;
+    const float p = visible ? mma::exp2_approx(fmaf(s[i], scale_log2, -in.lse_log2[half])) : 0.0f;
     const float t_exact = visible ? p * (dp[i] - in.delta[half]) : 0.0f;
     const float t = kRound ? mma::round_bf16(t_exact) : t_exact;
     const float r = kRound ? mma::round_bf16(p) : p;
     visit(half, j, visible, p, t, r, s[i]);
     s[i] = r;
     dp[i] = t;
+  };
+  const bool sees_all = in.kb[0] <= j_base && in.ke[0] >= j_base + 64 && in.kb[1] <= j_base && in.ke[1] >= j_base + 64;
+  if (__ballot_sync(0xffffffffu, sees_all) == 0xffffffffu) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) element(i, true);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int j = j_base + 8 * (i >> 2) + 2 * c + (i & 1);
+      const int half = (i >> 1) & 1;
+      element(i, j >= in.kb[half] && j < in.ke[half]);
+    }
   }
 }
 
@@ -209,9 +226,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
     const uint16_t* ks = smem + (buf ? L::kK1 : L::kK0);
     const uint16_t* vs = smem + (buf ? L::kV1 : L::kV0);
 
-    float s[32], dp[32];
-    zero(s);
-    zero(dp);
+    float s[32], dp[32];  // written by scores_mma (its first step does not read them)
     if (wg == 1) wgmma::pingpong_wait(kPingpongBarrier);
     wgmma::fence();
     scores_mma<D, kDqRows, kDqKeys>(s, smem + L::kQ, 64 * wg, ks, 0);
@@ -456,9 +471,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
     const StagedRows ra = staged_rows(rows_base, buf);
 
     const RowInputs in = staged_row_inputs(ra, row0 + g);
-    float s[32], dp[32];
-    zero(s);
-    zero(dp);
+    float s[32], dp[32];  // written by scores_mma (its first step does not read them)
     if (wg == 1) wgmma::pingpong_wait(kPingpongBarrier);
     wgmma::fence();
     scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);

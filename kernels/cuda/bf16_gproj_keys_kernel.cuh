@@ -139,8 +139,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
       lse_log2[hh] = ra.lse[r] * kLog2e;  // as hopper::staged_row_inputs
     }
 
-    float s[32];
-    hopper::zero(s);
+    float s[32];  // written by scores_mma (its first step does not read them)
     if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
     wgmma::fence();
     hopper::scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);

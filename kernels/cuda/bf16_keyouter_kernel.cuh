@@ -174,8 +174,12 @@ struct KeyTile {
   // knows its range from the launch bounds).
   __device__ __forceinline__ static int tid() { return static_cast<int>(threadIdx.x) - kFirstThread; }
 
-  __device__ __forceinline__ int tile_row0(int it) const { return (t_begin + it % tiles) * kKvRows; }
-  __device__ __forceinline__ int head_of(int it) const { return hk * a.group + it / tiles; }
+  // Iteration it is query tile it % tiles of head it / tiles of the group
+  // (no division without GQA: it is the tile).
+  __device__ __forceinline__ int tile_row0(int it) const {
+    return (t_begin + (a.group == 1 ? it : it % tiles)) * kKvRows;
+  }
+  __device__ __forceinline__ int head_of(int it) const { return hk * a.group + (a.group == 1 ? 0 : it / tiles); }
   __device__ __forceinline__ int iterations() const { return tiles * a.group; }
   __device__ __forceinline__ float* partial() const {
     return reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + L::kDqPartial);
@@ -203,14 +207,20 @@ struct KeyTile {
                            part + (u_row ? kPartialFloats : 0) + r * kStride, D * 4);
       bulk::commit();
     } else if constexpr (D == 64) {
-      constexpr int kQuads = 64 / 4;
+      constexpr unsigned kQuads = 64 / 4;
+      constexpr int kPerThread = kKvRows * kQuads / kThreads;
+      static_assert(kKvRows * kQuads % kThreads == 0, "every compute thread adds the same number of quads");
       const float* set = part + (it & 1) * 2 * kPartialFloats;
-      for (int idx = tid(); idx < kKvRows * kQuads; idx += kThreads) {
-        const int r = idx / kQuads, col = 4 * (idx % kQuads);
-        if (i0 + r >= a.n) continue;
+      float* dq_rows = a.dq_accum + (row_base + i0) * D;
+      const int rows = a.n - i0;
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const unsigned idx = static_cast<unsigned>(tid()) + k * kThreads;
+        const int r = static_cast<int>(idx / kQuads), col = static_cast<int>(4 * (idx % kQuads));
+        if (r >= rows) continue;
         const float4 x = *reinterpret_cast<const float4*>(set + r * kStride + col);
         const float4 y = *reinterpret_cast<const float4*>(set + kPartialFloats + r * kStride + col);
-        atomicAdd(reinterpret_cast<float4*>(a.dq_accum + (row_base + i0 + r) * D + col),
+        atomicAdd(reinterpret_cast<float4*>(dq_rows + r * D + col),
                   make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
       }
     } else {
@@ -243,9 +253,7 @@ struct KeyTile {
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
 
     const RowInputs in = hopper::staged_row_inputs(ra, row0 + g);
-    float s[32], dp[32];
-    hopper::zero(s);
-    hopper::zero(dp);
+    float s[32], dp[32];  // written by scores_mma (its first step does not read them)
     if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
     wgmma::fence();
     hopper::scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);

@@ -65,10 +65,14 @@ inline constexpr uint32_t kGroupBytes = 1024;  // 8 rows x 128 bytes
 // The first 1024-byte aligned address at or after p: kernels round their
 // dynamic shared memory up with it (and allocate 1024 bytes more), so every
 // tile is aligned whatever the runtime's base alignment. The emulation's
-// descriptors count from the same rounded base.
+// descriptors count from the same rounded base. The result is p plus a
+// padding (pointer arithmetic, not an integer round trip), so the compiler
+// still knows it points into shared memory: every access through it is an
+// ld/st.shared with a 32-bit address, not a generic one.
 template <class T>
 __host__ __device__ __forceinline__ T* align_1024(T* p) {
-  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t{1023});
+  const uintptr_t pad = (uintptr_t{1024} - (reinterpret_cast<uintptr_t>(p) & uintptr_t{1023})) & uintptr_t{1023};
+  return reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(p) + pad);
 }
 
 }  // namespace gaugewatch::gpu::wgmma
@@ -143,6 +147,21 @@ __device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t desc_a, uint64_t
       "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
+}
+
+// d = A B, the first k step of a product: scale-d 0, so the accumulator's
+// previous values are neither read nor need zeroing. Zeroing moves would sit
+// between the fence and the MMA, where ptxas serializes around them
+// (warpgroup.arrive / warpgroup.wait injected).
+template <bool kTransA, bool kTransB>
+__device__ __forceinline__ void mma_ss_first(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(0), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
 }
 
 template <bool kTransB>
