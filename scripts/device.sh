@@ -78,6 +78,17 @@ run_step() {
   say "$name: exit $STEP_RC after ${STEP_S}s"
 }
 
+# reserve_for <want_s> <floor_s>: the reserve a step leaves for the later
+# steps, want_s where the budget allows, less where that would leave the step
+# itself under floor_s (a small GW_DEVICE_BUDGET_S shortens the later steps
+# rather than skipping configure and build).
+reserve_for() {
+  local want="$1" floor="$2" room
+  room=$(( $(remaining) - floor ))
+  (( room < 0 )) && room=0
+  echo $(( room < want ? room : want ))
+}
+
 status_of() { case "$1" in 0) echo ok ;; 124|137) echo timeout ;; *) echo failed ;; esac; }
 
 # --- results.json (rewritten after every step so a cut-short run still has it) ----------
@@ -269,7 +280,7 @@ fi
 [[ -n "${CMAKE_EXTRA_ARGS:-}" ]] && CMAKE_ARGS+=(${CMAKE_EXTRA_ARGS})
 rm -rf "$BUILD_DIR"
 t0=$(date +%s)
-run_step configure "$OUT/build.log" 420 cmake "${CMAKE_ARGS[@]}" -B "$BUILD_DIR" -DGAUGEWATCH_ENABLE_AGENT=ON
+run_step configure "$OUT/build.log" "$(reserve_for 420 60)" cmake "${CMAKE_ARGS[@]}" -B "$BUILD_DIR" -DGAUGEWATCH_ENABLE_AGENT=ON
 if [[ $STEP_RC -eq 0 ]]; then
   AGENT_ENABLED=ON
   record configure ok 0 $(( $(date +%s) - t0 )) "agent ON"
@@ -280,7 +291,7 @@ else
   say "configure with the agent failed: $AGENT_FALLBACK_REASON"
   say "configure: retrying with GAUGEWATCH_ENABLE_AGENT=OFF"
   rm -rf "$BUILD_DIR"
-  run_step configure-no-agent "$OUT/build.log" 400 cmake "${CMAKE_ARGS[@]}" -B "$BUILD_DIR" -DGAUGEWATCH_ENABLE_AGENT=OFF
+  run_step configure-no-agent "$OUT/build.log" "$(reserve_for 400 50)" cmake "${CMAKE_ARGS[@]}" -B "$BUILD_DIR" -DGAUGEWATCH_ENABLE_AGENT=OFF
   if [[ $STEP_RC -eq 0 ]]; then
     AGENT_ENABLED=OFF
     record configure ok 0 $(( $(date +%s) - t0 )) "agent OFF (fallback: gRPC side did not configure)"
@@ -293,7 +304,7 @@ CONFIGURED=$STEP_RC
 # --- build ----------------------------------------------------------------------------------
 if [[ $CONFIGURED -eq 0 ]]; then
   # shellcheck disable=SC2086
-  run_step build "$OUT/build.log" 200 cmake --build "$BUILD_DIR" -j "$JOBS" ${GW_BUILD_TARGETS:+--target $GW_BUILD_TARGETS} -- -k 0
+  run_step build "$OUT/build.log" "$(reserve_for 200 150)" cmake --build "$BUILD_DIR" -j "$JOBS" ${GW_BUILD_TARGETS:+--target $GW_BUILD_TARGETS} -- -k 0
   note="$(grep -c '^FAILED:' "$OUT/build.log" 2>/dev/null) failed build edges"
   # Our shared libraries are loaded into torch processes: none may carry a
   # private copy of libstdc++ (see gaugewatch::shared_libstdcxx).
