@@ -383,9 +383,19 @@ if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_
     for tool in memcheck racecheck synccheck; do
       run_step "sanitizer $tool ($variant)" "$OUT/sanitizer.log" 30 env "${variant_env[@]}" \
         "$SAN" --tool "$tool" --error-exitcode 3 --kernel-regex kns=gaugewatch "$PY" tests/cuda/sanitize_kernels.py
-      [[ $STEP_RC -eq 0 ]] || worst=$STEP_RC
       label="$tool"; [[ $variant != default ]] && label="$tool ($variant)"
-      notes+=("$label $(status_of $STEP_RC)")
+      known=""
+      if [[ $tool == racecheck && $STEP_RC -eq 3 ]]; then
+        # Reports that are all the tool's known artefact (the D = 64 dQ
+        # exchange beside the pingpong, scripts/racecheck_known.py) pass;
+        # any other hazard keeps the run failed.
+        if awk -v h="===== sanitizer $tool ($variant):" 'index($0, "===== ") == 1 {on = index($0, h) == 1; if (on) seg = ""} on {seg = seg $0 "\n"} END {printf "%s", seg}' \
+             "$OUT/sanitizer.log" | "$SYS_PY" scripts/racecheck_known.py | tee -a "$OUT/sanitizer.log" "$LOG"; then
+          STEP_RC=0; known=" (known pingpong reports only)"
+        fi
+      fi
+      [[ $STEP_RC -eq 0 ]] || worst=$STEP_RC
+      notes+=("$label $(status_of $STEP_RC)$known")
     done
   done
   record sanitizer "$(status_of $worst)" "$worst" $(( $(date +%s) - t0 )) "${notes[*]}"

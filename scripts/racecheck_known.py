@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Sorts compute-sanitizer racecheck reports (standard input: the output of
+one racecheck run) into the one known artefact of the tool and the rest.
+
+The known artefact: RAW hazards between the D = 64 dQ partial stores of
+KeyTile::compute and their reads in KeyTile::add_dq_tile
+(kernels/cuda/bf16_keyouter_kernel.cuh). A block barrier orders each read
+after its write and before the next write of that set; racecheck reports
+the pair only when the warpgroups' pingpong (bar.arrive / bar.sync on
+another barrier) runs beside it. tests/cuda/racecheck_pingpong_probe.cu
+reproduces that on the exchange alone, with no kernel of ours
+(kernels/cuda/README.md, "racecheck and the pingpong barrier").
+
+Exit status: 0 when every reported hazard is the known one (prints how many);
+1 when any other hazard is reported (prints those); 2 when the input holds
+no hazard report at all (nothing to classify: the caller keeps its status).
+"""
+import re
+import sys
+
+# One side of a hazard: "<Read|Write> access at <function>+<offset> in <file>:<line>".
+SIDE = re.compile(r"(Read|Write) access at (.*?)\+0x[0-9a-f]+ in ([\w./-]+):(\d+)")
+KNOWN_READ = re.compile(r"KeyTile<\(int\)64, \(gaugewatch::gpu::Projection\)[02], \(int\)\d+>::add_dq_tile\(int\) const$")
+KNOWN_WRITE = re.compile(r"KeyTile<\(int\)64, \(gaugewatch::gpu::Projection\)[02], \(int\)\d+>::compute<")
+
+
+def hazards(text):
+    """Each report as (first side, [other sides]): a report starts with
+    'Race reported between' and lists further sides on 'and ...' lines."""
+    out = []
+    for line in text.splitlines():
+        side = SIDE.search(line)
+        if "Race reported between" in line and side:
+            out.append((side.groups(), []))
+        elif out and side and line.lstrip("= ").startswith("and "):
+            out[-1][1].append(side.groups())
+    return out
+
+
+def is_known(first, others):
+    kind, function, _, _ = first
+    if kind != "Read" or not KNOWN_READ.search(function) or not others:
+        return False
+    return all(k == "Write" and KNOWN_WRITE.search(f) for k, f, _, _ in others)
+
+
+def main():
+    reports = hazards(sys.stdin.read())
+    if not reports:
+        print("racecheck_known: no hazard reports in the input")
+        return 2
+    unknown = [r for r in reports if not is_known(*r)]
+    if unknown:
+        print(f"racecheck_known: {len(unknown)} of {len(reports)} reports are not the known D = 64 dQ exchange:")
+        for (kind, function, path, line), _ in unknown:
+            print(f"  {kind} at {function} ({path}:{line})")
+        return 1
+    print(f"racecheck_known: all {len(reports)} reports are the known D = 64 dQ exchange across the pingpong "
+          "(kernels/cuda/README.md)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""scripts/racecheck_known.py on racecheck output recorded on the H200
+(tests/python/data/racecheck_pingpong_reports.log: the default run of
+tests/cuda/sanitize_kernels.py at cd3606b, 2026-12-02) and on variants of it
+that the classifier must not accept."""
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "racecheck_known.py"
+RECORDED = (ROOT / "tests" / "python" / "data" / "racecheck_pingpong_reports.log").read_text()
+
+
+def classify(text):
+    run = subprocess.run([sys.executable, str(SCRIPT)], input=text, capture_output=True, text=True, timeout=60)
+    return run.returncode, run.stdout
+
+
+def test_the_recorded_pingpong_reports_are_known():
+    rc, out = classify(RECORDED)
+    assert rc == 0, out
+    assert "all 6 reports" in out
+
+
+def test_a_hazard_in_another_function_is_not_known():
+    # One report's write side moved into another function of the kernel.
+    first = RECORDED.index("and Write access at void gaugewatch::gpu::bf16::keyouter::KeyTile")
+    changed = RECORDED[:first] + RECORDED[first:].replace("::compute<", "::write_keys<", 1)
+    rc, out = classify(changed)
+    assert rc == 1, out
+    assert "1 of 6 reports" in out
+
+
+def test_the_same_exchange_at_another_head_dim_is_not_known():
+    changed = RECORDED.replace("KeyTile<(int)64, (gaugewatch::gpu::Projection)0, (int)128>::add_dq_tile",
+                               "KeyTile<(int)128, (gaugewatch::gpu::Projection)0, (int)128>::add_dq_tile")
+    rc, out = classify(changed)
+    assert rc == 1, out
+    assert "add_dq_tile" in out
+
+
+def test_a_write_write_hazard_is_not_known():
+    changed = RECORDED.replace("Race reported between Read access", "Race reported between Write access", 1)
+    rc, out = classify(changed)
+    assert rc == 1, out
+
+
+def test_output_without_reports_is_left_to_the_caller():
+    rc, out = classify("========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed\n")
+    assert rc == 2, out
