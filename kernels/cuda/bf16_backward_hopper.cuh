@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/bf16_backward_common.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -125,9 +126,11 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], floa
                                              int j_base, Visit&& visit) {
   const int c = threadIdx.x & 3;
   const float scale_log2 = a.scale_log2;
-  auto element = [&](int i, bool visible) {
+  // kTest = false: every element is visible (the caller's vote below).
+  auto element = [&](int i, auto test) {
     const int half = (i >> 1) & 1;
     const int j = j_base + 8 * (i >> 2) + 2 * c + (i & 1);
+    const bool visible = !decltype(test)::value || (j >= in.kb[half] && j < in.ke[half]);
     // exp2(s alpha log2e - lse log2e) as FlashAttention forms it; a select,
     // not a multiply, for masked keys, so NaN or Inf in padding never leaks.
     const float p = visible ? mma::exp2_approx(fmaf(s[i], scale_log2, -in.lse_log2[half])) : 0.0f;
@@ -141,14 +144,10 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], floa
   const bool sees_all = in.kb[0] <= j_base && in.ke[0] >= j_base + 64 && in.kb[1] <= j_base && in.ke[1] >= j_base + 64;
   if (__ballot_sync(0xffffffffu, sees_all) == 0xffffffffu) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) element(i, true);
+    for (int i = 0; i < 32; ++i) element(i, std::false_type{});
   } else {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int j = j_base + 8 * (i >> 2) + 2 * c + (i & 1);
-      const int half = (i >> 1) & 1;
-      element(i, j >= in.kb[half] && j < in.ke[half]);
-    }
+    for (int i = 0; i < 32; ++i) element(i, std::true_type{});
   }
 }
 
