@@ -121,6 +121,35 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
   static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
   static constexpr int kTiles = P == Projection::kGproj && D == 64 ? 2 : (D == 64 ? 4 : 1);
   static constexpr size_t kBytes = Base::kBytes + kTiles * kDqTileBytes;
+  // Bytes from the aligned base to the end of the dQ tiles: where the
+  // warp-specialized kernel's second set of t tiles starts (D = 128,
+  // KeyTile::kTSets).
+  static constexpr size_t kDqEnd = kDqPartial + kTiles * kDqTileBytes;
+  static_assert(kDqPartial % 1024 == 0 && kDqTileBytes % 1024 == 0, "tiles start 1024-byte aligned");
+};
+
+// The hand-over of dQ tiles from the compute warpgroups to the writer warp of
+// the warp-specialized kernel (KeyTile with kWriter; the producer warpgroup's
+// warp kWriterWarp runs KeyTile::writer_loop), by named barriers after ids
+// 1..4 (KeyTile's per-warpgroup barriers, the pingpong, the compute barrier):
+//   full(set)       the compute threads bar.arrive once their halves of the
+//                   set's dQ tile are stored, the writer bar.sync's on it;
+//   empty(set, wg)  the writer bar.arrive's once it has read the set, warpgroup
+//                   wg bar.sync's on it before storing the set again;
+//   kPingpongBack   warpgroup 1 arrives after issuing its S and dP MMAs and
+//                   warpgroup 0 waits there before issuing the next ones: the
+//                   pingpong (id 3) alternates strictly, so neither
+//                   warpgroup arrives twice at one barrier (without the block
+//                   barrier per iteration, warpgroup 0 could run ahead).
+// Sets: D = 64, two (iterations alternate, as the partials); D = 128, one
+// staging tile.
+struct DqHandoff {
+  static constexpr int kWriterWarp = 1;
+  static constexpr int kFull0 = 5;   // + set
+  static constexpr int kEmpty0 = 7;  // + 2 set + wg
+  static constexpr int kPingpongBack = 11;
+  static constexpr int kFullCount = 2 * wgmma::kWarpgroupThreads + 32;
+  static constexpr int kEmptyCount = wgmma::kWarpgroupThreads + 32;
 };
 
 inline constexpr int kFinishRows = 64;      // query rows per finish_rows block
@@ -149,8 +178,13 @@ __device__ __forceinline__ int pivot_of(unsigned long long code) {
 // it on two compute warpgroups (256 threads; tid is the thread's index among
 // them, warpgroup wg = tid / 128 owns keys j0 + 64 wg..; kFirstThread: the
 // block's thread index of tid 0). What differs is who loads the query tiles
-// and how the block synchronizes around them.
-template <int D, Projection P, int kFirstThread = 0>
+// and how the block synchronizes around them. kWriter (warp-specialized
+// kernel): the compute threads hand each dQ tile to a writer warp
+// (DqHandoff, writer_loop) instead of adding it themselves after a barrier
+// of all 256; at D = 128 t then alternates between two sets of tiles, since
+// warpgroup 0 may store iteration it + 1's t while warpgroup 1's dQ MMAs still
+// read iteration it's.
+template <int D, Projection P, int kFirstThread = 0, bool kWriter = false>
 struct KeyTile {
   static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
   using L = Layout<D, P>;
@@ -160,6 +194,9 @@ struct KeyTile {
   static constexpr bool kStagedU = kGproj && D == 64;
   // Whether dQ (and U) are staged in one set of tiles through bulk reductions.
   static constexpr bool kStaged = D == 128 || kGproj;
+  static_assert(!(kWriter && kGproj), "gproj runs keyouter_kernel");
+  static constexpr int kDqSets = D == 64 ? 2 : 1;              // sets of dQ partials / staging tiles
+  static constexpr int kTSets = kWriter && D == 128 ? 2 : 1;  // sets of t tiles
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
   static constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
@@ -187,35 +224,52 @@ struct KeyTile {
   __device__ __forceinline__ float* rows_base() const { return reinterpret_cast<float*>(smem + L::kRows); }
   // Whether this thread issues bulk reductions (and waits for their reads).
   __device__ __forceinline__ bool issues_rows() const {
-    return kStaged && tid() < (kStagedU ? 2 : 1) * kKvRows;
+    return kStaged && !kWriter && tid() < (kStagedU ? 2 : 1) * kKvRows;
+  }
+  // t of warpgroup w in iteration it: set 0 beside r (t0, r0, t1, r1), set 1
+  // (kTSets == 2) the two t tiles after the dQ tiles.
+  __device__ __forceinline__ uint16_t* t_of(int it, int w) const {
+    if (kTSets == 2 && (it & 1) != 0) {
+      return reinterpret_cast<uint16_t*>(reinterpret_cast<unsigned char*>(smem) + L::kDqEnd) + w * L::kScoreTile;
+    }
+    return smem + L::kTr + w * 2 * L::kScoreTile;
   }
 
-  // dQacc += the dQ tile of iteration `it`, once a barrier of the compute
-  // threads has published it. D = 64: the two warpgroups' partials (set
-  // it % 2), summed and added by every compute thread; D = 128: the staging
-  // tile, added row by row by threads 0..63; gproj: the dQ and U staging
-  // tiles, row by row by threads 0..63 (dQ) and 64..127 (U).
-  __device__ __forceinline__ void add_dq_tile(int it) const {
+  // dQacc += the dQ tile of iteration `it`, once a barrier has published
+  // it, by kAdders threads (t: this thread's index among them; the 256
+  // compute threads, or the 32 lanes of the writer warp). D = 64: the two
+  // warpgroups' partials (set it % 2), summed, by float4 atomics; D = 128:
+  // the staging tile, one bulk reduction per row (threads 0..63 of 256, two
+  // rows per lane of the writer); gproj: the dQ and U staging tiles, row by
+  // row by threads 0..63 (dQ) and 64..127 (U).
+  template <int kAdders = kThreads>
+  __device__ __forceinline__ void add_dq_tile(int it, int t) const {
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
     float* part = partial();
     if constexpr (kStagedU) {
-      const int r = tid() & (kKvRows - 1);
-      const bool u_row = tid() >= kKvRows;
+      static_assert(kAdders == kThreads, "gproj: the compute threads add dQ and U");
+      const int r = t & (kKvRows - 1);
+      const bool u_row = t >= kKvRows;
       if (!issues_rows() || i0 + r >= a.n) return;
       bulk::reduce_add_f32((u_row ? a.u_accum : a.dq_accum) + (row_base + i0 + r) * D,
                            part + (u_row ? kPartialFloats : 0) + r * kStride, D * 4);
       bulk::commit();
     } else if constexpr (D == 64) {
       constexpr unsigned kQuads = 64 / 4;
-      constexpr int kPerThread = kKvRows * kQuads / kThreads;
-      static_assert(kKvRows * kQuads % kThreads == 0, "every compute thread adds the same number of quads");
+      constexpr int kPerThread = kKvRows * kQuads / kAdders;
+      static_assert(kKvRows * kQuads % kAdders == 0, "every adding thread adds the same number of quads");
       const float* set = part + (it & 1) * 2 * kPartialFloats;
       float* dq_rows = a.dq_accum + (row_base + i0) * D;
       const int rows = a.n - i0;
+      // Quads in flight per thread: the compute threads' 4 at once, the
+      // writer warp's 32 per lane four at a time (within kProducerRegs).
+      constexpr int kInFlight = kAdders == kThreads ? kPerThread : 4;
+#pragma unroll 1
+      for (int k0 = 0; k0 < kPerThread; k0 += kInFlight) {
 #pragma unroll
-      for (int k = 0; k < kPerThread; ++k) {
-        const unsigned idx = static_cast<unsigned>(tid()) + k * kThreads;
+      for (int k = k0; k < k0 + kInFlight; ++k) {
+        const unsigned idx = static_cast<unsigned>(t) + k * kAdders;
         const int r = static_cast<int>(idx / kQuads), col = static_cast<int>(4 * (idx % kQuads));
         if (r >= rows) continue;
         const float4 x = *reinterpret_cast<const float4*>(set + r * kStride + col);
@@ -223,18 +277,43 @@ struct KeyTile {
         atomicAdd(reinterpret_cast<float4*>(dq_rows + r * D + col),
                   make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
       }
+      }
     } else {
-      const int r = tid();
-      if (!issues_rows() || i0 + r >= a.n) return;
-      bulk::reduce_add_f32(a.dq_accum + (row_base + i0 + r) * D, part + r * kStride, D * 4);
-      bulk::commit();
+#pragma unroll
+      for (int r = t; r < kKvRows; r += kAdders) {
+        if (i0 + r >= a.n) return;
+        bulk::reduce_add_f32(a.dq_accum + (row_base + i0 + r) * D, part + r * kStride, D * 4);
+        bulk::commit();
+      }
     }
+  }
+
+  // The writer warp's loop (kWriter; lane 0..31): per iteration, wait for the
+  // set's dQ tile (full), add it to dQacc, and once its shared memory has been
+  // read hand the set back to both warpgroups (empty) when a later iteration
+  // will store it again. Then wait for the last reductions (before the
+  // block's shared memory goes).
+  __device__ __forceinline__ void writer_loop(int lane) const {
+    static_assert(kWriter, "the writer warp belongs to the warp-specialized kernel");
+    const int iters = iterations();
+    for (int it = 0; it < iters; ++it) {
+      const int set = kDqSets == 2 ? (it & 1) : 0;
+      wgmma::named_barrier<DqHandoff::kFullCount>(DqHandoff::kFull0 + set);
+      add_dq_tile<32>(it, lane);
+      if constexpr (kStaged) bulk::wait_read();
+      if (it + kDqSets < iters) {
+        wgmma::named_barrier_arrive<DqHandoff::kEmptyCount>(DqHandoff::kEmpty0 + 2 * set);
+        wgmma::named_barrier_arrive<DqHandoff::kEmptyCount>(DqHandoff::kEmpty0 + 2 * set + 1);
+      }
+    }
+    if constexpr (kStaged) bulk::wait_all();
   }
 
   // Iteration `it` on the query tile qs, gos (Q, dO; [64][D] each) with its
   // per-row inputs ra: S, dP, t, r, the statistics' atomics, dV += r^T dO,
   // dK += t^T Q, and the dQ tile into the partials / staging tile (added by
-  // add_dq_tile(it) after the next barrier). cross_sync(): the barrier of
+  // add_dq_tile(it) after the next barrier, or with kWriter handed to the
+  // writer warp, DqHandoff). cross_sync(): the barrier of
   // the 256 compute threads where D = 128 and gproj read both warpgroups' t
   // (r); released(): called once the MMAs that read qs, gos and ra are done
   // (the tile's buffers may be refilled after it).
@@ -245,9 +324,8 @@ struct KeyTile {
     const int warp = tid() >> 5, lane = tid() & 31;
     const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
     const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
-    uint16_t* t_tiles = smem + L::kTr;  // t of warpgroup w at t_tiles + 2 w kScoreTile, r after it
-    uint16_t* t_tile = t_tiles + wg * 2 * L::kScoreTile;
-    uint16_t* r_tile = t_tile + L::kScoreTile;
+    uint16_t* t_tile = t_of(it, wg);
+    uint16_t* r_tile = smem + L::kTr + wg * 2 * L::kScoreTile + L::kScoreTile;  // t0, r0, t1, r1
     float* part = partial();
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
@@ -255,11 +333,13 @@ struct KeyTile {
     const RowInputs in = hopper::staged_row_inputs(ra, row0 + g);
     float s[32], dp[32];  // written by scores_mma (its first step does not read them)
     if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
+    if (kWriter && wg == 0 && it > 0) wgmma::pingpong_wait(DqHandoff::kPingpongBack);
     wgmma::fence();
     hopper::scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);
     hopper::scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
     wgmma::commit();
     if (wg == 0) wgmma::pingpong_arrive(hopper::kPingpongBarrier);
+    if (kWriter && wg == 1 && it + 1 < iterations()) wgmma::pingpong_arrive(DqHandoff::kPingpongBack);
     wgmma::wait<0>();
     wgmma::fence_operand(s);
     wgmma::fence_operand(dp);
@@ -282,6 +362,11 @@ struct KeyTile {
     } else {
       hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg, [](int, int, bool, float, float, float, float) {});
     }
+    // kWriter: no barrier of all compute threads has passed since this
+    // warpgroup's MMAs of the previous iteration read its r (and t) tile:
+    // its four warps meet before overwriting them. (t of the other
+    // warpgroup, read by dQ at D = 128, is in the other set.)
+    if constexpr (kWriter) wgmma::warpgroup_barrier(1 + wg);
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn) {
 #pragma unroll
@@ -323,7 +408,7 @@ struct KeyTile {
     // warpgroup reads only its own t and r.
     wgmma::fence_proxy_async();
     if constexpr (kStaged) {
-      if (issues_rows()) bulk::wait_read();
+      if (issues_rows()) bulk::wait_read();  // kWriter: the writer waits, DqHandoff's empty barrier
       cross_sync();
     } else {
       wgmma::warpgroup_barrier(1 + wg);
@@ -352,7 +437,7 @@ struct KeyTile {
 #pragma unroll
     for (int kq = 0; kq < kDqSteps; ++kq) {
       const int k = kStaged ? kq : 4 * wg + kq;
-      const uint16_t* tw = t_tiles + (k >> 2) * 2 * L::kScoreTile + (kStagedU ? wg * L::kScoreTile : 0);
+      const uint16_t* tw = t_of(it, k >> 2) + (kStagedU ? wg * L::kScoreTile : 0);
       const int column_block = D == 128 ? wg : 0;
       const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block);
       wgmma::mma_ss<false, true>(dq, wgmma::desc_k_major(tw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
@@ -362,7 +447,7 @@ struct KeyTile {
     if constexpr (kGproj && D == 128) {
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const uint16_t* rw = t_tiles + (k >> 2) * 2 * L::kScoreTile + L::kScoreTile;
+        const uint16_t* rw = t_of(it, k >> 2) + L::kScoreTile;
         const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * wg);
         wgmma::mma_ss<false, true>(u, wgmma::desc_k_major(rw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
                                    wgmma::desc_mn_major(kk, kKeySubTile));
@@ -395,6 +480,12 @@ struct KeyTile {
         }
       }
     }
+    // kWriter: the set is free once the writer has read it (iteration
+    // it - kDqSets); without: see below.
+    const int dq_set = kDqSets == 2 ? (it & 1) : 0;
+    if (kWriter && it >= kDqSets) {
+      wgmma::named_barrier<DqHandoff::kEmptyCount>(DqHandoff::kEmpty0 + 2 * dq_set + wg);
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       // D = 64: this warpgroup's partial in set it % 2 (free: iteration
@@ -410,6 +501,7 @@ struct KeyTile {
       }
     }
     if constexpr (kStaged) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
+    if constexpr (kWriter) wgmma::named_barrier_arrive<DqHandoff::kFullCount>(DqHandoff::kFull0 + dq_set);
   }
 
   // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot and gproj dKacc in
@@ -488,7 +580,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     const int buf = it & 1;
     // This iteration's loads arrive; every thread is done with iteration it - 1.
     hopper::publish_buffer(false);
-    if (it > 0) kt.add_dq_tile(it - 1);
+    if (it > 0) kt.add_dq_tile(it - 1, kt.tid());
     if (it + 1 < iters) {
       stage(it + 1, buf ^ 1);  // the buffers of iteration it - 1
       mma::cp_async_commit();
@@ -499,7 +591,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
   }
   if (iters > 0) {
     __syncthreads();
-    kt.add_dq_tile(iters - 1);
+    kt.add_dq_tile(iters - 1, kt.tid());
   }
   if (kt.issues_rows()) bulk::wait_all();  // before the block's shared memory goes
   kt.write_keys(dk, dv);

@@ -18,21 +18,26 @@
 //     bytes and issues their TMA loads (lane 0) and writes the tile's per-row
 //     inputs (lse, delta, the visible key range; lanes 0..31, two rows each)
 //     to the stage; then each lane arrives on full[s] (1 + 32 arrivals + the
-//     bytes). Warps 1..3 only give their registers back.
+//     bytes). Its warp 1 is the dQ writer (KeyTile::writer_loop, as
+//     FlashAttention-3's): it waits for each iteration's dQ tile
+//     (keyouter::DqHandoff), adds it to dQacc (D = 64: the two warpgroups'
+//     partials summed, float4 atomics; D = 128: bulk reductions of the
+//     staging tile's rows) and hands the tile's shared memory back. Warps 2
+//     and 3 only give their registers back.
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): KeyTile
 //     with tid = threadIdx.x - 128, keys 64 (warpgroup - 1)..; per iteration
-//     wait full[s]; a barrier of the 256 compute threads (named barrier
-//     kComputeBarrier; the producer never joins) where keyouter_kernel has
-//     its block barrier: it orders the previous dQ tile's writes before
-//     add_dq_tile and every read of the t/r tiles and dQ partials before their
-//     reuse; KeyTile::compute (D = 128: its second compute barrier before dQ,
-//     which reads both warpgroups' t); after the tile's MMAs are complete,
-//     every compute thread arrives on empty[s] (256 arrivals).
+//     wait full[s], KeyTile::compute, and after the tile's MMAs are complete
+//     every compute thread arrives on empty[s] (256 arrivals). No barrier of
+//     the block or of all compute threads per iteration at D = 64: each
+//     warpgroup meets only its own warps, the writer (for its partial) and
+//     the pingpong; at D = 128 one barrier of the compute threads
+//     (kComputeBarrier, before dQ, which reads both warpgroups' t).
 // Stage s of iteration it: s = it % 2, ring round it / 2, consumers wait
 // full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
 // Shared memory: keyouter::Layout<D, P> (the two Q/dO buffers and staged row
-// arrays are the ring's stages) and the 5 mbarriers after it.
+// arrays are the ring's stages), at D = 128 a second set of t tiles, and the 5
+// mbarriers.
 //
 // TMA maps (host, encode_maps): Q and dO as (B, Hq, N, d), K and V as
 // (B, Hkv, M, d), rank 4 with the operands' strides, boxes of 64 (Q, dO) or
@@ -65,28 +70,44 @@ inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute threads");
 // 384 threads at 1 block per SM start at 168 registers each; the producer
-// gives back 168 - 24 per thread, the compute warpgroups take 240 - 168:
-// 128 x 24 + 256 x 240 = 64,512 <= 65,536 (setmaxnreg.cuh).
-inline constexpr int kProducerRegs = 24;
-inline constexpr int kComputeRegs = 240;
+// warpgroup gives some back, the compute warpgroups take them:
+// 128 x producer + 256 x compute <= 65,536 (setmaxnreg.cuh). The writer warp
+// needs more than a TMA-issuing warp: D = 64, 48 (four quads of two partials
+// in flight per lane), D = 128, 32 (bulk reductions); 24 spills. The compute
+// threads fit 232 without spilling at both head dims (ptxas -v).
+template <int D>
+inline constexpr int kProducerRegs = D == 64 ? 48 : 32;
+inline constexpr int kComputeRegs = 232;
+static_assert(kProducerThreads * kProducerRegs<64> + kComputeThreads * kComputeRegs <= 65536 &&
+                  kProducerThreads * kProducerRegs<128> + kComputeThreads * kComputeRegs <= 65536,
+              "the register file");
 // Named barriers: 1, 2 (KeyTile's per-warpgroup barriers, 1 + wg), 3 (the
-// pingpong), and this one for the 256 compute threads.
+// pingpong), this one for the 256 compute threads, then keyouter::DqHandoff's
+// (5 ..).
 inline constexpr int kComputeBarrier = 4;
+static_assert(keyouter::DqHandoff::kFull0 > kComputeBarrier, "barrier ids");
 inline constexpr uint32_t kFullArrivals = 1 + 32;  // lane 0's expect_tx + every producer lane's rows
 
 struct Maps {
   tma::TensorMap q, grad_out, k, v;
 };
 
+// The compute warpgroups' per-tile work, with the writer warp adding dQ.
+template <int D, Projection P>
+using Tile = keyouter::KeyTile<D, P, kProducerThreads, /*kWriter=*/true>;
+
 template <int D, Projection P>
 struct Layout : keyouter::Layout<D, P> {
   using Base = keyouter::Layout<D, P>;
-  // Bytes from the aligned base: full[kStages], empty[kStages], kv_full.
-  static constexpr size_t kBarriers = Base::kDqPartial + Base::kTiles * Base::kDqTileBytes;
+  static_assert(Base::kBytes == Base::kDqEnd + 1024, "the base layout ends at its dQ tiles");
+  // Bytes from the aligned base: the second set of t tiles (D = 128:
+  // Tile::kTSets, at Base::kDqEnd), then the mbarriers full[kStages],
+  // empty[kStages], kv_full.
+  static constexpr size_t kBarriers =
+      Base::kDqEnd + (Tile<D, P>::kTSets - 1) * 2 * static_cast<size_t>(Base::kScoreTile) * 2;
   static constexpr int kBarrierCount = 2 * kStages + 1;
-  static constexpr size_t kBytes = Base::kBytes + kBarrierCount * sizeof(uint64_t);
+  static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t) + 1024;
   static_assert(kBarriers % 8 == 0, "mbarriers are 8-byte aligned");
-  static_assert(Base::kBytes == kBarriers + 1024, "the base layout ends at its dQ tiles");
 };
 
 // The four maps for the operands of `a`, or false where one cannot be encoded
@@ -134,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   const int bhk = blockIdx.y;
   const int b = bhk / a.hkv, hk = bhk % a.hkv;
   const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
-  const keyouter::KeyTile<D, P, kProducerThreads> kt{a, smem, j0, b, hk, seen.first, seen.count};
+  const Tile<D, P> kt{a, smem, j0, b, hk, seen.first, seen.count};
   const int iters = kt.iterations();
 
   if (threadIdx.x == 0) {
@@ -148,9 +169,13 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   __syncthreads();  // the barriers' init, before the roles part (the only block-wide barrier)
 
   if (threadIdx.x < kProducerThreads) {
-    regs::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x >= 32 || iters == 0) return;  // no iteration: nothing loaded, nothing in flight at exit
-    const int lane = static_cast<int>(threadIdx.x);
+    regs::setmaxnreg_dec<kProducerRegs<D>>();
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    if (warp == keyouter::DqHandoff::kWriterWarp) {
+      kt.writer_loop(lane);
+      return;
+    }
+    if (warp != 0 || iters == 0) return;  // no iteration: nothing loaded, nothing in flight at exit
     if (lane == 0) {
       tma::prefetch(&maps.q);
       tma::prefetch(&maps.grad_out);
@@ -197,19 +222,10 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   for (int it = 0; it < iters; ++it) {
     const int s = it % kStages;
     mbarrier::wait(&full[s], static_cast<uint32_t>(it / kStages) & 1u);
-    // Every compute thread is done with iteration it - 1: its dQ tile is
-    // written, its t/r tiles and dQ partials read.
-    compute_sync();
-    if (it > 0) kt.add_dq_tile(it - 1);
     kt.compute(
         it, smem + (s ? L::kQ1 : L::kQ0), smem + (s ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), s), dk,
         dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); });
   }
-  if (iters > 0) {
-    compute_sync();
-    kt.add_dq_tile(iters - 1);
-  }
-  if (kt.issues_rows()) bulk::wait_all();  // before the block's shared memory goes
   kt.write_keys(dk, dv);
 }
 

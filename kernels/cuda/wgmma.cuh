@@ -122,6 +122,15 @@ __device__ __forceinline__ void named_barrier(int id) {
   static_assert(kCount % 32 == 0, "bar.sync: whole warps");
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kCount) : "memory");
 }
+// Arrival at barrier `id` of kCount threads without waiting (bar.arrive): the
+// producer side of a hand-over whose consumer calls named_barrier<kCount>(id);
+// this thread's earlier memory accesses are performed for the threads that
+// pass the barrier (PTX ISA, "bar, barrier": release / acquire).
+template <int kCount>
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+  static_assert(kCount % 32 == 0, "bar.arrive: whole warps");
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kCount) : "memory");
+}
 
 // Pingpong between the two warpgroups of a 256-thread block: warpgroup 0
 // calls pingpong_arrive(id) once it has issued a batch of MMAs, warpgroup 1

@@ -118,4 +118,7 @@ void warpgroup_barrier();
 // Named barrier `id` of `count` threads (bar.sync id, count): the first use of
 // an id in a block fixes its count (a later use with another count aborts).
 void named_barrier(int id, int count);
+// Arrival at named barrier `id` without waiting (bar.arrive id, count); the
+// barrier completes when `count` threads have arrived or waited.
+void named_barrier_arrive(int id, int count);
 }  // namespace gaugewatch_emulation

@@ -104,7 +104,8 @@ void warpgroup_barrier() {
   current->warpgroups[group]->arrive_and_wait();
 }
 
-void named_barrier(int id, int count) {
+namespace {
+std::barrier<>& named_barrier_of(int id, int count) {
   std::barrier<>* bar = nullptr;
   {
     const std::lock_guard lock(current->named_mutex);
@@ -122,8 +123,13 @@ void named_barrier(int id, int count) {
     }
     bar = entry.second.get();
   }
-  bar->arrive_and_wait();
+  return *bar;
 }
+}  // namespace
+
+void named_barrier(int id, int count) { named_barrier_of(id, count).arrive_and_wait(); }
+
+void named_barrier_arrive(int id, int count) { static_cast<void>(named_barrier_of(id, count).arrive()); }
 
 }  // namespace gaugewatch_emulation
 

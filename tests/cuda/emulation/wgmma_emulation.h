@@ -188,6 +188,11 @@ template <int kCount>
 inline void named_barrier(int id) {
   gaugewatch_emulation::named_barrier(id, kCount);
 }
+// Arrival without waiting at the same barrier (bar.arrive).
+template <int kCount>
+inline void named_barrier_arrive(int id) {
+  gaugewatch_emulation::named_barrier_arrive(id, kCount);
+}
 // Pingpong orders MMA issue between warpgroups for the tensor cores' sake; the
 // emulation's MMAs run at the call, so there is nothing to order.
 inline void pingpong_arrive(int /*id*/) {}
