@@ -69,18 +69,22 @@ inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute threads");
-// 384 threads at 1 block per SM start at 168 registers each; the producer
-// warpgroup gives some back, the compute warpgroups take them:
-// 128 x producer + 256 x compute <= 65,536 (setmaxnreg.cuh). The writer warp
-// needs more than a TMA-issuing warp: D = 64, 48 (four quads of two partials
-// in flight per lane), D = 128, 32 (bulk reductions); 24 spills. The compute
-// threads fit 232 without spilling at both head dims (ptxas -v).
+// 384 threads at 1 block per SM start at 168 registers each (65,536 / 384
+// rounded down to a multiple of 8), and that is the block's pool: the
+// producer warpgroup gives some back, the compute warpgroups take them, and
+// producer + 2 x compute <= 3 x 168 (setmaxnreg.cuh; more and setmaxnreg.inc
+// waits forever). The writer warp needs more than a TMA-issuing warp: D = 64,
+// 56 (four quads of two partials in flight per lane), D = 128, 32 (bulk
+// reductions); 24 spills. The compute threads fit 224 (D = 64) and 232
+// (D = 128) without spilling (ptxas -v).
+inline constexpr int kLaunchRegs = 168;
 template <int D>
-inline constexpr int kProducerRegs = D == 64 ? 48 : 32;
-inline constexpr int kComputeRegs = 232;
-static_assert(kProducerThreads * kProducerRegs<64> + kComputeThreads * kComputeRegs <= 65536 &&
-                  kProducerThreads * kProducerRegs<128> + kComputeThreads * kComputeRegs <= 65536,
-              "the register file");
+inline constexpr int kProducerRegs = D == 64 ? 56 : 32;
+template <int D>
+inline constexpr int kComputeRegs = D == 64 ? 224 : 232;
+static_assert(kProducerRegs<64> + 2 * kComputeRegs<64> <= 3 * kLaunchRegs &&
+                  kProducerRegs<128> + 2 * kComputeRegs<128> <= 3 * kLaunchRegs,
+              "the block's register pool");
 // Named barriers: 1, 2 (KeyTile's per-warpgroup barriers, 1 + wg), 3 (the
 // pingpong), this one for the 256 compute threads, then keyouter::DqHandoff's
 // (5 ..).
@@ -213,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
     return;
   }
 
-  regs::setmaxnreg_inc<kComputeRegs>();
+  regs::setmaxnreg_inc<kComputeRegs<D>>();
   float dk[D / 2], dv[D / 2];
   hopper::zero(dk);
   hopper::zero(dv);
