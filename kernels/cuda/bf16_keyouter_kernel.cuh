@@ -195,6 +195,10 @@ struct KeyTile {
   // Whether dQ (and U) are staged in one set of tiles through bulk reductions.
   static constexpr bool kStaged = D == 128 || kGproj;
   static_assert(!(kWriter && kGproj), "gproj runs keyouter_kernel");
+  // Whether dQ leaves shared memory by bulk reductions (whose reads are
+  // waited for before the tiles are reused): the staging tiles, and the
+  // writer warp's partials at D = 64.
+  static constexpr bool kBulk = kStaged || kWriter;
   static constexpr int kDqSets = D == 64 ? 2 : 1;              // sets of dQ partials / staging tiles
   static constexpr int kTSets = kWriter && D == 128 ? 2 : 1;  // sets of t tiles
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
@@ -238,10 +242,11 @@ struct KeyTile {
   // dQacc += the dQ tile of iteration `it`, once a barrier has published
   // it, by kAdders threads (t: this thread's index among them; the 256
   // compute threads, or the 32 lanes of the writer warp). D = 64: the two
-  // warpgroups' partials (set it % 2), summed, by float4 atomics; D = 128:
-  // the staging tile, one bulk reduction per row (threads 0..63 of 256, two
-  // rows per lane of the writer); gproj: the dQ and U staging tiles, row by
-  // row by threads 0..63 (dQ) and 64..127 (U).
+  // warpgroups' partials (set it % 2): by the compute threads summed, by
+  // float4 atomics, by the writer one bulk reduction per partial row; D =
+  // 128: the staging tile, one bulk reduction per row (threads 0..63 of 256,
+  // two rows per lane of the writer); gproj: the dQ and U staging tiles, row
+  // by row by threads 0..63 (dQ) and 64..127 (U).
   template <int kAdders = kThreads>
   __device__ __forceinline__ void add_dq_tile(int it, int t) const {
     const int i0 = tile_row0(it);
@@ -255,28 +260,36 @@ struct KeyTile {
       bulk::reduce_add_f32((u_row ? a.u_accum : a.dq_accum) + (row_base + i0 + r) * D,
                            part + (u_row ? kPartialFloats : 0) + r * kStride, D * 4);
       bulk::commit();
+    } else if constexpr (D == 64 && kWriter) {
+      // The writer warp: both partials of set it % 2, each row by one bulk
+      // reduction (the copy engine adds them; no registers, no atomics issued
+      // by the warp).
+      const float* set = part + (it & 1) * 2 * kPartialFloats;
+#pragma unroll
+      for (int r = t; r < kKvRows; r += kAdders) {
+        if (i0 + r >= a.n) return;
+        float* dq_row = a.dq_accum + (row_base + i0 + r) * D;
+        bulk::reduce_add_f32(dq_row, set + r * kStride, D * 4);
+        bulk::reduce_add_f32(dq_row, set + kPartialFloats + r * kStride, D * 4);
+        bulk::commit();
+      }
     } else if constexpr (D == 64) {
+      static_assert(kAdders == kThreads, "the compute threads add the partials");
       constexpr unsigned kQuads = 64 / 4;
-      constexpr int kPerThread = kKvRows * kQuads / kAdders;
-      static_assert(kKvRows * kQuads % kAdders == 0, "every adding thread adds the same number of quads");
+      constexpr int kPerThread = kKvRows * kQuads / kThreads;
+      static_assert(kKvRows * kQuads % kThreads == 0, "every compute thread adds the same number of quads");
       const float* set = part + (it & 1) * 2 * kPartialFloats;
       float* dq_rows = a.dq_accum + (row_base + i0) * D;
       const int rows = a.n - i0;
-      // Quads in flight per thread: the compute threads' 4 at once, the
-      // writer warp's 32 per lane four at a time (within kProducerRegs).
-      constexpr int kInFlight = kAdders == kThreads ? kPerThread : 4;
-#pragma unroll 1
-      for (int k0 = 0; k0 < kPerThread; k0 += kInFlight) {
 #pragma unroll
-      for (int k = k0; k < k0 + kInFlight; ++k) {
-        const unsigned idx = static_cast<unsigned>(t) + k * kAdders;
+      for (int k = 0; k < kPerThread; ++k) {
+        const unsigned idx = static_cast<unsigned>(t) + k * kThreads;
         const int r = static_cast<int>(idx / kQuads), col = static_cast<int>(4 * (idx % kQuads));
         if (r >= rows) continue;
         const float4 x = *reinterpret_cast<const float4*>(set + r * kStride + col);
         const float4 y = *reinterpret_cast<const float4*>(set + kPartialFloats + r * kStride + col);
         atomicAdd(reinterpret_cast<float4*>(dq_rows + r * D + col),
                   make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
-      }
       }
     } else {
 #pragma unroll
@@ -300,13 +313,13 @@ struct KeyTile {
       const int set = kDqSets == 2 ? (it & 1) : 0;
       wgmma::named_barrier<DqHandoff::kFullCount>(DqHandoff::kFull0 + set);
       add_dq_tile<32>(it, lane);
-      if constexpr (kStaged) bulk::wait_read();
+      if constexpr (kBulk) bulk::wait_read();
       if (it + kDqSets < iters) {
         wgmma::named_barrier_arrive<DqHandoff::kEmptyCount>(DqHandoff::kEmpty0 + 2 * set);
         wgmma::named_barrier_arrive<DqHandoff::kEmptyCount>(DqHandoff::kEmpty0 + 2 * set + 1);
       }
     }
-    if constexpr (kStaged) bulk::wait_all();
+    if constexpr (kBulk) bulk::wait_all();
   }
 
   // Iteration `it` on the query tile qs, gos (Q, dO; [64][D] each) with its
@@ -500,7 +513,7 @@ struct KeyTile {
         *reinterpret_cast<float2*>(mine + 8 * jn) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
       }
     }
-    if constexpr (kStaged) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
+    if constexpr (kBulk) wgmma::fence_proxy_async();  // the tiles are read by the bulk copies
     if constexpr (kWriter) wgmma::named_barrier_arrive<DqHandoff::kFullCount>(DqHandoff::kFull0 + dq_set);
   }
 

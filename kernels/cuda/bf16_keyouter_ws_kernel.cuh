@@ -69,6 +69,15 @@ inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute threads");
+// Whether the writer warp adds dQ (otherwise the compute threads do, after
+// a barrier of all 256 per iteration).
+#if defined(GAUGEWATCH_WS_D64_DQ_BY_COMPUTE)
+template <int D>
+inline constexpr bool kDqWriter = D == 128;
+#else
+template <int D>
+inline constexpr bool kDqWriter = true;
+#endif
 // 384 threads at 1 block per SM start at 168 registers each (65,536 / 384
 // rounded down to a multiple of 8), and that is the block's pool: the
 // producer warpgroup gives some back, the compute warpgroups take them, and
@@ -79,9 +88,9 @@ static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute thre
 // (D = 128) without spilling (ptxas -v).
 inline constexpr int kLaunchRegs = 168;
 template <int D>
-inline constexpr int kProducerRegs = D == 64 ? 56 : 32;
+inline constexpr int kProducerRegs = !kDqWriter<D> ? 24 : D == 64 ? 56 : 32;
 template <int D>
-inline constexpr int kComputeRegs = D == 64 ? 224 : 232;
+inline constexpr int kComputeRegs = !kDqWriter<D> ? 240 : D == 64 ? 224 : 232;
 static_assert(kProducerRegs<64> + 2 * kComputeRegs<64> <= 3 * kLaunchRegs &&
                   kProducerRegs<128> + 2 * kComputeRegs<128> <= 3 * kLaunchRegs,
               "the block's register pool");
@@ -96,9 +105,9 @@ struct Maps {
   tma::TensorMap q, grad_out, k, v;
 };
 
-// The compute warpgroups' per-tile work, with the writer warp adding dQ.
+// The compute warpgroups' per-tile work.
 template <int D, Projection P>
-using Tile = keyouter::KeyTile<D, P, kProducerThreads, /*kWriter=*/true>;
+using Tile = keyouter::KeyTile<D, P, kProducerThreads, kDqWriter<D>>;
 
 template <int D, Projection P>
 struct Layout : keyouter::Layout<D, P> {
@@ -175,9 +184,11 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   if (threadIdx.x < kProducerThreads) {
     regs::setmaxnreg_dec<kProducerRegs<D>>();
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-    if (warp == keyouter::DqHandoff::kWriterWarp) {
-      kt.writer_loop(lane);
-      return;
+    if constexpr (kDqWriter<D>) {
+      if (warp == keyouter::DqHandoff::kWriterWarp) {
+        kt.writer_loop(lane);
+        return;
+      }
     }
     if (warp != 0 || iters == 0) return;  // no iteration: nothing loaded, nothing in flight at exit
     if (lane == 0) {
@@ -226,9 +237,22 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   for (int it = 0; it < iters; ++it) {
     const int s = it % kStages;
     mbarrier::wait(&full[s], static_cast<uint32_t>(it / kStages) & 1u);
+    if constexpr (!kDqWriter<D>) {
+      // Every compute thread is done with iteration it - 1: its dQ tile is
+      // written, its t/r tiles and dQ partials read.
+      compute_sync();
+      if (it > 0) kt.add_dq_tile(it - 1, kt.tid());
+    }
     kt.compute(
         it, smem + (s ? L::kQ1 : L::kQ0), smem + (s ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), s), dk,
         dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); });
+  }
+  if constexpr (!kDqWriter<D>) {
+    if (iters > 0) {
+      compute_sync();
+      kt.add_dq_tile(iters - 1, kt.tid());
+    }
+    if (kt.issues_rows()) bulk::wait_all();  // before the block's shared memory goes
   }
   kt.write_keys(dk, dv);
 }
