@@ -28,7 +28,8 @@
 # CTEST_JOBS (8), CMAKE_EXTRA_ARGS, PYTEST_ARGS; focused runs: GW_ONLY_PYTEST,
 # GW_ONLY_BENCH (basenames), GW_PYTEST_K (a pytest -k expression for every
 # file), GW_SKIP_CTEST=1, GW_CTEST_R (a ctest -R regex), GW_BUILD_TARGETS
-# (space-separated CMake targets instead of all), GW_SANITIZE=0 (docs/device.md).
+# (space-separated CMake targets instead of all), GW_SANITIZE=0, GW_SANITIZE_VARIANTS
+# (a subset of "default gproj_key_outer key_outer") (docs/device.md).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -374,7 +375,7 @@ SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitize
 if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_ops.so" ]]; then
   : >"$OUT/sanitizer.log"
   t0=$(date +%s); worst=0; notes=()
-  for variant in default gproj_key_outer key_outer; do
+  for variant in ${GW_SANITIZE_VARIANTS:-default gproj_key_outer key_outer}; do
     case $variant in
       default) variant_env=(GAUGEWATCH_GPROJ_KERNEL=pair GAUGEWATCH_BF16_KERNEL=) ;;
       gproj_key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL=) ;;

@@ -129,25 +129,23 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
 };
 
 // The hand-over of dQ tiles from the compute warpgroups to the writer warp of
-// the warp-specialized kernel (KeyTile with kWriter; the producer warpgroup's
-// warp kWriterWarp runs KeyTile::writer_loop), by named barriers after ids
-// 1..4 (KeyTile's per-warpgroup barriers, the pingpong, the compute barrier):
-//   full(set)       the compute threads bar.arrive once their halves of the
-//                   set's dQ tile are stored, the writer bar.sync's on it;
-//   empty(set, wg)  the writer bar.arrive's once it has read the set, warpgroup
-//                   wg bar.sync's on it before storing the set again;
-//   kPingpongBack   warpgroup 1 arrives after issuing its S and dP MMAs and
-//                   warpgroup 0 waits there before issuing the next ones: the
-//                   pingpong (id 3) alternates strictly, so neither
-//                   warpgroup arrives twice at one barrier (without the block
-//                   barrier per iteration, warpgroup 0 could run ahead).
-// Sets: D = 64, two (iterations alternate, as the partials); D = 128, one
-// staging tile.
+// the warp-specialized kernel at D = 128 (KeyTile with kWriter; the producer
+// warpgroup's warp kWriterWarp runs KeyTile::writer_loop), by named barriers
+// after ids 1..4 (KeyTile's per-warpgroup barriers, the pingpong, the
+// compute barrier), over the one staging tile:
+//   kFull       the compute threads bar.arrive once their column halves are
+//               stored, the writer bar.sync's on it;
+//   kEmpty + wg the writer bar.arrive's once the bulk reductions have read
+//               the tile, warpgroup wg bar.sync's on it before storing the
+//               next iteration's half.
+// Neither side can arrive twice at one barrier before the other has passed
+// it: each waits at the other's barrier in between. The pingpong (id 3)
+// needs no return barrier: the compute barrier before dQ keeps the two
+// warpgroups within one iteration of each other.
 struct DqHandoff {
   static constexpr int kWriterWarp = 1;
-  static constexpr int kFull0 = 5;   // + set
-  static constexpr int kEmpty0 = 7;  // + 2 set + wg
-  static constexpr int kPingpongBack = 11;
+  static constexpr int kFull = 5;
+  static constexpr int kEmpty = 6;  // + wg
   static constexpr int kFullCount = 2 * wgmma::kWarpgroupThreads + 32;
   static constexpr int kEmptyCount = wgmma::kWarpgroupThreads + 32;
 };
@@ -179,11 +177,13 @@ __device__ __forceinline__ int pivot_of(unsigned long long code) {
 // them, warpgroup wg = tid / 128 owns keys j0 + 64 wg..; kFirstThread: the
 // block's thread index of tid 0). What differs is who loads the query tiles
 // and how the block synchronizes around them. kWriter (warp-specialized
-// kernel): the compute threads hand each dQ tile to a writer warp
+// kernel, D = 128): the compute threads hand each dQ tile to a writer warp
 // (DqHandoff, writer_loop) instead of adding it themselves after a barrier
-// of all 256; at D = 128 t then alternates between two sets of tiles, since
-// warpgroup 0 may store iteration it + 1's t while warpgroup 1's dQ MMAs still
-// read iteration it's.
+// of all 256; t then alternates between two sets of tiles, since warpgroup 0
+// may store iteration it + 1's t while warpgroup 1's dQ MMAs still read
+// iteration it's. (At D = 64 the two partials cost a writer warp more than
+// the compute threads: 1.36x by float4 atomics from one warp, 2.0x by bulk
+// reductions of both, on the H200; kernels/cuda/README.md.)
 template <int D, Projection P, int kFirstThread = 0, bool kWriter = false>
 struct KeyTile {
   static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
@@ -194,13 +194,8 @@ struct KeyTile {
   static constexpr bool kStagedU = kGproj && D == 64;
   // Whether dQ (and U) are staged in one set of tiles through bulk reductions.
   static constexpr bool kStaged = D == 128 || kGproj;
-  static_assert(!(kWriter && kGproj), "gproj runs keyouter_kernel");
-  // Whether dQ leaves shared memory by bulk reductions (whose reads are
-  // waited for before the tiles are reused): the staging tiles, and the
-  // writer warp's partials at D = 64.
-  static constexpr bool kBulk = kStaged || kWriter;
-  static constexpr int kDqSets = D == 64 ? 2 : 1;              // sets of dQ partials / staging tiles
-  static constexpr int kTSets = kWriter && D == 128 ? 2 : 1;  // sets of t tiles
+  static_assert(!kWriter || (D == 128 && !kGproj), "the writer warp: bf16 and pivot at D = 128");
+  static constexpr int kTSets = kWriter ? 2 : 1;  // sets of t tiles
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
   static constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
@@ -242,11 +237,10 @@ struct KeyTile {
   // dQacc += the dQ tile of iteration `it`, once a barrier has published
   // it, by kAdders threads (t: this thread's index among them; the 256
   // compute threads, or the 32 lanes of the writer warp). D = 64: the two
-  // warpgroups' partials (set it % 2): by the compute threads summed, by
-  // float4 atomics, by the writer one bulk reduction per partial row; D =
-  // 128: the staging tile, one bulk reduction per row (threads 0..63 of 256,
-  // two rows per lane of the writer); gproj: the dQ and U staging tiles, row
-  // by row by threads 0..63 (dQ) and 64..127 (U).
+  // warpgroups' partials (set it % 2) summed, by float4 atomics; D = 128:
+  // the staging tile, one bulk reduction per row (threads 0..63 of 256, two
+  // rows per lane of the writer); gproj: the dQ and U staging tiles, row by
+  // row by threads 0..63 (dQ) and 64..127 (U).
   template <int kAdders = kThreads>
   __device__ __forceinline__ void add_dq_tile(int it, int t) const {
     const int i0 = tile_row0(it);
@@ -260,19 +254,6 @@ struct KeyTile {
       bulk::reduce_add_f32((u_row ? a.u_accum : a.dq_accum) + (row_base + i0 + r) * D,
                            part + (u_row ? kPartialFloats : 0) + r * kStride, D * 4);
       bulk::commit();
-    } else if constexpr (D == 64 && kWriter) {
-      // The writer warp: both partials of set it % 2, each row by one bulk
-      // reduction (the copy engine adds them; no registers, no atomics issued
-      // by the warp).
-      const float* set = part + (it & 1) * 2 * kPartialFloats;
-#pragma unroll
-      for (int r = t; r < kKvRows; r += kAdders) {
-        if (i0 + r >= a.n) return;
-        float* dq_row = a.dq_accum + (row_base + i0 + r) * D;
-        bulk::reduce_add_f32(dq_row, set + r * kStride, D * 4);
-        bulk::reduce_add_f32(dq_row, set + kPartialFloats + r * kStride, D * 4);
-        bulk::commit();
-      }
     } else if constexpr (D == 64) {
       static_assert(kAdders == kThreads, "the compute threads add the partials");
       constexpr unsigned kQuads = 64 / 4;
@@ -302,24 +283,23 @@ struct KeyTile {
   }
 
   // The writer warp's loop (kWriter; lane 0..31): per iteration, wait for the
-  // set's dQ tile (full), add it to dQacc, and once its shared memory has been
-  // read hand the set back to both warpgroups (empty) when a later iteration
-  // will store it again. Then wait for the last reductions (before the
-  // block's shared memory goes).
+  // staging tile (full), add it to dQacc, and once the reductions have read
+  // it hand it back to both warpgroups (empty) when a later iteration will
+  // store it again. Then wait for the last reductions (before the block's
+  // shared memory goes).
   __device__ __forceinline__ void writer_loop(int lane) const {
     static_assert(kWriter, "the writer warp belongs to the warp-specialized kernel");
     const int iters = iterations();
     for (int it = 0; it < iters; ++it) {
-      const int set = kDqSets == 2 ? (it & 1) : 0;
-      wgmma::named_barrier<DqHandoff::kFullCount>(DqHandoff::kFull0 + set);
+      wgmma::named_barrier<DqHandoff::kFullCount>(DqHandoff::kFull);
       add_dq_tile<32>(it, lane);
-      if constexpr (kBulk) bulk::wait_read();
-      if (it + kDqSets < iters) {
-        wgmma::named_barrier_arrive<DqHandoff::kEmptyCount>(DqHandoff::kEmpty0 + 2 * set);
-        wgmma::named_barrier_arrive<DqHandoff::kEmptyCount>(DqHandoff::kEmpty0 + 2 * set + 1);
+      bulk::wait_read();
+      if (it + 1 < iters) {
+        wgmma::named_barrier_arrive<DqHandoff::kEmptyCount>(DqHandoff::kEmpty);
+        wgmma::named_barrier_arrive<DqHandoff::kEmptyCount>(DqHandoff::kEmpty + 1);
       }
     }
-    if constexpr (kBulk) bulk::wait_all();
+    bulk::wait_all();
   }
 
   // Iteration `it` on the query tile qs, gos (Q, dO; [64][D] each) with its
@@ -346,13 +326,11 @@ struct KeyTile {
     const RowInputs in = hopper::staged_row_inputs(ra, row0 + g);
     float s[32], dp[32];  // written by scores_mma (its first step does not read them)
     if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
-    if (kWriter && wg == 0 && it > 0) wgmma::pingpong_wait(DqHandoff::kPingpongBack);
     wgmma::fence();
     hopper::scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);
     hopper::scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
     wgmma::commit();
     if (wg == 0) wgmma::pingpong_arrive(hopper::kPingpongBarrier);
-    if (kWriter && wg == 1 && it + 1 < iterations()) wgmma::pingpong_arrive(DqHandoff::kPingpongBack);
     wgmma::wait<0>();
     wgmma::fence_operand(s);
     wgmma::fence_operand(dp);
@@ -376,9 +354,10 @@ struct KeyTile {
       hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg, [](int, int, bool, float, float, float, float) {});
     }
     // kWriter: no barrier of all compute threads has passed since this
-    // warpgroup's MMAs of the previous iteration read its r (and t) tile:
-    // its four warps meet before overwriting them. (t of the other
-    // warpgroup, read by dQ at D = 128, is in the other set.)
+    // warpgroup's MMAs of the previous iteration read its r tile: its four
+    // warps meet before overwriting it. (t goes to the other set, which
+    // both warpgroups' MMAs finished reading before the last compute
+    // barrier.)
     if constexpr (kWriter) wgmma::warpgroup_barrier(1 + wg);
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn) {
@@ -493,12 +472,9 @@ struct KeyTile {
         }
       }
     }
-    // kWriter: the set is free once the writer has read it (iteration
-    // it - kDqSets); without: see below.
-    const int dq_set = kDqSets == 2 ? (it & 1) : 0;
-    if (kWriter && it >= kDqSets) {
-      wgmma::named_barrier<DqHandoff::kEmptyCount>(DqHandoff::kEmpty0 + 2 * dq_set + wg);
-    }
+    // kWriter: the staging tile is free once the writer's reductions of
+    // iteration it - 1 have read it; without: see below.
+    if (kWriter && it > 0) wgmma::named_barrier<DqHandoff::kEmptyCount>(DqHandoff::kEmpty + wg);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       // D = 64: this warpgroup's partial in set it % 2 (free: iteration
@@ -513,8 +489,8 @@ struct KeyTile {
         *reinterpret_cast<float2*>(mine + 8 * jn) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
       }
     }
-    if constexpr (kBulk) wgmma::fence_proxy_async();  // the tiles are read by the bulk copies
-    if constexpr (kWriter) wgmma::named_barrier_arrive<DqHandoff::kFullCount>(DqHandoff::kFull0 + dq_set);
+    if constexpr (kStaged) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
+    if constexpr (kWriter) wgmma::named_barrier_arrive<DqHandoff::kFullCount>(DqHandoff::kFull);
   }
 
   // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot and gproj dKacc in

@@ -18,20 +18,21 @@
 //     bytes and issues their TMA loads (lane 0) and writes the tile's per-row
 //     inputs (lse, delta, the visible key range; lanes 0..31, two rows each)
 //     to the stage; then each lane arrives on full[s] (1 + 32 arrivals + the
-//     bytes). Its warp 1 is the dQ writer (KeyTile::writer_loop, as
-//     FlashAttention-3's): it waits for each iteration's dQ tile
-//     (keyouter::DqHandoff), adds it to dQacc (D = 64: the two warpgroups'
-//     partials summed, float4 atomics; D = 128: bulk reductions of the
-//     staging tile's rows) and hands the tile's shared memory back. Warps 2
-//     and 3 only give their registers back.
+//     bytes). At D = 128 its warp 1 is the dQ writer (KeyTile::writer_loop,
+//     as FlashAttention-3's): it waits for each iteration's staging tile
+//     (keyouter::DqHandoff), adds it to dQacc by bulk reductions of its rows
+//     and hands the tile back. The other warps only give their registers
+//     back.
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): KeyTile
 //     with tid = threadIdx.x - 128, keys 64 (warpgroup - 1)..; per iteration
 //     wait full[s], KeyTile::compute, and after the tile's MMAs are complete
-//     every compute thread arrives on empty[s] (256 arrivals). No barrier of
-//     the block or of all compute threads per iteration at D = 64: each
-//     warpgroup meets only its own warps, the writer (for its partial) and
-//     the pingpong; at D = 128 one barrier of the compute threads
-//     (kComputeBarrier, before dQ, which reads both warpgroups' t).
+//     every compute thread arrives on empty[s] (256 arrivals). D = 128: one
+//     barrier of the compute threads per iteration (kComputeBarrier, before
+//     dQ, which reads both warpgroups' t); otherwise each warpgroup meets
+//     only its own warps, the writer (for the staging tile) and the pingpong.
+//     D = 64: as keyouter_kernel, a barrier of the compute threads where it
+//     has its block barrier, then the compute threads add the previous
+//     iteration's dQ partials (KeyTile::add_dq_tile).
 // Stage s of iteration it: s = it % 2, ring round it / 2, consumers wait
 // full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
@@ -69,28 +70,23 @@ inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute threads");
-// Whether the writer warp adds dQ (otherwise the compute threads do, after
-// a barrier of all 256 per iteration).
-#if defined(GAUGEWATCH_WS_D64_DQ_BY_COMPUTE)
+// Whether the writer warp adds dQ (D = 128); at D = 64 the compute threads
+// add the two partials after a barrier of all 256 per iteration (faster
+// there: KeyTile).
 template <int D>
 inline constexpr bool kDqWriter = D == 128;
-#else
-template <int D>
-inline constexpr bool kDqWriter = true;
-#endif
 // 384 threads at 1 block per SM start at 168 registers each (65,536 / 384
 // rounded down to a multiple of 8), and that is the block's pool: the
 // producer warpgroup gives some back, the compute warpgroups take them, and
 // producer + 2 x compute <= 3 x 168 (setmaxnreg.cuh; more and setmaxnreg.inc
-// waits forever). The writer warp needs more than a TMA-issuing warp: D = 64,
-// 56 (four quads of two partials in flight per lane), D = 128, 32 (bulk
-// reductions); 24 spills. The compute threads fit 224 (D = 64) and 232
-// (D = 128) without spilling (ptxas -v).
+// waits forever). D = 64: 24 / 240 (FlashAttention-3's split). D = 128: the
+// writer warp's loop and bulk reductions spill at 24, so 32 / 232; the
+// compute threads fit 232 without spilling (ptxas -v).
 inline constexpr int kLaunchRegs = 168;
 template <int D>
-inline constexpr int kProducerRegs = !kDqWriter<D> ? 24 : D == 64 ? 56 : 32;
+inline constexpr int kProducerRegs = kDqWriter<D> ? 32 : 24;
 template <int D>
-inline constexpr int kComputeRegs = !kDqWriter<D> ? 240 : D == 64 ? 224 : 232;
+inline constexpr int kComputeRegs = kDqWriter<D> ? 232 : 240;
 static_assert(kProducerRegs<64> + 2 * kComputeRegs<64> <= 3 * kLaunchRegs &&
                   kProducerRegs<128> + 2 * kComputeRegs<128> <= 3 * kLaunchRegs,
               "the block's register pool");
@@ -98,7 +94,7 @@ static_assert(kProducerRegs<64> + 2 * kComputeRegs<64> <= 3 * kLaunchRegs &&
 // pingpong), this one for the 256 compute threads, then keyouter::DqHandoff's
 // (5 ..).
 inline constexpr int kComputeBarrier = 4;
-static_assert(keyouter::DqHandoff::kFull0 > kComputeBarrier, "barrier ids");
+static_assert(keyouter::DqHandoff::kFull > kComputeBarrier, "barrier ids");
 inline constexpr uint32_t kFullArrivals = 1 + 32;  // lane 0's expect_tx + every producer lane's rows
 
 struct Maps {
