@@ -1,7 +1,9 @@
 """scripts/racecheck_known.py on racecheck output recorded on the H200
 (tests/python/data/racecheck_pingpong_reports.log: the default run of
-tests/cuda/sanitize_kernels.py at cd3606b, 2026-12-02) and on variants of it
-that the classifier must not accept."""
+tests/cuda/sanitize_kernels.py at cd3606b, 2026-12-02;
+racecheck_pingpong_reports_writer.log: the same at 2cdea46, with KeyTile's
+writer-warp parameter and add_dq_tile's thread-count template, 2026-12-02)
+and on variants of them that the classifier must not accept."""
 import pathlib
 import subprocess
 import sys
@@ -9,6 +11,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "racecheck_known.py"
 RECORDED = (ROOT / "tests" / "python" / "data" / "racecheck_pingpong_reports.log").read_text()
+RECORDED_WRITER = (ROOT / "tests" / "python" / "data" / "racecheck_pingpong_reports_writer.log").read_text()
 
 
 def classify(text):
@@ -20,6 +23,20 @@ def test_the_recorded_pingpong_reports_are_known():
     rc, out = classify(RECORDED)
     assert rc == 0, out
     assert "all 6 reports" in out
+
+
+def test_the_reports_with_the_writer_parameter_are_known():
+    rc, out = classify(RECORDED_WRITER)
+    assert rc == 0, out
+    assert "all 10 reports" in out
+
+
+def test_the_exchange_in_a_writer_keytile_is_not_known():
+    # KeyTile<64, ..., kWriter = true> has no such exchange: not the artefact.
+    changed = RECORDED_WRITER.replace("(int)128, (bool)0>::add_dq_tile", "(int)128, (bool)1>::add_dq_tile", 1)
+    rc, out = classify(changed)
+    assert rc == 1, out
+    assert "1 of 10 reports" in out
 
 
 def test_a_hazard_in_another_function_is_not_known():
