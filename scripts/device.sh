@@ -29,7 +29,8 @@
 # GW_ONLY_BENCH (basenames), GW_PYTEST_K (a pytest -k expression for every
 # file), GW_SKIP_CTEST=1, GW_CTEST_R (a ctest -R regex), GW_BUILD_TARGETS
 # (space-separated CMake targets instead of all), GW_SANITIZE=0, GW_SANITIZE_VARIANTS
-# (a subset of "default gproj_key_outer key_outer") (docs/device.md).
+# (a subset of "default gproj_key_outer key_outer"), GW_BENCH_ARGS (arguments for
+# every bench/*.py script run; with GW_ONLY_BENCH naming one) (docs/device.md).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -426,7 +427,8 @@ else
   for b in "${benches[@]}"; do
     name="$(basename "$b")"
     if [[ "$b" == *.py ]]; then
-      run_step "bench $name" "$OUT/bench.log" 5 "$PY" "$b"
+      # shellcheck disable=SC2086
+      run_step "bench $name" "$OUT/bench.log" 5 "$PY" "$b" ${GW_BENCH_ARGS:-}
     else
       run_step "bench $name" "$OUT/bench.log" 5 "$b" --benchmark_out="$BENCH_JSON_DIR/$name.json" --benchmark_out_format=json
     fi
