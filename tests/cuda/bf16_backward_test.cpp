@@ -336,6 +336,9 @@ std::vector<Bf16Case> cases() {
   multi.q_gain = 3.0f;
   out.push_back(multi);
   out.push_back(make_case("gqa_top_left", {2, 4, 2, 65, 65, 64}, CM::kTopLeft));
+  // GQA at D = 128 over several query tiles: the warp-specialized kernel's
+  // dQ writer walks (query head, tile) iterations of a key block.
+  out.push_back(make_case("gqa_multi_tile_d128", {1, 4, 2, 130, 100, 128}, CM::kBottomRight));
   out.push_back(make_case("one_row_one_key", {1, 1, 1, 1, 1, 64}));
   Bf16Case packed = make_case("packed_d128", {1, 2, 2, 100, 90, 128}, CM::kTopLeft);
   packed.cu_q = {0, 1, 60, 60, 100};

@@ -49,6 +49,7 @@ GPU_CASES.update({
     "multi_tile_noncausal_d128": dict(Hq=2, Hkv=2, N=200, M=333, d=128),
     "multi_tile_top_left": dict(N=300, M=200, causal=True),
     "multi_tile_bottom_right_gqa": dict(B=2, Hq=8, Hkv=2, N=130, M=260, causal=True, alignment="bottom_right"),
+    "multi_tile_gqa_d128": dict(Hq=4, Hkv=2, N=200, M=150, d=128, causal=True),
     "multi_tile_packed_d128": dict(N=200, M=180, d=128, causal=True, cu_q=[0, 1, 70, 70, 200],
                                    cu_k=[0, 64, 65, 100, 180]),
     "sinklike_multi_tile": dict(N=192, M=192, causal=True, key_offset=200.0, q_gain=20.0),
