@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "racecheck_known.py"
 RECORDED = (ROOT / "tests" / "python" / "data" / "racecheck_pingpong_reports.log").read_text()
@@ -19,16 +21,12 @@ def classify(text):
     return run.returncode, run.stdout
 
 
-def test_the_recorded_pingpong_reports_are_known():
-    rc, out = classify(RECORDED)
+@pytest.mark.parametrize("recorded, reports", [(RECORDED, 6), (RECORDED_WRITER, 10)],
+                         ids=["cd3606b", "2cdea46_writer_parameter"])
+def test_the_recorded_pingpong_reports_are_known(recorded, reports):
+    rc, out = classify(recorded)
     assert rc == 0, out
-    assert "all 6 reports" in out
-
-
-def test_the_reports_with_the_writer_parameter_are_known():
-    rc, out = classify(RECORDED_WRITER)
-    assert rc == 0, out
-    assert "all 10 reports" in out
+    assert f"all {reports} reports" in out
 
 
 def test_the_exchange_in_a_writer_keytile_is_not_known():
