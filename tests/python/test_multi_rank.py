@@ -206,7 +206,12 @@ def test_two_agents_switch_a_run_across_nodes_at_the_same_step(workdir):
         prometheus.terminate()
         prometheus.wait(15)
     print(f"fleet decisions {[d[0]['reason'] for d in decisions]}: switched at {steps}, acks {acks}")
-    assert all(p.returncode == 0 for p in procs), [o[-2000:] for o in outs]
+    # The failing node's exit status and its output's end, printed whole (an
+    # assertion message is cut short by pytest's repr).
+    failed = [(node, p.returncode) for node, p in enumerate(procs) if p.returncode != 0]
+    for node, code in failed:
+        print(f"node {node} exited {code}; its output ends:\n{outs[node][-6000:]}")
+    assert not failed, failed
     assert steps[0] == steps[1], steps
     assert steps[0] > 40
     assert acks[0] == {0: [steps[0]]} and acks[1] == {1: [steps[0]]}, acks
