@@ -105,6 +105,12 @@ Status validate(const Bf16BackwardParams& params) {
   if (p.batch * p.q_heads > kMaxGridY || p.batch * p.kv_heads > kMaxGridY) {
     return invalid("batch * heads must be at most 65535 (one grid row per batch and head)");
   }
+  if (p.batch * p.kv_heads * ((p.kv_len + bf16::kKeyBlockKeys - 1) / bf16::kKeyBlockKeys) > INT32_MAX) {
+    return invalid("batch * kv_heads * ceil(kv_len / 128) must be at most 2^31 - 1 (one block per 128 keys of each head)");
+  }
+  if (p.batch * p.q_heads * ((p.q_len + bf16::kQueryTileRows - 1) / bf16::kQueryTileRows) > INT32_MAX) {
+    return invalid("batch * q_heads * ceil(q_len / 128) must be at most 2^31 - 1 (one block per 128 query rows of each head)");
+  }
   const Projection proj = params.projection;
   if (proj != Projection::kNone && proj != Projection::kGproj && proj != Projection::kPivot) {
     return invalid("unknown projection");

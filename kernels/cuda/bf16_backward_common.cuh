@@ -23,6 +23,11 @@ namespace gaugewatch::gpu::bf16 {
 #endif
 
 inline constexpr float kLog2e = 1.4426950408889634f;
+// Keys per block of the dK/dV and key-outer kernels (hopper::kKvKeys) and
+// query rows per block of the dq kernel (hopper::kDqRows), here for the
+// launcher's grid-size checks (1-D grids).
+inline constexpr int kKeyBlockKeys = 128;
+inline constexpr int kQueryTileRows = 128;
 
 // Device copy of the launch parameters (by value, in the kernel argument).
 // n, m, hq, hkv: N, M, Hq, Hkv of the math (bf16_backward.h).

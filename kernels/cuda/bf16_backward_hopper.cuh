@@ -36,9 +36,9 @@
 namespace gaugewatch::gpu::bf16::hopper {
 
 inline constexpr int kThreads = 2 * wgmma::kWarpgroupThreads;
-inline constexpr int kDqRows = 128;  // query rows per dq block
+inline constexpr int kDqRows = kQueryTileRows;  // query rows per dq block
 inline constexpr int kDqKeys = 64;   // keys per dq iteration
-inline constexpr int kKvKeys = 128;  // keys per dkdv block
+inline constexpr int kKvKeys = kKeyBlockKeys;  // keys per dkdv block
 inline constexpr int kKvRows = 64;   // query rows per dkdv iteration
 static_assert(kKvRows == 64, "pivot's hit mask is two 32-row ballot words");
 
@@ -110,9 +110,16 @@ __device__ __forceinline__ float probability(const Args& a, float s, float lse_l
   return visible ? mma::exp2_approx(fmaf(s, a.scale_log2, -lse_log2)) : 0.0f;
 }
 
+// The key of accumulator element i (0..31) of lane quad position c in an
+// m64n64 tile whose first key is j_base (wgmma.cuh's fragment layout).
+__device__ __forceinline__ int element_key(int j_base, int c, int i) {
+  return j_base + 8 * (i >> 2) + 2 * c + (i & 1);
+}
+
 // Turns S into r = bf16(P) and dP into t = bf16(P (dP - delta)) in place, for
 // this thread's rows (half 0: g, half 1: g + 8) and keys j_base + 8 jn + 2 c
-// + (e & 1). `visit(half, j, visible, p, t, r, s)` sees every element, keys
+// + (e & 1). `visit(half, j, visible, p, t, r, s, i)` sees every element i
+// (its key j = element_key(j_base, c, i), a constant i after unrolling), keys
 // in increasing order per row. kRound = false leaves t and r (in place and
 // as visited) unrounded, for callers that only pack them to BF16: pack_bf16
 // rounds to nearest even as round_bf16 does, and RN(RN(x)) = RN(x), so the
@@ -129,7 +136,7 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], floa
   // kTest = false: every element is visible (the caller's vote below).
   auto element = [&](int i, auto test) {
     const int half = (i >> 1) & 1;
-    const int j = j_base + 8 * (i >> 2) + 2 * c + (i & 1);
+    const int j = element_key(j_base, c, i);
     const bool visible = !decltype(test)::value || (j >= in.kb[half] && j < in.ke[half]);
     // exp2(s alpha log2e - lse log2e) as FlashAttention forms it; a select,
     // not a multiply, for masked keys, so NaN or Inf in padding never leaks.
@@ -137,7 +144,7 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], floa
     const float t_exact = visible ? p * (dp[i] - in.delta[half]) : 0.0f;
     const float t = kRound ? mma::round_bf16(t_exact) : t_exact;
     const float r = kRound ? mma::round_bf16(p) : p;
-    visit(half, j, visible, p, t, r, s[i]);
+    visit(half, j, visible, p, t, r, s[i], i);
     s[i] = r;
     dp[i] = t;
   };
@@ -160,6 +167,26 @@ __device__ __forceinline__ void accumulator_to_a(uint32_t (&frag)[4][4], const f
   }
 }
 
+// The dq kernel's grid: 1-D, block l is query tile l / (B Hq) of (batch,
+// query head) l % (B Hq), counted from the last tile under causal masking.
+// Blocks start in index order, so every head's heaviest tile (the last query
+// tiles see the most keys) starts before any head's next: the longest blocks
+// run in the first waves instead of forming the kernel's tail in the last.
+inline int64_t query_tile_count(const Args& a) {
+  return static_cast<int64_t>(a.batch) * a.hq * ((static_cast<int64_t>(a.n) + kDqRows - 1) / kDqRows);
+}
+inline dim3 query_tile_grid(const Args& a) { return dim3(static_cast<unsigned>(query_tile_count(a))); }
+struct QueryTile {
+  int tile, bh;
+};
+__device__ __forceinline__ QueryTile query_tile(const Args& a) {
+  const int heads = a.batch * a.hq;
+  const int l = static_cast<int>(blockIdx.x);
+  const int tiles = (a.n + kDqRows - 1) / kDqRows;
+  const int t = l / heads;
+  return {a.causal != 0 ? tiles - 1 - t : t, l % heads};
+}
+
 // Shared memory of the dq kernel (BF16 elements, offsets 1024-byte aligned).
 template <int D>
 struct DqLayout {
@@ -175,10 +202,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
   uint16_t* smem = wgmma::align_1024(raw);
   using L = DqLayout<D>;
   constexpr uint32_t kSubTile = kDqKeys * 64 * 2;  // bytes between the K tile's 64-column blocks
-  const int tiles = (a.n + kDqRows - 1) / kDqRows;
-  // Under causal masking the last query tiles see the most keys: first.
-  const int tile = a.causal != 0 ? tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-  const int bh = blockIdx.y;
+  const auto [tile, bh] = query_tile(a);
   const int b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
   const int i0 = tile * kDqRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -187,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
 
   const QueryHead qh = query_head(a, b, h);
   const KeyHead kh = key_head(a, b, hk);
-  const int64_t row_base = static_cast<int64_t>(bh) * a.n;  // qh.row_base, from blockIdx (no register to keep)
+  const int64_t row_base = static_cast<int64_t>(bh) * a.n;  // qh.row_base
 
   const RowInputs in = row_inputs(a, i0 + row0, qh.lse, row_base);
   // Key tiles: from the first row's first visible key to the last row's end
@@ -240,11 +264,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
     // statistics cost the bf16 variant ~15% of its dq kernel when compiled in
     // unused (H200), so the common call runs the lean one.
     if (want_diag) {
-      scores_to_tr(a, s, dp, in, j0, [&](int hh, int j, bool visible, float p, float t, float r, float sv) {
+      scores_to_tr(a, s, dp, in, j0, [&](int hh, int j, bool visible, float p, float t, float r, float sv, int) {
         row_stats.add<true, true>(hh, j, visible, p, t, r, a.scale * sv);
       });
     } else {
-      scores_to_tr(a, s, dp, in, j0, [&](int hh, int j, bool visible, float p, float t, float r, float) {
+      scores_to_tr(a, s, dp, in, j0, [&](int hh, int j, bool visible, float p, float t, float r, float, int) {
         row_stats.add<false, P == Projection::kPivot>(hh, j, visible, p, t, r, 0.0f);
       });
     }
@@ -383,6 +407,27 @@ __device__ __forceinline__ RowInputs staged_row_inputs(const StagedRows& ra, int
   return in;
 }
 
+// The grid of the dkdv kernel and the key-outer kernels (keyouter_kernel,
+// keyouter_ws_kernel, gproj_keys_kernel): one block per (batch, kv head, block of kKvKeys keys),
+// 1-D, block l = key block l / (B Hkv) of head l % (B Hkv). Blocks start in
+// index order, so every head's first key block starts before any head's
+// second: under causal masking (top-left or bottom-right) the first key
+// blocks see the most query tiles, so the longest blocks start in the first
+// waves instead of forming the kernel's tail in the last.
+inline int64_t key_block_count(const Args& a) {
+  return static_cast<int64_t>(a.batch) * a.hkv * ((static_cast<int64_t>(a.m) + kKvKeys - 1) / kKvKeys);
+}
+inline dim3 key_block_grid(const Args& a) { return dim3(static_cast<unsigned>(key_block_count(a))); }
+struct KeyBlock {
+  int j0, b, hk;
+};
+__device__ __forceinline__ KeyBlock key_block(const Args& a) {
+  const int heads = a.batch * a.hkv;
+  const int l = static_cast<int>(blockIdx.x);
+  const int bhk = l % heads;
+  return {(l / heads) * kKvKeys, bhk / a.hkv, bhk % a.hkv};
+}
+
 template <int D, Projection P>
 struct KvLayout {
   static constexpr int kRowTile = kKvRows * D;
@@ -402,10 +447,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
   uint16_t* smem = wgmma::align_1024(raw);
   using L = KvLayout<D, P>;
   constexpr uint32_t kSubTile = kKvRows * 64 * 2;  // bytes between a row tile's 64-column blocks
-  // Key tile 0 has the most query rows under causal masking: it goes first.
-  const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
-  const int bhk = blockIdx.y;
-  const int b = bhk / a.hkv, hk = bhk % a.hkv;
+  const auto [j0, b, hk] = key_block(a);  // the heaviest key blocks first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
   const int row0 = 16 * v;  // this warp's first query row of a tile (scores) / first key of its warpgroup's 64
@@ -480,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
     wgmma::wait<0>();
     wgmma::fence_operand(s);
     wgmma::fence_operand(dp);
-    scores_to_tr(a, s, dp, in, j0 + 64 * wg, [](int, int, bool, float, float, float, float) {});
+    scores_to_tr(a, s, dp, in, j0 + 64 * wg, [](int, int, bool, float, float, float, float, int) {});
     // t and r to this warpgroup's [64 rows][64 keys] tiles: the A operands
     // (keys x rows, MN-major) of dK and dV.
 #pragma unroll

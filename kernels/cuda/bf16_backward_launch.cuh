@@ -26,16 +26,14 @@ cudaError_t launch_hopper(const Args& a, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   err = cudaFuncSetAttribute(hopper::dkdv_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kKvSmem);
   if (err != cudaSuccess) return err;
-  const int64_t bhq = static_cast<int64_t>(a.batch) * a.hq, bhk = static_cast<int64_t>(a.batch) * a.hkv;
-  const dim3 dq_grid(static_cast<unsigned>((a.n + hopper::kDqRows - 1) / hopper::kDqRows), static_cast<unsigned>(bhq));
-  if (dq_grid.x > 0 && dq_grid.y > 0) {
+  const dim3 dq_grid = hopper::query_tile_grid(a);
+  if (dq_grid.x > 0) {
     hopper::dq_kernel<D, P><<<dq_grid, hopper::kThreads, kDqSmem, stream>>>(a);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  const dim3 kv_grid(static_cast<unsigned>((a.m + hopper::kKvKeys - 1) / hopper::kKvKeys),
-                     static_cast<unsigned>(bhk));
-  if (kv_grid.x > 0 && kv_grid.y > 0) {
+  const dim3 kv_grid = hopper::key_block_grid(a);
+  if (kv_grid.x > 0) {
     hopper::dkdv_kernel<D, P><<<kv_grid, hopper::kThreads, kKvSmem, stream>>>(a);
     err = cudaGetLastError();
   }

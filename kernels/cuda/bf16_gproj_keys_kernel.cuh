@@ -78,9 +78,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
   uint16_t* smem = wgmma::align_1024(raw);
   using L = Layout<D>;
   constexpr uint32_t kSubTile = kKvRows * 64 * 2;  // bytes between a row tile's 64-column blocks
-  const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
-  const int bhk = blockIdx.y;
-  const int b = bhk / a.hkv, hk = bhk % a.hkv;
+  const auto [j0, b, hk] = hopper::key_block(a);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
   const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
@@ -181,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
   mma::cp_async_wait<0>();
 
   // dK = bf16(alpha (dKacc + C)); keys past M are not written.
-  const int64_t key_base = static_cast<int64_t>(bhk) * a.m;
+  const int64_t key_base = (static_cast<int64_t>(b) * a.hkv + hk) * a.m;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int key = j0 + 64 * wg + row0 + g + 8 * hh;

@@ -39,8 +39,10 @@
 //                                  atomics (one atomic per element, and no
 //                                  warpgroup skips an MMA: a branch around
 //                                  wgmma makes ptxas serialize them)
-//   pivot: per row, this block's partial sum of t (rho) and its max P with
-//   the key index, both by atomics (FP32 add; 64-bit max of pivot_code()).
+//   pivot: per row, this block's partial sums of t (rho; per warpgroup, on
+//   the tensor cores: t against a [64 keys][8] tile of ones, m64n8k16, beside
+//   dQ's MMAs) and its max P with the key index, both by atomics (FP32 add;
+//   64-bit max of pivot_code()).
 //   gproj (D = 64): per row, this block's partial sums of the BF16-rounded
 //   t (rho) and r (m), by FP32 atomics; after the block barrier warpgroup 0
 //   computes dQ_tile = t K and warpgroup 1 U_tile = r K, each over all 128
@@ -57,15 +59,20 @@
 // lambda_i = rho_i / m_i (gproj, which also writes bf16(-lambda_i q_i), the
 // pair's rounding, for the second pass) or bf16(alpha dQacc); for pivot it also subtracts
 // rho_i q_i from the FP32 dK accumulator of key j*(i), the rows of its tile
-// grouped by pivot key first (one atomic per key and column per tile, so many
-// rows sharing one pivot, e.g. an attention sink, do not serialize on it).
+// grouped by pivot key first and split into segments of kFixupRows (one
+// float4 atomic per key, segment and four columns, so many rows sharing one
+// pivot, e.g. an attention sink, do not serialize on it).
 // finish_keys_kernel (pivot) rounds dK = bf16(alpha dKacc).
 //
 // Rounding (why this path is not bitwise repeatable): dQacc_i is the FP32 sum
 // of the blocks' FP32 tile partials in the order the atomics land; rho_i the
-// FP32 sum of the per-(block, warpgroup) partial row sums, in landing order;
+// FP32 sum of the per-(block, warpgroup) partial row sums, in landing order
+// (pivot: each partial the tensor cores' FP32 sum of the warpgroup's 64
+// rounded t_ij, an m64n8k16 product against ones; gproj: a per-thread FP32
+// sum over 16 keys, then across the quad);
 // dKacc_j (pivot) the kernel's FP32 accumulator minus, in landing order, one
-// FP32 sum per query tile of the rho_i q_i of its rows with j*(i) = j; gproj:
+// FP32 sum per segment of kFixupRows sorted rows of a query tile of the
+// rho_i q_i of its rows with j*(i) = j; gproj:
 // Uacc_i like dQacc_i, rho_i and m_i FP32 sums of per-(block, warpgroup)
 // partials in landing order (so lambda_i, and through it dQ' and the BF16
 // rows -lambda_i q_i, carry that order's rounding), dKacc_j no atomics. The
@@ -85,6 +92,7 @@
 // variant for bf16 and pivot (bf16_keyouter_ws_kernel.cuh: TMA producer
 // warpgroup, mbarrier ring; the default), which replaces only the loads and the
 // block barriers around it.
+// The finish kernels: bf16_keyouter_finish_kernels.cuh.
 // Build: instantiated in bf16_keyouter_d{64,128}.cu and (gproj)
 // bf16_keyouter_d{64,128}_gproj.cu; emulation:
 // tests/cuda/emulation/bf16_launcher.cpp. Tests: tests/cuda/bf16_backward_test.cpp
@@ -111,7 +119,9 @@ using hopper::kThreads;
 // Row strides of 8 floats past a multiple of 32 banks: the 8 rows of a warp's
 // float2 stores hit distinct banks; 16-byte aligned rows for the bulk copy.
 // gproj (D = 64 only): one set of two staging tiles [64 rows][72], dQ (of
-// warpgroup 0) then U (of warpgroup 1).
+// warpgroup 0) then U (of warpgroup 1). Pivot: then 1 KiB of BF16 ones, the
+// B operand (8 columns x 64 keys, K-major) of the row sums of t on the
+// tensor cores (KeyTile::kRhoByMma).
 template <int D>
 inline constexpr int kDqStride = D + 8;
 template <int D, Projection P = Projection::kNone>
@@ -120,11 +130,13 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
   static constexpr size_t kDqTileBytes = static_cast<size_t>(kKvRows) * (D == 64 ? 72 : kDqStride<D>) * 4;
   static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
   static constexpr int kTiles = P == Projection::kGproj && D == 64 ? 2 : (D == 64 ? 4 : 1);
-  static constexpr size_t kBytes = Base::kBytes + kTiles * kDqTileBytes;
-  // Bytes from the aligned base to the end of the dQ tiles: where the
-  // warp-specialized kernel's second set of t tiles starts (D = 128,
-  // KeyTile::kTSets).
-  static constexpr size_t kDqEnd = kDqPartial + kTiles * kDqTileBytes;
+  static constexpr size_t kOnes = kDqPartial + kTiles * kDqTileBytes;  // bytes
+  static constexpr size_t kOnesBytes = P == Projection::kPivot ? 1024 : 0;
+  static constexpr size_t kBytes = Base::kBytes + kTiles * kDqTileBytes + kOnesBytes;
+  // Bytes from the aligned base to the end of the dQ tiles (and the ones):
+  // where the warp-specialized kernel's second set of t tiles starts (D =
+  // 128, KeyTile::kTSets).
+  static constexpr size_t kDqEnd = kOnes + kOnesBytes;
   static_assert(kDqPartial % 1024 == 0 && kDqTileBytes % 1024 == 0, "tiles start 1024-byte aligned");
 };
 
@@ -150,15 +162,6 @@ struct DqHandoff {
   static constexpr int kEmptyCount = wgmma::kWarpgroupThreads + 32;
 };
 
-inline constexpr int kFinishRows = 64;      // query rows per finish_rows block
-inline constexpr int kFinishThreads = 128;
-inline constexpr int kConvertThreads = 256;  // finish_keys_kernel
-// finish_rows_kernel's shared memory: rho, j*, the tile's rows sorted by j*
-// and (pivot) the tile's query rows.
-template <int D, Projection P>
-inline constexpr size_t kFinishSmemBytes =
-    3 * kFinishRows * 4 + (P == Projection::kPivot ? static_cast<size_t>(kFinishRows) * D * 2 : 0);
-
 // (P, j) as one 64-bit value whose unsigned order is "larger P, then lower
 // j": P >= 0, so its FP32 bits order like P. 0 means "no visible key" (a
 // visible key's low word ~j is never 0 for j < 2^32 - 1).
@@ -170,6 +173,51 @@ __device__ __forceinline__ unsigned long long pivot_code(float p, int j) {
 __device__ __forceinline__ int pivot_of(unsigned long long code) {
   return code == 0 ? -1 : static_cast<int>(0xffffffffu - static_cast<uint32_t>(code & 0xffffffffull));
 }
+
+// Pivot's argmax over one thread's elements of an m64n64 score tile (two
+// rows of 16 keys each; wgmma.cuh's fragment layout), two instructions per
+// element: an element's code is (bits of P) * 4 + (3 - its place in its group
+// of four consecutive keys), one integer max per group (P in [0, 1] has its
+// top two bits clear, so the code is exact in 32 bits: the largest P, then
+// the lowest key); four groups per row are compared once per row (ties to
+// the lower group). P = 0 (masked, or underflowed) is no candidate: a row
+// with a visible key has a largest P of at least 1 / M somewhere. This is
+// RowStats' argmax (largest P, ties to the lower key) without its compare,
+// select and select per element.
+struct PivotArgmax {
+  uint32_t best[2][4] = {};  // [row half][group of 4 keys]
+
+  // Element i (0..31, a constant after unrolling) of row half hh.
+  __device__ __forceinline__ void add(int hh, int i, float p) {
+    const uint32_t place = 2 * ((i >> 2) & 1) + (i & 1);  // 0..3: keys 8 (i >> 2) + (i & 1) in order
+    const uint32_t code = (static_cast<uint32_t>(__float_as_int(p)) << 2) + (3u - place);
+    best[hh][i >> 3] = best[hh][i >> 3] > code ? best[hh][i >> 3] : code;
+  }
+
+  // Row half hh's largest P and its key (key of element i: key_of(i)), or
+  // key -1 where no element has P > 0.
+  template <class KeyOf>
+  __device__ __forceinline__ void result(int hh, KeyOf&& key_of, float* p, int* key) const {
+    uint32_t top = best[hh][0];
+    int group = 0;
+#pragma unroll
+    for (int gi = 1; gi < 4; ++gi) {
+      if ((best[hh][gi] >> 2) > (top >> 2)) {
+        top = best[hh][gi];
+        group = gi;
+      }
+    }
+    if (top < 4) {  // P bits 0
+      *p = -1.0f;
+      *key = -1;
+      return;
+    }
+    const int place = 3 - static_cast<int>(top & 3u);
+    // Element of (group, place) in row half hh: i = 8 group + 4 (place >> 1) + 2 hh + (place & 1).
+    *key = key_of(8 * group + 4 * (place >> 1) + 2 * hh + (place & 1));
+    *p = __int_as_float(static_cast<int>(top >> 2));
+  }
+};
 
 // The per-tile work of one block, shared by keyouter_kernel (below) and the
 // warp-specialized keyouter_ws_kernel (bf16_keyouter_ws_kernel.cuh): both run
@@ -196,6 +244,11 @@ struct KeyTile {
   static constexpr bool kStaged = D == 128 || kGproj;
   static_assert(!kWriter || (D == 128 && !kGproj), "the writer warp: bf16 and pivot at D = 128");
   static constexpr int kTSets = kWriter ? 2 : 1;  // sets of t tiles
+  // Pivot: each warpgroup's row sums of its t tile come from the tensor
+  // cores (m64n8k16 against Layout::kOnes, 4 steps beside dQ's MMAs), not
+  // from three FP32 instructions per element (round, widen, add) in the
+  // element loop, which bounds the kernel at D = 64.
+  static constexpr bool kRhoByMma = P == Projection::kPivot;
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
   static constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
@@ -225,6 +278,16 @@ struct KeyTile {
   __device__ __forceinline__ bool issues_rows() const {
     return kStaged && !kWriter && tid() < (kStagedU ? 2 : 1) * kKvRows;
   }
+  // Pivot: the ones tile (kRhoByMma), one word per compute thread, fenced for
+  // the tensor cores; the caller's next barrier of the 256 publishes it.
+  __device__ __forceinline__ void fill_ones() const {
+    if constexpr (kRhoByMma) {
+      reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(smem) + L::kOnes)[tid()] = 0x3f803f80u;
+      static_assert(L::kOnesBytes == 4 * kThreads, "one word per compute thread");
+      wgmma::fence_proxy_async();
+    }
+  }
+
   // t of warpgroup w in iteration it: set 0 beside r (t0, r0, t1, r1), set 1
   // (kTSets == 2) the two t tiles after the dQ tiles.
   __device__ __forceinline__ uint16_t* t_of(int it, int w) const {
@@ -342,16 +405,22 @@ struct KeyTile {
     RowStats stats;
     if constexpr (kGproj) {
       hopper::scores_to_tr<false>(
-          a, s, dp, in, j0 + 64 * wg, [&](int hh, int j, bool visible, float p, float t, float r, float) {
+          a, s, dp, in, j0 + 64 * wg, [&](int hh, int j, bool visible, float p, float t, float r, float, int) {
             stats.add<false, false>(hh, j, visible, p, mma::round_bf16(t), mma::round_bf16(r), 0.0f);
           });
     } else if constexpr (P == Projection::kPivot) {
-      hopper::scores_to_tr<false>(
-          a, s, dp, in, j0 + 64 * wg, [&](int hh, int j, bool visible, float p, float t, float r, float) {
-            stats.add<false, true>(hh, j, visible, p, mma::round_bf16(t), r, 0.0f);
-          });
+      // The argmax only (rho: kRhoByMma; an invisible element has p = 0).
+      PivotArgmax argmax;
+      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
+                                  [&](int hh, int, bool, float p, float, float, float, int i) { argmax.add(hh, i, p); });
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        argmax.result(
+            hh, [&](int i) { return hopper::element_key(j0 + 64 * wg, c, i); }, &stats.pmax[hh], &stats.parg[hh]);
+      }
     } else {
-      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg, [](int, int, bool, float, float, float, float) {});
+      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
+                                  [](int, int, bool, float, float, float, float, int) {});
     }
     // kWriter: no barrier of all compute threads has passed since this
     // warpgroup's MMAs of the previous iteration read its r tile: its four
@@ -381,14 +450,13 @@ struct KeyTile {
       }
     }
     if constexpr (P == Projection::kPivot) {
-      // This block's partial rho and max P of each row (before the dQ
+      // This block's max P of each row and its key (before the dQ
       // accumulator is live: at D = 128 the registers are short).
       stats.reduce_quad();
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int row = i0 + row0 + g + 8 * hh;
         if (c == 0 && row < a.n && stats.parg[hh] >= 0) {
-          atomicAdd(a.row_factor + row_base + row, stats.rho[hh]);
           atomicMax(a.pivot_code + row_base + row, pivot_code(stats.pmax[hh], stats.parg[hh]));
         }
       }
@@ -412,6 +480,9 @@ struct KeyTile {
     // register write between wgmmas makes ptxas inject a warpgroup.arrive).
     [[maybe_unused]] float u[kGproj && D == 128 ? 32 : 1];
     if constexpr (kGproj && D == 128) hopper::zero(u);
+    // Pivot: rho = t 1 over this warpgroup's 64 keys (columns all equal;
+    // the first step's scale-d 0 needs no zeroing between the fences).
+    [[maybe_unused]] float rho[4];
     wgmma::fence();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -445,6 +516,18 @@ struct KeyTile {
                                    wgmma::desc_mn_major(kk, kKeySubTile));
       }
     }
+    if constexpr (kRhoByMma) {
+      const uint64_t ones = wgmma::desc_k_major(reinterpret_cast<const unsigned char*>(smem) + L::kOnes);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint64_t tk = wgmma::desc_k_major(t_tile + wgmma::chunk_offset<kKvRows>(0, 2 * k));
+        if (k == 0) {
+          wgmma::mma_ss_first<false, false>(rho, tk, ones);
+        } else {
+          wgmma::mma_ss<false, false>(rho, tk, ones);
+        }
+      }
+    }
     wgmma::commit();
 
     wgmma::wait<0>();
@@ -452,6 +535,16 @@ struct KeyTile {
     wgmma::fence_operand(dv);
     wgmma::fence_operand(dq);
     released();
+    if constexpr (kRhoByMma) {
+      // This warpgroup's partial rho of rows g and g + 8 (a fully masked row
+      // has t = 0 and adds nothing).
+      wgmma::fence_operand(rho);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = i0 + row0 + g + 8 * hh;
+        if (c == 0 && row < a.n && rho[2 * hh] != 0.0f) atomicAdd(a.row_factor + row_base + row, rho[2 * hh]);
+      }
+    }
     if constexpr (kGproj && D == 128) {
       wgmma::fence_operand(u);
       // Uacc += U by float4 atomics: lanes c and c ^ 1 hold columns 2 c, 2 c + 1
@@ -527,9 +620,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = Layout<D, P>;
-  const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
-  const int bhk = blockIdx.y;
-  const int b = bhk / a.hkv, hk = bhk % a.hkv;
+  const auto [j0, b, hk] = hopper::key_block(a);
   const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
   const KeyTile<D, P> kt{a, smem, j0, b, hk, seen.first, seen.count};
   const int iters = kt.iterations();
@@ -561,6 +652,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
   float dk[D / 2], dv[D / 2];
   hopper::zero(dk);
   hopper::zero(dv);
+  kt.fill_ones();  // published by the first iteration's barrier
 
   // One block barrier per iteration (D = 128 and gproj: two; KeyTile::compute
   // places the second): the barrier that publishes iteration it's loads also
@@ -584,132 +676,6 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
   }
   if (kt.issues_rows()) bulk::wait_all();  // before the block's shared memory goes
   kt.write_keys(dk, dv);
-}
-
-// dQ of 64 query rows of one head from the FP32 accumulator (pivot: minus
-// rho_i k_{j*(i)}; gproj: minus lambda_i U_i), and pivot's dK fix-up:
-// dKacc_j -= sum of rho_i q_i over the tile's rows with j*(i) = j, one FP32
-// sum per (j, column) in increasing i, then one atomic. gproj: lambda_i =
-// rho_i / m_i (0 when m_i = 0) and bf16(-lambda_i q_i) per row for the
-// second pass, rounded as the pair's dq kernel rounds them.
-template <int D, Projection P>
-__global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args a) {
-  GAUGEWATCH_BF16_SMEM(raw);
-  float* rho = reinterpret_cast<float*>(raw);
-  int* pivot = reinterpret_cast<int*>(rho + kFinishRows);
-  int* order = pivot + kFinishRows;  // tile rows sorted by (j*, row); rows with no pivot last
-  uint16_t* q_rows = reinterpret_cast<uint16_t*>(order + kFinishRows);  // pivot: [64][D], 16-byte aligned
-  const int i0 = static_cast<int>(blockIdx.x) * kFinishRows;
-  const int bh = blockIdx.y;
-  const int b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
-  const int64_t row_base = static_cast<int64_t>(bh) * a.n;
-  const int tid = threadIdx.x;
-
-  if constexpr (P == Projection::kPivot) {
-    // The tile's query rows, all in flight at once (the fix-up below reads
-    // them row after row).
-    const uint16_t* qh = head_ptr(a.q, a.q_strides, b, h);
-    constexpr int kChunks = D / 8;
-    for (int idx = tid; idx < kFinishRows * kChunks; idx += kFinishThreads) {
-      const int r = idx / kChunks, chunk = idx % kChunks;
-      const bool ok = i0 + r < a.n;
-      mma::cp_async_16(q_rows + r * D + 8 * chunk, qh + (ok ? static_cast<int64_t>(i0 + r) * a.q_strides.row : 0) +
-                                                         8 * chunk, ok);
-    }
-    mma::cp_async_commit();
-    if (tid < kFinishRows) {
-      const int row = i0 + tid;
-      const bool ok = row < a.n;
-      rho[tid] = ok ? a.row_factor[row_base + row] : 0.0f;
-      pivot[tid] = ok ? pivot_of(a.pivot_code[row_base + row]) : -1;
-    }
-    mma::cp_async_wait<0>();
-    __syncthreads();
-    if (tid < kFinishRows) {
-      auto sort_key = [&](int r) { return pivot[r] < 0 ? 0x7fffffff : pivot[r]; };
-      const int mine = sort_key(tid);
-      int rank = 0;
-      for (int r = 0; r < kFinishRows; ++r) {
-        const int other = sort_key(r);
-        rank += (other < mine || (other == mine && r < tid)) ? 1 : 0;
-      }
-      order[rank] = tid;
-    }
-    __syncthreads();
-  }
-  if constexpr (P == Projection::kGproj) {
-    if (tid < kFinishRows) {
-      const int row = i0 + tid;
-      const float m = row < a.n ? a.mass_accum[row_base + row] : 0.0f;
-      rho[tid] = m > 0.0f ? a.row_factor[row_base + row] / m : 0.0f;  // lambda_i
-    }
-    __syncthreads();
-  }
-
-  const KeyHead kh = key_head(a, b, hk);
-  constexpr int kQuads = D / 4;
-  for (int idx = tid; idx < kFinishRows * kQuads; idx += kFinishThreads) {
-    const int r = idx / kQuads, col = 4 * (idx % kQuads);
-    const int row = i0 + r;
-    if (row >= a.n) continue;
-    const float4 acc = *reinterpret_cast<const float4*>(a.dq_accum + (row_base + row) * D + col);
-    float x[4] = {acc.x, acc.y, acc.z, acc.w};
-    if constexpr (P == Projection::kPivot) {
-      if (pivot[r] >= 0) {
-        const uint16_t* kstar = kh.k + static_cast<int64_t>(pivot[r]) * a.k_strides.row + col;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) x[e] -= rho[r] * mma::bf16_bits_to_float(kstar[e]);
-      }
-    } else if constexpr (P == Projection::kGproj) {
-      const float lam = rho[r];
-      const float4 u = *reinterpret_cast<const float4*>(a.u_accum + (row_base + row) * D + col);
-      x[0] -= lam * u.x;
-      x[1] -= lam * u.y;
-      x[2] -= lam * u.z;
-      x[3] -= lam * u.w;
-      // bf16(-lambda_i q_i), the B operand of the second pass (the sign folded
-      // in: negation is exact in BF16).
-      const uint16_t* qr = head_ptr(a.q, a.q_strides, b, h) + static_cast<int64_t>(row) * a.q_strides.row + col;
-      uint32_t* lq = reinterpret_cast<uint32_t*>(a.neg_lambda_q + (row_base + row) * D + col);
-      lq[0] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[0]), -lam * mma::bf16_bits_to_float(qr[1]));
-      lq[1] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[2]), -lam * mma::bf16_bits_to_float(qr[3]));
-    }
-    uint32_t* out = reinterpret_cast<uint32_t*>(output_row(a.dq, a.dq_strides, b, h, row) + col);
-    out[0] = mma::pack_bf16(a.scale * x[0], a.scale * x[1]);
-    out[1] = mma::pack_bf16(a.scale * x[2], a.scale * x[3]);
-  }
-
-  if constexpr (P == Projection::kPivot) {
-    float* dk_head = a.dk_accum + (static_cast<int64_t>(b) * a.hkv + hk) * a.m * D;
-    for (int col = tid; col < D; col += kFinishThreads) {
-      float sum = 0.0f;
-      for (int s = 0; s < kFinishRows; ++s) {
-        const int r = order[s];
-        const int j = pivot[r];
-        if (j < 0) break;
-        sum = fmaf(rho[r], mma::bf16_bits_to_float(q_rows[r * D + col]), sum);
-        if (s + 1 == kFinishRows || pivot[order[s + 1]] != j) {
-          atomicAdd(dk_head + static_cast<int64_t>(j) * D + col, -sum);
-          sum = 0.0f;
-        }
-      }
-    }
-  }
-}
-
-// Pivot: dK = bf16(alpha dKacc), two elements per thread; grid
-// (M D / 2 / kConvertThreads, B * Hkv): blockIdx.y is the (batch, kv head),
-// so dK's strides need no division of a flat index. (A template so that each
-// head dim's translation unit has its own definition.)
-template <int D>
-__global__ void __launch_bounds__(kConvertThreads) finish_keys_kernel(const Args a) {
-  const int bhk = blockIdx.y;
-  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kConvertThreads + threadIdx.x;  // in this head
-  if (pair >= static_cast<int64_t>(a.m) * (D / 2)) return;
-  const float2 x = *reinterpret_cast<const float2*>(a.dk_accum + (static_cast<int64_t>(bhk) * a.m * D + 2 * pair));
-  const int key = static_cast<int>(pair / (D / 2)), col = static_cast<int>(2 * (pair % (D / 2)));
-  uint16_t* out = output_row(a.dk, a.dk_strides, bhk / a.hkv, bhk % a.hkv, key) + col;
-  *reinterpret_cast<uint32_t*>(out) = mma::pack_bf16(a.scale * x.x, a.scale * x.y);
 }
 
 }  // namespace gaugewatch::gpu::bf16::keyouter

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/bf16_gproj_keys_kernel.cuh"
+#include "kernels/cuda/bf16_keyouter_finish_kernels.cuh"
 #include "kernels/cuda/bf16_keyouter_kernel.cuh"
 
 namespace gaugewatch::gpu::bf16 {
@@ -20,8 +21,7 @@ namespace gaugewatch::gpu::bf16 {
 template <int D, Projection P>
 cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
-  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
-                     static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hkv));
+  const dim3 kv_grid = hopper::key_block_grid(a);
   const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
                       static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hq));
   if (row_grid.x > 0 && row_grid.y > 0) {
@@ -31,9 +31,9 @@ cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   if constexpr (P == Projection::kPivot) {
-    const int64_t pairs = static_cast<int64_t>(a.m) * D / 2;  // per (batch, kv head)
-    const dim3 keys_grid(static_cast<unsigned>((pairs + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads),
-                         kv_grid.y);
+    const int64_t chunks = static_cast<int64_t>(a.m) * D / keyouter::kConvertColumns;  // per (batch, kv head)
+    const dim3 keys_grid(static_cast<unsigned>((chunks + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads),
+                         static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hkv));
     if (keys_grid.x > 0 && keys_grid.y > 0) {
       keyouter::finish_keys_kernel<D><<<keys_grid, keyouter::kConvertThreads, 0, stream>>>(a);
       err = cudaGetLastError();
@@ -46,7 +46,7 @@ cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream) {
     err = cudaFuncSetAttribute(gproj_keys::gproj_keys_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                kKeysSmem);
     if (err != cudaSuccess) return err;
-    if (kv_grid.x > 0 && kv_grid.y > 0) {
+    if (kv_grid.x > 0) {
       gproj_keys::gproj_keys_kernel<D><<<kv_grid, keyouter::kThreads, kKeysSmem, stream>>>(a);
       err = cudaGetLastError();
     }
@@ -61,9 +61,8 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
   cudaError_t err =
       cudaFuncSetAttribute(keyouter::keyouter_kernel<D, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
-                     static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hkv));
-  if (kv_grid.x > 0 && kv_grid.y > 0) {
+  const dim3 kv_grid = hopper::key_block_grid(a);
+  if (kv_grid.x > 0) {
     keyouter::keyouter_kernel<D, P><<<kv_grid, keyouter::kThreads, kSmem, stream>>>(a);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;

@@ -80,11 +80,11 @@ inline constexpr bool kDqWriter = D == 128;
 // producer warpgroup gives some back, the compute warpgroups take them, and
 // producer + 2 x compute <= 3 x 168 (setmaxnreg.cuh; more and setmaxnreg.inc
 // waits forever). D = 64: 24 / 240 (FlashAttention-3's split). D = 128: the
-// writer warp's loop and bulk reductions spill at 24, so 32 / 232; the
-// compute threads fit 232 without spilling (ptxas -v).
+// writer warp's loop and bulk reductions spill at 32 (24 bytes, ptxas -v),
+// so 40 / 232, the whole pool; the compute threads fit 232 without spilling.
 inline constexpr int kLaunchRegs = 168;
 template <int D>
-inline constexpr int kProducerRegs = kDqWriter<D> ? 32 : 24;
+inline constexpr int kProducerRegs = kDqWriter<D> ? 40 : 24;
 template <int D>
 inline constexpr int kComputeRegs = kDqWriter<D> ? 232 : 240;
 static_assert(kProducerRegs<64> + 2 * kComputeRegs<64> <= 3 * kLaunchRegs &&
@@ -160,9 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(smem) + L::kBarriers);
   uint64_t* empty = full + kStages;
   uint64_t* kv_full = empty + kStages;
-  const int j0 = static_cast<int>(blockIdx.x) * kKvKeys;
-  const int bhk = blockIdx.y;
-  const int b = bhk / a.hkv, hk = bhk % a.hkv;
+  const auto [j0, b, hk] = hopper::key_block(a);
   const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
   const Tile<D, P> kt{a, smem, j0, b, hk, seen.first, seen.count};
   const int iters = kt.iterations();
@@ -229,6 +227,10 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   hopper::zero(dk);
   hopper::zero(dv);
   auto compute_sync = [] { wgmma::named_barrier<kComputeThreads>(kComputeBarrier); };
+  if constexpr (Tile<D, P>::kRhoByMma) {
+    kt.fill_ones();
+    compute_sync();
+  }
   if (iters > 0) mbarrier::wait(kv_full, 0);
   for (int it = 0; it < iters; ++it) {
     const int s = it % kStages;

@@ -24,9 +24,8 @@ cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(keyouter_ws::keyouter_ws_kernel<D, P>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
-                     static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hkv));
-  if (kv_grid.x > 0 && kv_grid.y > 0) {
+  const dim3 kv_grid = hopper::key_block_grid(a);
+  if (kv_grid.x > 0) {
     keyouter_ws::keyouter_ws_kernel<D, P><<<kv_grid, keyouter_ws::kThreads, kSmem, stream>>>(maps, a);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;

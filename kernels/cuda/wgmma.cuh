@@ -1,7 +1,8 @@
 #pragma once
 // Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for the fused BF16 backward:
 // shared-memory matrix descriptors for the 128-byte swizzle, the m64n64k16
-// and m64n128k16 BF16 -> FP32 instructions (both operands in shared memory,
+// and m64n128k16 BF16 -> FP32 instructions (and m64n8k16, both in shared
+// memory, for row sums against a tile of ones) (both operands in shared memory,
 // "ss", or A in registers, "rs"), and the fences and barriers around them.
 //
 // Tile layout (tile_offset): a [R][W] BF16 tile is stored as W / 64 sub-tiles
@@ -156,6 +157,26 @@ __device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t desc_a, uint64_t
       "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
+}
+
+// m64n8k16: d (m64 x 8) += A (m64 x k16) B (k16 x 8), both operands in
+// shared memory; with B all ones every column of d is A's row sums (exact
+// BF16 products, FP32 accumulation).
+template <bool kTransA, bool kTransB>
+__device__ __forceinline__ void mma_ss(float (&d)[4], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, %8;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
+}
+template <bool kTransA, bool kTransB>
+__device__ __forceinline__ void mma_ss_first(float (&d)[4], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, %8;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "l"(desc_a), "l"(desc_b), "r"(0), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
 }
 
 // d = A B, the first k step of a product: scale-d 0, so the accumulator's

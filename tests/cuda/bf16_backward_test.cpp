@@ -661,6 +661,45 @@ TEST(Bf16Backward, PivotSinkSharedByEveryRow) {
   }
 }
 
+// Ties of P: every key is the same vector, so every visible key of a row has
+// the same logit and P, bit for bit, and j*(i) must be the lowest visible
+// key (key 0 under top-left causal masking), as in the pair and the
+// reference: the key-outer kernels' argmax packs P and the key's place in
+// its group of four into one integer per element, and compares groups once
+// per row. With O(1) row mass (saved output halved) a wrong tie-break moves
+// dK by O(dK) onto another key. (dQ_i = (sum_j t_ij - rho_i) k is a rounding
+// residual here: it is measured against the uncorrected dQ, rho_i k.)
+TEST(Bf16Backward, PivotTiesGoToTheLowestKey) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t d : {64, 128}) {
+    SCOPED_TRACE(d);
+    Bf16Case c = make_case("pivot_ties", {1, 2, 1, 200, 200, d}, ref::CausalMode::kTopLeft);
+    ref::AttentionInputs in = make_inputs(c);
+    for (int64_t j = 1; j < 200; ++j) {
+      for (int64_t col = 0; col < d; ++col) in.k[j * d + col] = in.k[col];
+    }
+    ref::SavedForward saved = ref::forward_fused_bf16(in);
+    for (float& o : saved.out) o *= 0.5f;
+    const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+    for (const int32_t pivot : want.rows.pivot) ASSERT_EQ(pivot, 0) << "ties go to the lowest key";
+    const double moved = relative(want.pivot.dk, want.plain.dk);
+    ASSERT_GT(moved, 0.1) << "the fix-up must move dK far beyond the tolerance";
+    for (const Path path : {Path::kPair, Path::kKeyOuter}) {
+      const KernelRun got = run_kernel(in, saved, gpu::Projection::kPivot, gpu::Bf16KernelPair::kHopper, path);
+      ASSERT_TRUE(got.status.ok()) << got.status.message;
+      std::vector<float> dq_error(got.grads.dq.size());
+      for (size_t x = 0; x < dq_error.size(); ++x) dq_error[x] = got.grads.dq[x] - want.pivot.dq[x];
+      const std::vector<float> zeros(dq_error.size(), 0.0f);
+      const double eq = relative(dq_error, zeros) / relative(want.plain.dq, zeros);
+      const double ek = relative(got.grads.dk, want.pivot.dk);
+      std::printf("[ pivot_ties d%lld %s ] fix-up moves dK by %.2e; vs reference: dq %.2e (of the uncorrected dQ) dk %.2e\n",
+                  static_cast<long long>(d), name_of(path), moved, eq, ek);
+      EXPECT_LE(eq, 2e-2);
+      EXPECT_LE(ek, 2e-2);
+    }
+  }
+}
+
 // Relative L2 error of BF16-valued outputs against the FP64 truth.
 double relative_to_exact(const std::vector<float>& x, const std::vector<double>& exact) {
   double num = 0.0, den = 0.0;
@@ -820,6 +859,15 @@ TEST(Bf16Backward, RejectsUnsupportedInputsWithReasons) {
   p.shape.kv_heads = 2;
   EXPECT_NE(gpu::validate(p).message.find("does not divide"), std::string::npos);
   p.shape.q_heads = p.shape.kv_heads = 1;
+  const gpu::ProblemShape fits = p.shape;
+  p.shape.batch = 65535;
+  p.shape.kv_len = INT32_MAX;  // 65535 x 16.8M key blocks: past the 1-D grid of the key-outer kernels
+  EXPECT_NE(gpu::validate(p).message.find("ceil(kv_len / 128)"), std::string::npos) << gpu::validate(p).message;
+  p.shape = fits;
+  p.shape.batch = 65535;
+  p.shape.q_len = INT32_MAX;  // the dq kernel's 1-D grid likewise
+  EXPECT_NE(gpu::validate(p).message.find("ceil(q_len / 128)"), std::string::npos) << gpu::validate(p).message;
+  p.shape = fits;
   p.shape.mask.kind = gpu::MaskKind::kBool;
   EXPECT_NE(gpu::validate(p).message.find("takes no attn_mask"), std::string::npos);
   p.shape.mask = {};

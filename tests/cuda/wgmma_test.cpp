@@ -2,7 +2,8 @@
 // modes the fused BF16 backward uses: ss with both operands K-major, rs with B
 // MN-major, ss with both operands MN-major, and an accumulator rounded to BF16
 // fed back as the rs A operand, ss with A K-major and B MN-major (the
-// key-outer kernel's dQ). Descriptors, the 128-byte swizzle of the tile
+// key-outer kernel's dQ), and m64n8k16 with both K-major (pivot's row sums
+// against a tile of ones). Descriptors, the 128-byte swizzle of the tile
 // layout, k16 stepping and the fragment layouts all show in the result.
 //
 // Operands are multiples of 1/4 in [-2, 2]: BF16-exact, and every partial sum
@@ -180,6 +181,25 @@ TEST(Wgmma, SsAKMajorBMnMajorSecondColumnBlock) {
       for (int c = 0; c < 64; ++c) right.values[static_cast<size_t>(r) * 64 + c] = in.b.at(r, 64 + c);
     }
     EXPECT_TRUE(same_matrix(product(in.a, false, right, false), run_case(Case::kSsKMajorAMnMajorB, k, in, 64)));
+  }
+}
+
+// (e) C = A B^T, B [8][K] (m64n8k16), both K-major; with B all ones every
+// column of C is A's row sums: pivot's rho in the key-outer kernels.
+TEST(Wgmma, SsN8AndRowSums) {
+  SKIP_WITHOUT_GPU();
+  for (const int k : kSizes) {
+    SCOPED_TRACE("K = " + std::to_string(k));
+    const Inputs in{random_matrix(kM, k, 61 + k), random_matrix(8, k, 62 + k), {}};
+    EXPECT_TRUE(same_matrix(product(in.a, false, in.b, true), run_case(Case::kSsN8, k, in, 8)));
+    const Inputs ones{in.a, Matrix{8, k, std::vector<float>(static_cast<size_t>(8) * k, 1.0f)}, {}};
+    Matrix sums{kM, 8, std::vector<float>(static_cast<size_t>(kM) * 8)};
+    for (int r = 0; r < kM; ++r) {
+      float sum = 0.0f;  // exact: multiples of 1/4, |sum| <= 256
+      for (int c = 0; c < k; ++c) sum += in.a.at(r, c);
+      for (int c = 0; c < 8; ++c) sums.values[static_cast<size_t>(r) * 8 + c] = sum;
+    }
+    EXPECT_TRUE(same_matrix(sums, run_case(Case::kSsN8, k, ones, 8)));
   }
 }
 

@@ -222,6 +222,29 @@ __global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
   store_accumulator(c, d);
 }
 
+// C = A B^T with B [8][K] (m64n8k16), both K-major (B: one 8-row swizzle
+// group per 64 columns; step s 32 bytes further into the rows): with B all
+// ones, the row sums of A, as pivot's rho in the key-outer kernels.
+template <int K>
+__global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
+    ss_n8_kernel(const uint16_t* a, const uint16_t* b, float* c) {
+  GAUGEWATCH_WGMMA_TEST_SMEM(raw);
+  uint16_t* sa = wg::align_1024(raw);  // [64][K]
+  uint16_t* sb = sa + kM * K;          // [8][K]
+  load_tile<kM, K>(sa, a);
+  load_tile<8, K>(sb, b);
+  publish_tiles();
+  float d[4] = {};
+  wg::fence();
+#pragma unroll
+  for (int s = 0; s < K / 16; ++s) {
+    wg::mma_ss<false, false>(d, wg::desc_k_major(sa + wg::tile_offset<64>(0, 16 * s)),
+                             wg::desc_k_major(sb + wg::tile_offset<8>(0, 16 * s)));
+  }
+  finish(d);
+  store_accumulator(c, d);
+}
+
 // Bytes of dynamic shared memory of `tiles` [64][64] sub-tiles.
 constexpr size_t smem_bytes(int tiles) { return static_cast<size_t>(tiles) * kSubTileBytes + kAlignSlack; }
 
@@ -248,6 +271,9 @@ cudaError_t run_case(Case which, int size, const Operands& o) {
     case Case::kSsKMajorAMnMajorB:
       return wide ? Launcher::run(ss_k_major_a_mn_major_b_kernel<128>, smem_bytes(3 * tiles), o.a, o.b, o.c)
                   : Launcher::run(ss_k_major_a_mn_major_b_kernel<64>, smem_bytes(3 * tiles), o.a, o.b, o.c);
+    case Case::kSsN8:  // A's sub-tiles and B's [8][size] (at most one more sub-tile's bytes)
+      return wide ? Launcher::run(ss_n8_kernel<128>, smem_bytes(tiles + 1), o.a, o.b, o.c)
+                  : Launcher::run(ss_n8_kernel<64>, smem_bytes(tiles + 1), o.a, o.b, o.c);
   }
   return cudaErrorInvalidValue;
 }

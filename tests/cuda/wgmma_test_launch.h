@@ -20,6 +20,8 @@ enum class Case {
   kSsKMajorAMnMajorB,  // C[64][64] = A[64][size] B[size][128][:, 64..127]: ss, A
                        // K-major, B MN-major from its second 64-column block
                        // (the key-outer kernel's dQ = t K at D = 128)
+  kSsN8,  // C[64][8] = A[64][size] B[8][size]^T: m64n8k16, ss, both K-major
+          // (pivot's row sums of t against a tile of ones in the key-outer kernels)
 };
 
 struct Operands {

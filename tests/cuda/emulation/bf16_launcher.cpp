@@ -8,6 +8,7 @@
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bf16_delta_kernel.cuh"
 #include "kernels/cuda/bf16_gproj_keys_kernel.cuh"
+#include "kernels/cuda/bf16_keyouter_finish_kernels.cuh"
 #include "kernels/cuda/bf16_keyouter_kernel.cuh"
 #include "kernels/cuda/bf16_keyouter_ws_kernel.cuh"
 
@@ -39,15 +40,13 @@ cudaError_t launch_mma_sync(const Args& a) {
 
 template <int D, Projection P>
 cudaError_t launch_hopper(const Args& a) {
-  const dim3 dq_grid(static_cast<unsigned>((a.n + hopper::kDqRows - 1) / hopper::kDqRows),
-                     static_cast<unsigned>(a.batch * a.hq));
-  if (dq_grid.x > 0 && dq_grid.y > 0) {
+  const dim3 dq_grid = hopper::query_tile_grid(a);
+  if (dq_grid.x > 0) {
     gaugewatch_emulation::run_grid(dq_grid, hopper::kThreads, hopper::DqLayout<D>::kBytes,
                                    [&a] { hopper::dq_kernel<D, P>(a); });
   }
-  const dim3 kv_grid(static_cast<unsigned>((a.m + hopper::kKvKeys - 1) / hopper::kKvKeys),
-                     static_cast<unsigned>(a.batch * a.hkv));
-  if (kv_grid.x > 0 && kv_grid.y > 0) {
+  const dim3 kv_grid = hopper::key_block_grid(a);
+  if (kv_grid.x > 0) {
     gaugewatch_emulation::run_grid(kv_grid, hopper::kThreads, hopper::KvLayout<D, P>::kBytes,
                                    [&a] { hopper::dkdv_kernel<D, P>(a); });
   }
@@ -64,8 +63,7 @@ cudaError_t launch(const Args& a, Bf16KernelPair pair, cudaStream_t /*stream*/) 
 // the key-outer kernel (launch_keyouter_finish) ...
 template <int D, Projection P>
 void launch_keyouter_finish(const Args& a) {
-  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
-                     static_cast<unsigned>(a.batch * a.hkv));
+  const dim3 kv_grid = hopper::key_block_grid(a);
   const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
                       static_cast<unsigned>(a.batch * a.hq));
   if (row_grid.x > 0 && row_grid.y > 0) {
@@ -73,16 +71,16 @@ void launch_keyouter_finish(const Args& a) {
                                    [&a] { keyouter::finish_rows_kernel<D, P>(a); });
   }
   if constexpr (P == Projection::kPivot) {
-    const int64_t pairs = static_cast<int64_t>(a.m) * D / 2;  // per (batch, kv head)
-    const dim3 keys_grid(static_cast<unsigned>((pairs + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads),
-                         kv_grid.y);
+    const int64_t chunks = static_cast<int64_t>(a.m) * D / keyouter::kConvertColumns;  // per (batch, kv head)
+    const dim3 keys_grid(static_cast<unsigned>((chunks + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads),
+                         static_cast<unsigned>(a.batch * a.hkv));
     if (keys_grid.x > 0 && keys_grid.y > 0) {
       gaugewatch_emulation::run_grid(keys_grid, keyouter::kConvertThreads, 0,
                                      [&a] { keyouter::finish_keys_kernel<D>(a); });
     }
   }
   if constexpr (P == Projection::kGproj) {
-    if (kv_grid.x > 0 && kv_grid.y > 0) {
+    if (kv_grid.x > 0) {
       gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, gproj_keys::Layout<D>::kBytes,
                                      [&a] { gproj_keys::gproj_keys_kernel<D>(a); });
     }
@@ -92,9 +90,8 @@ void launch_keyouter_finish(const Args& a) {
 // ... keyouter_kernel ...
 template <int D, Projection P>
 cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/) {
-  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
-                     static_cast<unsigned>(a.batch * a.hkv));
-  if (kv_grid.x > 0 && kv_grid.y > 0) {
+  const dim3 kv_grid = hopper::key_block_grid(a);
+  if (kv_grid.x > 0) {
     gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, keyouter::Layout<D, P>::kBytes,
                                    [&a] { keyouter::keyouter_kernel<D, P>(a); });
   }
@@ -109,9 +106,8 @@ template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
   keyouter_ws::Maps maps{};
   if (!keyouter_ws::encode_maps<D>(a, &maps)) return launch_keyouter<D, P>(a, stream);
-  const dim3 kv_grid(static_cast<unsigned>((a.m + keyouter::kKvKeys - 1) / keyouter::kKvKeys),
-                     static_cast<unsigned>(a.batch * a.hkv));
-  if (kv_grid.x > 0 && kv_grid.y > 0) {
+  const dim3 kv_grid = hopper::key_block_grid(a);
+  if (kv_grid.x > 0) {
     gaugewatch_emulation::run_grid(kv_grid, keyouter_ws::kThreads, keyouter_ws::Layout<D, P>::kBytes,
                                    [&a, &maps] { keyouter_ws::keyouter_ws_kernel<D, P>(maps, a); });
   }

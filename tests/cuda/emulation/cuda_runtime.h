@@ -43,6 +43,9 @@ struct float2 {
   float x, y;
 };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
 };
