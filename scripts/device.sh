@@ -30,7 +30,8 @@
 # file), GW_SKIP_CTEST=1, GW_CTEST_R (a ctest -R regex), GW_BUILD_TARGETS
 # (space-separated CMake targets instead of all), GW_SANITIZE=0, GW_SANITIZE_VARIANTS
 # (a subset of "default gproj_key_outer key_outer"), GW_BENCH_ARGS (arguments for
-# every bench/*.py script run; with GW_ONLY_BENCH naming one) (docs/device.md).
+# every bench/*.py script run), GW_BENCH_ARGS_<script> (for one script, its
+# basename without .py: GW_BENCH_ARGS_bench_bf16_backward) (docs/device.md).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -330,7 +331,9 @@ if [[ $CONFIGURED -eq 0 && -n "${GW_SKIP_CTEST:-}" ]]; then
   record ctest skipped 0 0 "GW_SKIP_CTEST set"
 elif [[ $CONFIGURED -eq 0 ]]; then
   : >"$OUT/ctest.log"
-  run_step ctest "$OUT/ctest.log" 120 ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$CTEST_JOBS" --timeout 300 \
+  # 120 s for the later steps where the budget allows; a short budget gives
+  # ctest at least 30 s (a focused GW_CTEST_R='^gpu\.' run takes ~20 s).
+  run_step ctest "$OUT/ctest.log" "$(reserve_for 120 30)" ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$CTEST_JOBS" --timeout 300 \
     ${GW_CTEST_R:+-R "$GW_CTEST_R"}
   record ctest "$(status_of $STEP_RC)" "$STEP_RC" "$STEP_S" "$(grep -E 'tests passed' "$OUT/ctest.log" | tail -1)"
 else
@@ -427,8 +430,11 @@ else
   for b in "${benches[@]}"; do
     name="$(basename "$b")"
     if [[ "$b" == *.py ]]; then
+      # GW_BENCH_ARGS_<script name without .py>, else GW_BENCH_ARGS.
+      per_script="GW_BENCH_ARGS_${name%.py}"
+      args="${!per_script-${GW_BENCH_ARGS:-}}"
       # shellcheck disable=SC2086
-      run_step "bench $name" "$OUT/bench.log" 5 "$PY" "$b" ${GW_BENCH_ARGS:-}
+      run_step "bench $name" "$OUT/bench.log" 5 "$PY" "$b" $args
     else
       run_step "bench $name" "$OUT/bench.log" 5 "$b" --benchmark_out="$BENCH_JSON_DIR/$name.json" --benchmark_out_format=json
     fi
