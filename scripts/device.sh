@@ -16,7 +16,8 @@
 #   pytest     python3 -m pytest, one process per tests/python file (GPU tests included)
 #   sanitizer  compute-sanitizer memcheck/racecheck/synccheck on tests/cuda/sanitize_kernels.py,
 #              then again with GAUGEWATCH_GPROJ_KERNEL=key_outer (the opt-in key-outer gproj)
-#              and with GAUGEWATCH_BF16_KERNEL=key_outer (the key-outer kernel without warp specialization)
+#              and with that and GAUGEWATCH_BF16_KERNEL=key_outer (the key-outer kernel without
+#              warp specialization, every backend)
 #   bench      every build/bin bench_* / *_bench binary and bench/**/*.py script
 # Output (flat, under $OUT): device.log env.log build.log ctest.log pytest.log
 # sanitizer.log bench.log bench.json results.json. A short table is printed last.
@@ -371,10 +372,11 @@ fi
 # memcheck, racecheck and synccheck over small calls of every CUDA backend
 # (tests/cuda/sanitize_kernels.py), restricted to gaugewatch's kernels; then
 # the same script with GAUGEWATCH_GPROJ_KERNEL=key_outer, which runs only the
-# opt-in key-outer gproj, and with GAUGEWATCH_BF16_KERNEL=key_outer, which
-# runs only bf16 and pivot on the key-outer kernel without warp
-# specialization (the default is the warp-specialized one; the library reads
-# the variables once, when it loads).
+# opt-in key-outer gproj (first pass: the warp-specialized kernel at D = 64),
+# and with that and GAUGEWATCH_BF16_KERNEL=key_outer, which runs bf16, pivot
+# and the key-outer gproj on the key-outer kernel without warp specialization
+# (the default is the warp-specialized one; the library reads the variables
+# once, when it loads).
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_ops.so" ]]; then
   : >"$OUT/sanitizer.log"
@@ -383,7 +385,7 @@ if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_
     case $variant in
       default) variant_env=(GAUGEWATCH_GPROJ_KERNEL=pair GAUGEWATCH_BF16_KERNEL=) ;;
       gproj_key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL=) ;;
-      key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=pair GAUGEWATCH_BF16_KERNEL=key_outer) ;;
+      key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL=key_outer) ;;
     esac
     for tool in memcheck racecheck synccheck; do
       run_step "sanitizer $tool ($variant)" "$OUT/sanitizer.log" 30 env "${variant_env[@]}" \

@@ -17,19 +17,23 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   pair, side by side with the key-outer kernel
   gw_center_keys  center_keys alone (the centring's share of gw_center)
   gw_gproj_key_outer  gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer: the opt-in
-                  key-outer kernel with its second pass over the keys (not yet
-                  gproj's default: this bench measures it against the pair and
-                  cuDNN; a child process, since the ops library reads the
-                  variable once, when it loads; n/a with the child's error in
+                  key-outer path (first pass: the warp-specialized kernel at
+                  d = 64, the key-outer kernel at d = 128) with its second
+                  pass over the keys (not yet gproj's default: this bench
+                  measures it against the pair and cuDNN; a child process,
+                  since the ops library reads the variable once, when it
+                  loads; n/a with the child's error in
                   gw_gproj_key_outer_error if the child fails)
   gw_<backend>_mma_sync  the same with GAUGEWATCH_BF16_KERNEL=mma_sync: the
                   mma.sync kernel pair that the Hopper (wgmma) pair replaced,
                   for bf16, gproj and pivot (a child process, likewise)
-  gw_bf16_no_ws, gw_pivot_no_ws  bf16 and pivot with
-                  GAUGEWATCH_BF16_KERNEL=key_outer: the key-outer kernel
+  gw_bf16_no_ws, gw_pivot_no_ws, gw_gproj_no_ws  bf16, pivot and the
+                  key-outer gproj with GAUGEWATCH_BF16_KERNEL=key_outer (and
+                  GAUGEWATCH_GPROJ_KERNEL=key_outer): the key-outer kernel
                   without warp specialization (cp.async loads by every
                   thread; a child process, likewise), the baseline of the
-                  default warp-specialized one (<backend>_ws_over_no_ws)
+                  warp-specialized one (<backend>_ws_over_no_ws; gproj's
+                  against gw_gproj_key_outer, equal paths at d = 128)
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
@@ -73,8 +77,8 @@ PAIR = ("bf16", "gproj", "pivot")
 # Also timed with GAUGEWATCH_BF16_KERNEL=mma_sync (gw_<backend>_mma_sync).
 MMA_SYNC = ("bf16", "gproj", "pivot")
 # Also timed with GAUGEWATCH_BF16_KERNEL=key_outer (gw_<backend>_no_ws): the key-outer kernel
-# without warp specialization.
-NO_WS = ("bf16", "pivot")
+# without warp specialization (gproj: its key-outer path, GAUGEWATCH_GPROJ_KERNEL=key_outer).
+NO_WS = ("bf16", "pivot", "gproj")
 # Variants timed in a child process with the environment the ops library
 # reads when it loads: name -> (environment, backends, key suffix). The child
 # writes gw_<backend><suffix>_ms and kernels_us<suffix> (its backends'
@@ -82,7 +86,7 @@ NO_WS = ("bf16", "pivot")
 VARIANTS = {
     "mma_sync": ({"GAUGEWATCH_BF16_KERNEL": "mma_sync"}, MMA_SYNC, "_mma_sync"),
     "gproj_key_outer": ({"GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, ("gproj",), "_key_outer"),
-    "no_ws": ({"GAUGEWATCH_BF16_KERNEL": "key_outer"}, NO_WS, "_no_ws"),
+    "no_ws": ({"GAUGEWATCH_BF16_KERNEL": "key_outer", "GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, NO_WS, "_no_ws"),
 }
 
 
@@ -253,9 +257,10 @@ def main():
         row["gproj_key_outer_over_pair"] = None if ms is None else ms / pair
         for backend in NO_WS:
             ms = row.get(f"gw_{backend}_no_ws_ms")
+            ws = row.get("gw_gproj_key_outer_ms") if backend == "gproj" else row[f"gw_{backend}_ms"]
             row[f"gw_{backend}_no_ws_ms"] = ms
             row[f"gw_{backend}_no_ws_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
-            row[f"{backend}_ws_over_no_ws"] = None if ms is None else row[f"gw_{backend}_ms"] / ms
+            row[f"{backend}_ws_over_no_ws"] = None if ms is None or ws is None else ws / ms
 
     def fmt(row, key):
         ms = row.get(key + "_ms")
@@ -289,16 +294,20 @@ def main():
                      f"{ratio(row.get('gw_gproj_pair_vs_cudnn'))} | {ratio(row['gw_gproj_key_outer_vs_cudnn'])} | "
                      f"{ratio(row['bf16_key_outer_over_pair'])} | {ratio(row['pivot_key_outer_over_pair'])} | "
                      f"{ratio(row['gproj_key_outer_over_pair'])} |")
-    if any(row.get("gw_bf16_no_ws_ms") is not None or row.get("gw_pivot_no_ws_ms") is not None for row in cases):
-        lines += ["", "Warp-specialized key-outer kernel (the default) against the key-outer kernel without warp "
-                  "specialization (GAUGEWATCH_BF16_KERNEL=key_outer) and cuDNN: ms (effective TFLOP/s)", "",
-                  "| shape | sdpa_cudnn | gw_bf16 ws | gw_bf16 no-ws | gw_pivot ws | gw_pivot no-ws | "
-                  "bf16 ws/cuDNN | pivot ws/cuDNN | bf16 ws/no-ws | pivot ws/no-ws |", "|---" * 10 + "|"]
+    if any(row.get(f"gw_{b}_no_ws_ms") is not None for row in cases for b in NO_WS):
+        lines += ["", "Warp-specialized key-outer kernel (the default; gproj: its key-outer path, "
+                  "GAUGEWATCH_GPROJ_KERNEL=key_outer, warp-specialized at d = 64) against the key-outer kernel "
+                  "without warp specialization (GAUGEWATCH_BF16_KERNEL=key_outer) and cuDNN: ms (effective TFLOP/s)",
+                  "", "| shape | sdpa_cudnn | gw_bf16 ws | gw_bf16 no-ws | gw_pivot ws | gw_pivot no-ws | "
+                  "gw_gproj key-outer | gw_gproj no-ws | bf16 ws/cuDNN | pivot ws/cuDNN | bf16 ws/no-ws | "
+                  "pivot ws/no-ws | gproj key-outer/no-ws |", "|---" * 13 + "|"]
         for row in cases:
             lines.append(f"| {row['shape']} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, 'gw_bf16')} | "
                          f"{fmt(row, 'gw_bf16_no_ws')} | {fmt(row, 'gw_pivot')} | {fmt(row, 'gw_pivot_no_ws')} | "
+                         f"{fmt(row, 'gw_gproj_key_outer')} | {fmt(row, 'gw_gproj_no_ws')} | "
                          f"{ratio(row.get('gw_bf16_vs_cudnn'))} | {ratio(row.get('gw_pivot_vs_cudnn'))} | "
-                         f"{ratio(row['bf16_ws_over_no_ws'])} | {ratio(row['pivot_ws_over_no_ws'])} |")
+                         f"{ratio(row['bf16_ws_over_no_ws'])} | {ratio(row['pivot_ws_over_no_ws'])} | "
+                         f"{ratio(row['gproj_ws_over_no_ws'])} |")
     if any("gw_bf16_mma_sync_ms" in row for row in cases):
         lines += ["", "Hopper (wgmma) pair against the mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync): "
                   "ms Hopper / mma.sync", "", "| shape | " + " | ".join(MMA_SYNC) + " |",

@@ -28,12 +28,14 @@ cudaError_t launch_keyouter(const Args& args, cudaStream_t stream);
 
 // The warp-specialized key-outer kernel and the same epilogue
 // (bf16_keyouter_ws_launch.cuh; keyouter_kernel where its TMA maps cannot be
-// encoded). bf16 and pivot only.
+// encoded, and for gproj at head dim 128).
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& args, cudaStream_t stream);
 
-// Whether encode_maps (bf16_keyouter_ws_kernel.cuh) accepts the operands.
-bool keyouter_ws_maps_encodable(const Args& args, int head_dim);
+// Whether launch_keyouter_ws runs the warp-specialized kernel: it takes the
+// projection at this head dim (keyouter_ws::kRuns) and encode_maps
+// (bf16_keyouter_ws_kernel.cuh) accepts the operands.
+bool keyouter_ws_runs(const Args& args, Projection projection, int head_dim);
 
 }  // namespace bf16
 
@@ -215,9 +217,9 @@ bf16::Args operand_args(const Bf16BackwardParams& p) {
 }  // namespace
 
 bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) {
-  if (!p.keyouter_warp_specialized || p.projection == Projection::kGproj || !bf16_uses_key_outer(p)) return false;
+  if (!p.keyouter_warp_specialized || !bf16_uses_key_outer(p)) return false;
   if (!validate(p).ok()) return false;
-  return bf16::keyouter_ws_maps_encodable(operand_args(p), static_cast<int>(p.shape.head_dim));
+  return bf16::keyouter_ws_runs(operand_args(p), p.projection, static_cast<int>(p.shape.head_dim));
 }
 
 namespace {
@@ -267,9 +269,12 @@ cudaError_t zero_key_outer_accumulators(const Bf16BackwardParams& p, char* ws, c
 template <int D>
 cudaError_t launch_key_outer(const bf16::Args& a, Projection projection, bool warp_specialized,
                              cudaStream_t stream) {
-  if (warp_specialized && projection != Projection::kGproj) {
-    return projection == Projection::kPivot ? bf16::launch_keyouter_ws<D, Projection::kPivot>(a, stream)
-                                            : bf16::launch_keyouter_ws<D, Projection::kNone>(a, stream);
+  if (warp_specialized) {
+    switch (projection) {
+      case Projection::kPivot: return bf16::launch_keyouter_ws<D, Projection::kPivot>(a, stream);
+      case Projection::kGproj: return bf16::launch_keyouter_ws<D, Projection::kGproj>(a, stream);
+      default: return bf16::launch_keyouter_ws<D, Projection::kNone>(a, stream);
+    }
   }
   switch (projection) {
     case Projection::kPivot: return bf16::launch_keyouter<D, Projection::kPivot>(a, stream);

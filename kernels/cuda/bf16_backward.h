@@ -44,7 +44,7 @@
 //   bf16 and pivot run it by default on a warp-specialized block
 //   (keyouter_warp_specialized; bf16_keyouter_ws_kernel.cuh: a TMA producer
 //   warpgroup feeding two compute warpgroups through mbarriers; the same
-//   per-tile work).
+//   per-tile work), and so does gproj's pass 1 at d = 64.
 //   Not bitwise repeatable: the FP32 sums of dQ, U, rho, m and pivot's dK
 //   fix-up take the order the atomics land in (the header states the
 //   rounding); every other value is computed as in the pair.
@@ -155,12 +155,13 @@ struct Bf16BackwardParams {
   // 1.26-1.38x the pair's time (kernels/cuda/README.md), so the pair is
   // gproj's default. Ignored by bf16 and pivot.
   bool gproj_key_outer = false;
-  // bf16 and pivot on the key-outer path: true runs the warp-specialized
-  // key-outer kernel (bf16_keyouter_ws_kernel.cuh: a TMA producer warpgroup
-  // and two compute warpgroups; the same per-tile products, bit for bit) where
-  // its TMA maps can be encoded (bf16_uses_key_outer_ws), keyouter_kernel
-  // otherwise; false: keyouter_kernel (12-19% slower on the H200,
-  // kernels/cuda/README.md). Ignored by gproj and the pair.
+  // bf16 and pivot on the key-outer path, and gproj's first pass there at
+  // d = 64: true runs the warp-specialized key-outer kernel
+  // (bf16_keyouter_ws_kernel.cuh: a TMA producer warpgroup and two compute
+  // warpgroups; the same per-tile products, bit for bit) where its TMA maps
+  // can be encoded (bf16_uses_key_outer_ws), keyouter_kernel otherwise;
+  // false: keyouter_kernel (12-19% slower on the H200 for bf16 and pivot,
+  // kernels/cuda/README.md). Ignored by the pair and by gproj at d = 128.
   bool keyouter_warp_specialized = true;
 
   Bf16RowDiagnostics diagnostics;
@@ -177,8 +178,9 @@ Status validate(const Bf16BackwardParams& params);
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
 // Whether `params` run the warp-specialized key-outer kernel: the key-outer
-// path, bf16 or pivot, keyouter_warp_specialized set, and TMA maps of Q, dO,
-// K and V that the driver accepts (host call: encodes them, launches nothing).
+// path, bf16 or pivot (gproj: at d = 64), keyouter_warp_specialized set, and
+// TMA maps of Q, dO, K and V that the driver accepts (host call: encodes
+// them, launches nothing).
 bool bf16_uses_key_outer_ws(const Bf16BackwardParams& params);
 
 // Device scratch (delta, lambda or rho/j* per row, and for gproj

@@ -44,7 +44,9 @@
 //   dQ's MMAs) and its max P with the key index, both by atomics (FP32 add;
 //   64-bit max of pivot_code()).
 //   gproj (D = 64): per row, this block's partial sums of the BF16-rounded
-//   t (rho) and r (m), by FP32 atomics; after the block barrier warpgroup 0
+//   t (rho) and r (m), per warpgroup on the tensor cores as pivot's rho (t
+//   and r against the tile of ones, 4 m64n8k16 steps each), by FP32 atomics;
+//   after the block barrier warpgroup 0
 //   computes dQ_tile = t K and warpgroup 1 U_tile = r K, each over all 128
 //   keys (ss, m64n64, 8 steps; the same work per warpgroup as bf16's two
 //   key halves), into two FP32 staging tiles [64][72] that threads 0..63
@@ -53,7 +55,9 @@
 //   a second 34 KB staging tile): each warpgroup also computes U columns
 //   64 wg.. over all 128 keys (8 more steps) into registers and adds them to
 //   Uacc by float4 atomics (lane pairs exchange halves: one atomic per four
-//   elements); dK is left in FP32 (dKacc).
+//   elements), and its rho and m are FP32 sums in the element loop (no
+//   registers to spare for 8 more accumulators beside U's); dK is left in
+//   FP32 (dKacc).
 // Then finish_rows_kernel (per 64 query rows): dQ = bf16(alpha (dQacc -
 // rho_i k_{j*(i)})) (pivot), bf16(alpha (dQacc - lambda_i Uacc)) with
 // lambda_i = rho_i / m_i (gproj, which also writes bf16(-lambda_i q_i), the
@@ -67,9 +71,10 @@
 // Rounding (why this path is not bitwise repeatable): dQacc_i is the FP32 sum
 // of the blocks' FP32 tile partials in the order the atomics land; rho_i the
 // FP32 sum of the per-(block, warpgroup) partial row sums, in landing order
-// (pivot: each partial the tensor cores' FP32 sum of the warpgroup's 64
-// rounded t_ij, an m64n8k16 product against ones; gproj: a per-thread FP32
-// sum over 16 keys, then across the quad);
+// (pivot, and gproj at D = 64 for rho and m: each partial the tensor cores'
+// FP32 sum of the warpgroup's 64 rounded t_ij (r_ij), an m64n8k16 product
+// against ones; gproj at D = 128: a per-thread FP32 sum over 16 keys, then
+// across the quad);
 // dKacc_j (pivot) the kernel's FP32 accumulator minus, in landing order, one
 // FP32 sum per segment of kFixupRows sorted rows of a query tile of the
 // rho_i q_i of its rows with j*(i) = j; gproj:
@@ -119,11 +124,20 @@ using hopper::kThreads;
 // Row strides of 8 floats past a multiple of 32 banks: the 8 rows of a warp's
 // float2 stores hit distinct banks; 16-byte aligned rows for the bulk copy.
 // gproj (D = 64 only): one set of two staging tiles [64 rows][72], dQ (of
-// warpgroup 0) then U (of warpgroup 1). Pivot: then 1 KiB of BF16 ones, the
-// B operand (8 columns x 64 keys, K-major) of the row sums of t on the
-// tensor cores (KeyTile::kRhoByMma).
+// warpgroup 0) then U (of warpgroup 1). Pivot and gproj at D = 64: then 1 KiB
+// of BF16 ones, the B operand (8 columns x 64 keys, K-major) of the row sums
+// of t (and r) on the tensor cores (kRowSumsByMma).
 template <int D>
 inline constexpr int kDqStride = D + 8;
+// Whether a warpgroup's row sums of its rounded t tile (pivot's rho; gproj's
+// rho and, of r, m) come from the tensor cores (m64n8k16 against a tile of
+// ones, 4 steps each beside dQ's MMAs) rather than from FP32 instructions in
+// the element loop (round, widen, add: three per element and sum), which
+// bound the kernel at D = 64. gproj at D = 128 keeps the element loop's sums:
+// its U accumulator is live through the MMA batch, and 8 more accumulator
+// registers there would take ptxas past 255.
+template <int D, Projection P>
+inline constexpr bool kRowSumsByMma = P == Projection::kPivot || (P == Projection::kGproj && D == 64);
 template <int D, Projection P = Projection::kNone>
 struct Layout : hopper::KvLayout<D, Projection::kNone> {
   using Base = hopper::KvLayout<D, Projection::kNone>;
@@ -131,7 +145,7 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
   static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
   static constexpr int kTiles = P == Projection::kGproj && D == 64 ? 2 : (D == 64 ? 4 : 1);
   static constexpr size_t kOnes = kDqPartial + kTiles * kDqTileBytes;  // bytes
-  static constexpr size_t kOnesBytes = P == Projection::kPivot ? 1024 : 0;
+  static constexpr size_t kOnesBytes = kRowSumsByMma<D, P> ? 1024 : 0;
   static constexpr size_t kBytes = Base::kBytes + kTiles * kDqTileBytes + kOnesBytes;
   // Bytes from the aligned base to the end of the dQ tiles (and the ones):
   // where the warp-specialized kernel's second set of t tiles starts (D =
@@ -244,11 +258,10 @@ struct KeyTile {
   static constexpr bool kStaged = D == 128 || kGproj;
   static_assert(!kWriter || (D == 128 && !kGproj), "the writer warp: bf16 and pivot at D = 128");
   static constexpr int kTSets = kWriter ? 2 : 1;  // sets of t tiles
-  // Pivot: each warpgroup's row sums of its t tile come from the tensor
-  // cores (m64n8k16 against Layout::kOnes, 4 steps beside dQ's MMAs), not
-  // from three FP32 instructions per element (round, widen, add) in the
-  // element loop, which bounds the kernel at D = 64.
-  static constexpr bool kRhoByMma = P == Projection::kPivot;
+  // Pivot (rho) and gproj at D = 64 (rho and m): each warpgroup's row sums
+  // of its t (r) tile from the tensor cores (kRowSumsByMma).
+  static constexpr bool kRhoByMma = kRowSumsByMma<D, P>;
+  static constexpr bool kMassByMma = kRhoByMma && kGproj;
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
   static constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
@@ -278,7 +291,7 @@ struct KeyTile {
   __device__ __forceinline__ bool issues_rows() const {
     return kStaged && !kWriter && tid() < (kStagedU ? 2 : 1) * kKvRows;
   }
-  // Pivot: the ones tile (kRhoByMma), one word per compute thread, fenced for
+  // Pivot and gproj at D = 64: the ones tile (kRhoByMma), one word per compute thread, fenced for
   // the tensor cores; the caller's next barrier of the 256 publishes it.
   __device__ __forceinline__ void fill_ones() const {
     if constexpr (kRhoByMma) {
@@ -403,7 +416,7 @@ struct KeyTile {
     // values the MMAs consume. Pivot's statistics: this thread's two rows
     // over its 16 keys of the tile.
     RowStats stats;
-    if constexpr (kGproj) {
+    if constexpr (kGproj && !kMassByMma) {
       hopper::scores_to_tr<false>(
           a, s, dp, in, j0 + 64 * wg, [&](int hh, int j, bool visible, float p, float t, float r, float, int) {
             stats.add<false, false>(hh, j, visible, p, mma::round_bf16(t), mma::round_bf16(r), 0.0f);
@@ -437,7 +450,7 @@ struct KeyTile {
         *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
       }
     }
-    if constexpr (kGproj) {
+    if constexpr (kGproj && !kMassByMma) {
       // This block's partial rho and m of each row (zeros are not added).
       stats.reduce_quad();
 #pragma unroll
@@ -480,9 +493,11 @@ struct KeyTile {
     // register write between wgmmas makes ptxas inject a warpgroup.arrive).
     [[maybe_unused]] float u[kGproj && D == 128 ? 32 : 1];
     if constexpr (kGproj && D == 128) hopper::zero(u);
-    // Pivot: rho = t 1 over this warpgroup's 64 keys (columns all equal;
-    // the first step's scale-d 0 needs no zeroing between the fences).
+    // Pivot and gproj at D = 64: rho = t 1 over this warpgroup's 64 keys
+    // (columns all equal; the first step's scale-d 0 needs no zeroing
+    // between the fences); gproj: m = r 1 likewise.
     [[maybe_unused]] float rho[4];
+    [[maybe_unused]] float mass[kMassByMma ? 4 : 1];
     wgmma::fence();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -527,6 +542,17 @@ struct KeyTile {
           wgmma::mma_ss<false, false>(rho, tk, ones);
         }
       }
+      if constexpr (kMassByMma) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint64_t rk = wgmma::desc_k_major(r_tile + wgmma::chunk_offset<kKvRows>(0, 2 * k));
+          if (k == 0) {
+            wgmma::mma_ss_first<false, false>(mass, rk, ones);
+          } else {
+            wgmma::mma_ss<false, false>(mass, rk, ones);
+          }
+        }
+      }
     }
     wgmma::commit();
 
@@ -535,7 +561,19 @@ struct KeyTile {
     wgmma::fence_operand(dv);
     wgmma::fence_operand(dq);
     released();
-    if constexpr (kRhoByMma) {
+    if constexpr (kMassByMma) {
+      // This warpgroup's partial rho and m of rows g and g + 8: every column
+      // holds the row sum, so lane c = 0 adds rho and lane c = 1 m, one
+      // atomic instruction per row (a fully masked row adds nothing).
+      wgmma::fence_operand(rho);
+      wgmma::fence_operand(mass);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = i0 + row0 + g + 8 * hh;
+        const float x = c == 0 ? rho[2 * hh] : mass[2 * hh];
+        if (c < 2 && row < a.n && x != 0.0f) atomicAdd((c == 0 ? a.row_factor : a.mass_accum) + row_base + row, x);
+      }
+    } else if constexpr (kRhoByMma) {
       // This warpgroup's partial rho of rows g and g + 8 (a fully masked row
       // has t = 0 and adds nothing).
       wgmma::fence_operand(rho);

@@ -13,8 +13,7 @@ template cudaError_t launch_keyouter_ws<64, Projection::kNone>(const Args&, cuda
 template cudaError_t launch_keyouter_ws<64, Projection::kPivot>(const Args&, cudaStream_t);
 
 // For bf16_uses_key_outer_ws (bf16_backward.cu), both head dims (host code).
-bool keyouter_ws_maps_encodable(const Args& a, int head_dim) {
-  keyouter_ws::Maps maps{};
-  return head_dim == 64 ? keyouter_ws::encode_maps<64>(a, &maps) : keyouter_ws::encode_maps<128>(a, &maps);
+bool keyouter_ws_runs(const Args& a, Projection projection, int head_dim) {
+  return keyouter_ws::runs(a, projection, head_dim);
 }
 }  // namespace gaugewatch::gpu::bf16

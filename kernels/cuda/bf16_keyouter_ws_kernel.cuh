@@ -1,6 +1,7 @@
 #pragma once
 // Warp-specialized key-outer kernel of the fused BF16 backward, backends bf16
-// and pivot (issue 13: FlashAttention-3's structure): the same per-tile work
+// and pivot, and gproj's first pass at D = 64 where gproj's key-outer path is
+// opted into (issue 13: FlashAttention-3's structure): the same per-tile work
 // as keyouter_kernel (bf16_keyouter_kernel.cuh, KeyTile: the same
 // instructions on the same operands, so S, dP, t, r, dV, dK and every dQ tile
 // are bit for bit those of keyouter_kernel), but the compute warpgroups never
@@ -32,7 +33,9 @@
 //     only its own warps, the writer (for the staging tile) and the pingpong.
 //     D = 64: as keyouter_kernel, a barrier of the compute threads where it
 //     has its block barrier, then the compute threads add the previous
-//     iteration's dQ partials (KeyTile::add_dq_tile).
+//     iteration's dQ partials (KeyTile::add_dq_tile; gproj: its dQ and U
+//     staging tiles, by bulk reductions, and a second compute barrier
+//     before dQ and U, which read both warpgroups' t and r).
 // Stage s of iteration it: s = it % 2, ring round it / 2, consumers wait
 // full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
@@ -49,11 +52,15 @@
 // (a stride or base the copy engine refuses; bf16_backward.cu's validate()
 // already requires 16-byte strides) the launcher runs keyouter_kernel instead
 // (bf16_keyouter_ws_launch.cuh).
-// Not for gproj (its U product and second pass stay on keyouter_kernel).
+// gproj (D = 64): this kernel is its first pass; the finish kernels and the
+// second pass over the keys (bf16_gproj_keys_kernel.cuh) follow as after
+// keyouter_kernel (launch_keyouter_finish). At D = 128 gproj keeps
+// keyouter_kernel (kRuns).
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/bf16_keyouter_kernel.cuh"
 #include "kernels/cuda/mbarrier.cuh"
@@ -151,9 +158,35 @@ inline bool encode_maps(const Args& a, Maps* maps) {
   return true;
 }
 
+// Whether gproj's first pass runs here at head dim D: at D = 64 (KeyTile's
+// two staging tiles, dQ and U, added by the compute threads' bulk
+// reductions; 222 registers in keyouter_kernel, under kComputeRegs<64>); at
+// D = 128 keyouter_kernel's U accumulator in registers takes it to 255
+// registers, past kComputeRegs<128>, and a second FP32 staging tile does
+// not fit beside the writer's second set of t tiles.
+template <int D, Projection P>
+inline constexpr bool kRuns = P != Projection::kGproj || D == 64;
+
+// Whether launch_keyouter_ws runs this kernel for `projection` at
+// `head_dim` (64 or 128) on the operands of `a`: kRuns, and the maps encode
+// (host code; bf16_uses_key_outer_ws).
+inline bool runs(const Args& a, Projection projection, int head_dim) {
+  auto takes = [projection](auto d) {
+    constexpr int kD = decltype(d)::value;
+    switch (projection) {
+      case Projection::kGproj: return kRuns<kD, Projection::kGproj>;
+      case Projection::kPivot: return kRuns<kD, Projection::kPivot>;
+      default: return kRuns<kD, Projection::kNone>;
+    }
+  };
+  Maps maps{};
+  if (head_dim == 64) return takes(std::integral_constant<int, 64>{}) && encode_maps<64>(a, &maps);
+  return takes(std::integral_constant<int, 128>{}) && encode_maps<128>(a, &maps);
+}
+
 template <int D, Projection P>
 __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_constant__ Maps maps, const Args a) {
-  static_assert(P != Projection::kGproj, "gproj runs keyouter_kernel");
+  static_assert(kRuns<D, P>, "gproj at D = 128 runs keyouter_kernel");
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = Layout<D, P>;

@@ -17,7 +17,8 @@ namespace {
 
 // GAUGEWATCH_BF16_KERNEL: "mma_sync" runs the mma.sync kernel pair
 // (Bf16KernelPair::kMmaSyncBaseline); "key_outer" runs bf16 and pivot's
-// key-outer path on the key-outer kernel without warp specialization (the
+// key-outer path (and the opt-in key-outer gproj's first pass) on the
+// key-outer kernel without warp specialization (the
 // measured baseline of the default, Bf16BackwardParams::
 // keyouter_warp_specialized = false); unset, empty or "ws" keeps the
 // defaults (the warp-specialized kernel). Any other value keeps them and says
@@ -48,7 +49,8 @@ Bf16KernelChoice bf16_kernel_from_environment() {
 const Bf16KernelChoice kBf16Kernel = bf16_kernel_from_environment();
 
 // GAUGEWATCH_GPROJ_KERNEL: "key_outer" opts gproj into the key-outer kernel
-// (Bf16BackwardParams::gproj_key_outer); unset, empty or "pair" keeps the
+// (Bf16BackwardParams::gproj_key_outer; at d = 64 warp-specialized as bf16's,
+// GAUGEWATCH_BF16_KERNEL above); unset, empty or "pair" keeps the
 // two-kernel pair. Any other value keeps the pair and says so once, on
 // stderr (this runs in a static initializer: it must not throw).
 bool gproj_key_outer_from_environment() {

@@ -388,26 +388,34 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
 }
 
 // The warp-specialized key-outer kernel (bf16_keyouter_ws_kernel.cuh; bf16 and
-// pivot's default, keyouter_warp_specialized) on the same shapes: the
-// launcher must choose it (its TMA maps encode for every case here), the
-// reference tolerances of the key-outer kernel, and against keyouter_kernel:
-// dV bit for bit (bf16: dK too), since every t, r and per-tile product is
-// computed by the same instructions on the same operands and dV (dK) sums the
-// tiles in the same order in registers; dQ (and pivot's dK, which takes the
-// rho_i fix-up) go through FP32 atomics whose landing order differs between
-// runs on a GPU, so only to 1e-2 relative (the BF16 rounding of a few
-// elements may move; the CPU emulation lands them in one order and matches).
+// pivot's default, keyouter_warp_specialized; gproj's first pass at d = 64
+// when gproj's key-outer path is opted into) on the same shapes: the
+// launcher must choose it (its TMA maps encode for every case here; gproj
+// at d = 128 keeps keyouter_kernel), the reference tolerances of the
+// key-outer kernel, and against keyouter_kernel: dV bit for bit (bf16: dK
+// too), since every t, r and per-tile product is computed by the same
+// instructions on the same operands and dV (dK) sums the tiles in the same
+// order in registers; dQ (and pivot's and gproj's dK, which take the fix-up
+// or the second pass through lambda) go through FP32 atomics whose landing
+// order differs between runs on a GPU, so only to 1e-2 relative (the BF16
+// rounding of a few elements may move; the CPU emulation lands them in one
+// order and matches).
 TEST_P(Bf16KeyOuterCase, WarpSpecializedMatchesKeyOuter) {
   SKIP_WITHOUT_GPU();
   const Bf16Case& c = GetParam();
   const ref::AttentionInputs in = make_inputs(c);
   const ref::SavedForward saved = ref::forward_fused_bf16(in);
   const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
-  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot}) {
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot, gpu::Projection::kGproj}) {
     SCOPED_TRACE(name_of(projection));
     const KernelRun got =
         run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter, /*warp_specialized=*/true);
     ASSERT_TRUE(got.status.ok()) << got.status.message;
+    ASSERT_TRUE(got.key_outer);
+    if (projection == gpu::Projection::kGproj && c.shape.head_dim != 64) {
+      EXPECT_FALSE(got.key_outer_ws) << "gproj at d = 128 runs keyouter_kernel";
+      continue;
+    }
     ASSERT_TRUE(got.key_outer_ws) << "the launcher did not choose the warp-specialized key-outer kernel";
     ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, projection, c, " key-outer ws"));
     const KernelRun base = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
@@ -720,6 +728,7 @@ double relative_to_exact(const std::vector<float>& x, const std::vector<double>&
 // while bf16's dQ carries rho_i mu (a BF16 rounding residual times |mu|).
 // So: key-outer gproj's dQ against FP64 at the BF16 level and far below
 // key-outer bf16's, as close to FP64 as the pair's gproj; dK and dV too.
+// Both first passes: keyouter_kernel and (d = 64) the warp-specialized kernel.
 TEST(Bf16Backward, GprojKeyOuterSinkLikeRowMass) {
   SKIP_WITHOUT_GPU();
   using CM = ref::CausalMode;
@@ -732,25 +741,33 @@ TEST(Bf16Backward, GprojKeyOuterSinkLikeRowMass) {
     const ref::AttentionInputs in = make_inputs(c);
     const ref::SavedForward saved = ref::forward_fused_bf16(in);
     const ref::ExactAttention exact = ref::attention_fp64(in);
-    const KernelRun gproj = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper,
-                                       Path::kKeyOuter);
     const KernelRun pair = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper, Path::kPair);
     const KernelRun plain = run_kernel(in, saved, gpu::Projection::kNone, gpu::Bf16KernelPair::kHopper,
                                        Path::kKeyOuter);
-    ASSERT_TRUE(gproj.status.ok() && pair.status.ok() && plain.status.ok());
-    ASSERT_TRUE(gproj.key_outer);
-    const double eq = relative_to_exact(gproj.grads.dq, exact.dq), ek = relative_to_exact(gproj.grads.dk, exact.dk),
-                 ev = relative_to_exact(gproj.grads.dv, exact.dv);
+    ASSERT_TRUE(pair.status.ok() && plain.status.ok());
     const double pair_eq = relative_to_exact(pair.grads.dq, exact.dq);
     const double plain_eq = relative_to_exact(plain.grads.dq, exact.dq);
-    std::printf("[ gproj_sink %s d%lld ] vs FP64: key-outer gproj dq %.2e dk %.2e dv %.2e; pair gproj dq %.2e; "
-                "key-outer bf16 dq %.2e\n",
-                std::string(ref::to_string(causal)).c_str(), static_cast<long long>(d), eq, ek, ev, pair_eq, plain_eq);
-    EXPECT_LE(eq, 1e-2);
-    EXPECT_LE(eq, 1.25 * pair_eq + 1e-3);
-    EXPECT_LE(eq, 0.1 * plain_eq) << "the key offset leaks into gproj's dQ";
-    EXPECT_LE(ek, 1e-2);
-    EXPECT_LE(ev, 1e-2);
+    for (const bool warp_specialized : {false, true}) {
+      if (warp_specialized && d != 64) continue;  // gproj at d = 128 keeps keyouter_kernel
+      const char* kernel = warp_specialized ? "warp-specialized" : "keyouter_kernel";
+      SCOPED_TRACE(kernel);
+      const KernelRun gproj = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper,
+                                         Path::kKeyOuter, warp_specialized);
+      ASSERT_TRUE(gproj.status.ok()) << gproj.status.message;
+      ASSERT_TRUE(gproj.key_outer);
+      ASSERT_EQ(gproj.key_outer_ws, warp_specialized);
+      const double eq = relative_to_exact(gproj.grads.dq, exact.dq),
+                   ek = relative_to_exact(gproj.grads.dk, exact.dk), ev = relative_to_exact(gproj.grads.dv, exact.dv);
+      std::printf("[ gproj_sink %s d%lld ] vs FP64: key-outer gproj (%s) dq %.2e dk %.2e dv %.2e; pair gproj dq "
+                  "%.2e; key-outer bf16 dq %.2e\n",
+                  std::string(ref::to_string(causal)).c_str(), static_cast<long long>(d), kernel, eq, ek, ev, pair_eq,
+                  plain_eq);
+      EXPECT_LE(eq, 1e-2);
+      EXPECT_LE(eq, 1.25 * pair_eq + 1e-3);
+      EXPECT_LE(eq, 0.1 * plain_eq) << "the key offset leaks into gproj's dQ";
+      EXPECT_LE(ek, 1e-2);
+      EXPECT_LE(ev, 1e-2);
+    }
   }
 }
 
