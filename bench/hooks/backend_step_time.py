@@ -10,7 +10,7 @@ layer's backward on one backend, and the monitor's overhead at its defaults:
                       of gproj and pivot)
   gproj_key_outer     gproj's key-outer path: its first pass (the
                       warp-specialized kernel at d = 64, the key-outer kernel
-                      at d = 128) and its second pass
+                      at d = 128) and its second pass (warp-specialized)
                       (GAUGEWATCH_GPROJ_KERNEL=key_outer)
   pivot_no_ws, bf16_no_ws  pivot, bf16 on the key-outer kernel without warp
                       specialization (GAUGEWATCH_BF16_KERNEL=key_outer; their

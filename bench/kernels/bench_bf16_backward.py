@@ -19,7 +19,7 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
   gw_gproj_key_outer  gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer: the opt-in
                   key-outer path (first pass: the warp-specialized kernel at
                   d = 64, the key-outer kernel at d = 128) with its second
-                  pass over the keys (not yet gproj's default: this bench
+                  pass over the keys (warp-specialized; not yet gproj's default: this bench
                   measures it against the pair and cuDNN; a child process,
                   since the ops library reads the variable once, when it
                   loads; n/a with the child's error in
@@ -33,7 +33,8 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   without warp specialization (cp.async loads by every
                   thread; a child process, likewise), the baseline of the
                   warp-specialized one (<backend>_ws_over_no_ws; gproj's
-                  against gw_gproj_key_outer, equal paths at d = 128)
+                  against gw_gproj_key_outer: at d = 128 only the second
+                  pass differs)
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,

@@ -22,9 +22,9 @@ template <int D, Projection P>
 cudaError_t launch(const Args& args, Bf16KernelPair pair, cudaStream_t stream);
 
 // The key-outer kernel and its epilogue (bf16_keyouter_launch.cuh); for
-// kGproj also its second pass.
+// kGproj also its second pass (warp-specialized when ws_second_pass).
 template <int D, Projection P>
-cudaError_t launch_keyouter(const Args& args, cudaStream_t stream);
+cudaError_t launch_keyouter(const Args& args, cudaStream_t stream, bool ws_second_pass = false);
 
 // The warp-specialized key-outer kernel and the same epilogue
 // (bf16_keyouter_ws_launch.cuh; keyouter_kernel where its TMA maps cannot be

@@ -37,9 +37,10 @@
 //       t_ij q_i kept in FP32;
 //     row finish (O(N d)): lambda_i = rho_i / m_i (0 when m_i = 0),
 //       dQ'_i = bf16(alpha (dQacc_i - lambda_i U_i)), and bf16(-lambda_i q_i);
-//     pass 2 (bf16_gproj_keys_kernel.cuh, 2 products per tile pair): S and
-//       r recomputed by the same instructions (bit-identical r), C_j = sum_i
-//       r_ij bf16(-lambda_i q_i), dK'_j = bf16(alpha (dKacc_j + C_j)).
+//     pass 2 (bf16_gproj_keys_kernel.cuh, 2 products per tile pair; with
+//       keyouter_warp_specialized bf16_gproj_keys_ws_kernel.cuh, the same
+//       dK): S and r recomputed by the same instructions (bit-identical r),
+//       C_j = sum_i r_ij bf16(-lambda_i q_i), dK'_j = bf16(alpha (dKacc_j + C_j)).
 //   8 products per tile pair against the pair's 9 for gproj.
 //   bf16 and pivot run it by default on a warp-specialized block
 //   (keyouter_warp_specialized; bf16_keyouter_ws_kernel.cuh: a TMA producer
@@ -155,13 +156,14 @@ struct Bf16BackwardParams {
   // 1.26-1.38x the pair's time (kernels/cuda/README.md), so the pair is
   // gproj's default. Ignored by bf16 and pivot.
   bool gproj_key_outer = false;
-  // bf16 and pivot on the key-outer path, and gproj's first pass there at
-  // d = 64: true runs the warp-specialized key-outer kernel
+  // bf16 and pivot on the key-outer path, gproj's first pass there at d = 64
+  // and its second pass (bf16_gproj_keys_ws_kernel.cuh, both head dims): true
+  // runs the warp-specialized key-outer kernel
   // (bf16_keyouter_ws_kernel.cuh: a TMA producer warpgroup and two compute
   // warpgroups; the same per-tile products, bit for bit) where its TMA maps
   // can be encoded (bf16_uses_key_outer_ws), keyouter_kernel otherwise;
   // false: keyouter_kernel (12-19% slower on the H200 for bf16 and pivot,
-  // kernels/cuda/README.md). Ignored by the pair and by gproj at d = 128.
+  // kernels/cuda/README.md). Ignored by the pair.
   bool keyouter_warp_specialized = true;
 
   Bf16RowDiagnostics diagnostics;

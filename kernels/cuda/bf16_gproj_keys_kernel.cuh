@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 
@@ -72,12 +73,101 @@ __device__ __forceinline__ StagedLse staged_lse(float* base, int buf) {
   return {p, reinterpret_cast<int*>(p + kKvRows), reinterpret_cast<int*>(p + 2 * kKvRows)};
 }
 
+// The per-tile work both second passes share (gproj_keys_kernel below and
+// the warp-specialized gproj_keys_ws_kernel, bf16_gproj_keys_ws_kernel.cuh),
+// for the warpgroup of this thread (warp = tid / 32 of the 256 compute
+// threads, wg = warp / 4 owning keys j0 + 64 wg..).
+struct TileRows {
+  int kb[2], ke[2];
+  float lse_log2[2];
+};
+
+// This thread's two rows (g, g + 8 of its warp's 16) of a staged query tile.
+__device__ __forceinline__ TileRows tile_rows(const StagedLse& ra, int row0, int g) {
+  TileRows tr;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = row0 + g + 8 * hh;
+    tr.kb[hh] = ra.kb[r];
+    tr.ke[hh] = ra.ke[r];
+    tr.lse_log2[hh] = ra.lse[r] * kLog2e;  // as hopper::staged_row_inputs
+  }
+  return tr;
+}
+
+// r = bf16(P) of the scores s into this warpgroup's [64 rows][64 keys] tile
+// (keys j_base + 8 jn + 2 c + e, as hopper::scores_to_tr). A warp whose
+// rows all see the warpgroup's 64 keys (every tile off the mask's edge)
+// takes a loop without the per-element visibility test, as scores_to_tr
+// does: the same FFMA and ex2 on every visible element, so the same bits.
+__device__ __forceinline__ void store_r(const Args& a, float (&s)[32], const TileRows& tr, int j_base, int row0, int g,
+                                        int c, uint16_t* r_tile) {
+  auto element = [&](int i, auto test) {
+    const int half = (i >> 1) & 1;
+    const int j = hopper::element_key(j_base, c, i);
+    const bool visible = !decltype(test)::value || (j >= tr.kb[half] && j < tr.ke[half]);
+    s[i] = hopper::probability(a, s[i], tr.lse_log2[half], visible);
+  };
+  const bool sees_all =
+      tr.kb[0] <= j_base && tr.ke[0] >= j_base + 64 && tr.kb[1] <= j_base && tr.ke[1] >= j_base + 64;
+  if (__ballot_sync(0xffffffffu, sees_all) == 0xffffffffu) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) element(i, std::false_type{});
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) element(i, std::true_type{});
+  }
+#pragma unroll
+  for (int jn = 0; jn < 8; ++jn) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
+      *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
+    }
+  }
+}
+
+// C += r^T bf16(-lambda Q): the warpgroup's r tile (MN-major A: keys x rows)
+// against the tile's bf16(-lambda q) rows (MN-major B), 4 steps over the
+// 64 rows (issued, committed and waited for by the caller).
+template <int D>
+__device__ __forceinline__ void c_mma(float (&acc)[D / 2], const uint16_t* r_tile, const uint16_t* lqs) {
+  constexpr uint32_t kSubTile = kKvRows * 64 * 2;  // bytes between a row tile's 64-column blocks
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
+    wgmma::mma_ss<true, true>(acc, wgmma::desc_mn_major(r_tile + step, kSubTile),
+                              wgmma::desc_mn_major(lqs + step, kSubTile));
+  }
+}
+
+// dK = bf16(alpha (dKacc + C)) of this thread's two keys; keys past M are
+// not written.
+template <int D>
+__device__ __forceinline__ void write_dk(const Args& a, const float (&acc)[D / 2], int j0, int b, int hk, int wg,
+                                         int row0, int g, int c) {
+  const int64_t key_base = (static_cast<int64_t>(b) * a.hkv + hk) * a.m;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = j0 + 64 * wg + row0 + g + 8 * hh;
+    if (key >= a.m) continue;
+    const float* dka = a.dk_accum + (key_base + key) * D;
+    uint16_t* dko = output_row(a.dk, a.dk_strides, b, hk, key);
+#pragma unroll
+    for (int jn = 0; jn < D / 8; ++jn) {
+      const int col = 8 * jn + 2 * c;
+      const float2 x = *reinterpret_cast<const float2*>(dka + col);
+      *reinterpret_cast<uint32_t*>(dko + col) =
+          mma::pack_bf16(a.scale * (x.x + acc[4 * jn + 2 * hh]), a.scale * (x.y + acc[4 * jn + 2 * hh + 1]));
+    }
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(const Args a) {
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = Layout<D>;
-  constexpr uint32_t kSubTile = kKvRows * 64 * 2;  // bytes between a row tile's 64-column blocks
   const auto [j0, b, hk] = hopper::key_block(a);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
@@ -126,16 +216,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
     }
     const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
     const uint16_t* lqs = smem + (buf ? L::kL1 : L::kL0);
-    const StagedLse ra = staged_lse(rows_base, buf);
-    int kb[2], ke[2];
-    float lse_log2[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = row0 + g + 8 * hh;
-      kb[hh] = ra.kb[r];
-      ke[hh] = ra.ke[r];
-      lse_log2[hh] = ra.lse[r] * kLog2e;  // as hopper::staged_row_inputs
-    }
+    const TileRows tr = tile_rows(staged_lse(rows_base, buf), row0, g);
 
     float s[32];  // written by scores_mma (its first step does not read them)
     if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
@@ -146,54 +227,18 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
     wgmma::wait<0>();
     wgmma::fence_operand(s);
 
-    // r = bf16(P) into this warpgroup's [64 rows][64 keys] tile (keys
-    // j0 + 64 wg + 8 jn + 2 c + e, as hopper::scores_to_tr).
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int half = (i >> 1) & 1;
-      const int j = j0 + 64 * wg + 8 * (i >> 2) + 2 * c + (i & 1);
-      s[i] = hopper::probability(a, s[i], lse_log2[half], j >= kb[half] && j < ke[half]);
-    }
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
-        *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
-      }
-    }
+    store_r(a, s, tr, j0 + 64 * wg, row0, g, c, r_tile);
     wgmma::fence_proxy_async();
     wgmma::warpgroup_barrier(1 + wg);
 
     wgmma::fence();
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
-      wgmma::mma_ss<true, true>(acc, wgmma::desc_mn_major(r_tile + step, kSubTile),
-                                wgmma::desc_mn_major(lqs + step, kSubTile));
-    }
+    c_mma<D>(acc, r_tile, lqs);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operand(acc);
   }
   mma::cp_async_wait<0>();
-
-  // dK = bf16(alpha (dKacc + C)); keys past M are not written.
-  const int64_t key_base = (static_cast<int64_t>(b) * a.hkv + hk) * a.m;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int key = j0 + 64 * wg + row0 + g + 8 * hh;
-    if (key >= a.m) continue;
-    const float* dka = a.dk_accum + (key_base + key) * D;
-    uint16_t* dko = output_row(a.dk, a.dk_strides, b, hk, key);
-#pragma unroll
-    for (int jn = 0; jn < D / 8; ++jn) {
-      const int col = 8 * jn + 2 * c;
-      const float2 x = *reinterpret_cast<const float2*>(dka + col);
-      *reinterpret_cast<uint32_t*>(dko + col) =
-          mma::pack_bf16(a.scale * (x.x + acc[4 * jn + 2 * hh]), a.scale * (x.y + acc[4 * jn + 2 * hh + 1]));
-    }
-  }
+  write_dk<D>(a, acc, j0, b, hk, wg, row0, g, c);
 }
 
 }  // namespace gaugewatch::gpu::bf16::gproj_keys

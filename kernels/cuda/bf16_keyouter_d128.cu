@@ -2,10 +2,10 @@
 #include "kernels/cuda/bf16_keyouter_launch.cuh"
 
 namespace gaugewatch::gpu::bf16 {
-template cudaError_t launch_keyouter<128, Projection::kNone>(const Args&, cudaStream_t);
-template cudaError_t launch_keyouter<128, Projection::kPivot>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter<128, Projection::kNone>(const Args&, cudaStream_t, bool);
+template cudaError_t launch_keyouter<128, Projection::kPivot>(const Args&, cudaStream_t, bool);
 // Also the finish alone, for the warp-specialized kernel's launch
 // (bf16_keyouter_ws_d128.cu): its kernels are instantiated here only.
-template cudaError_t launch_keyouter_finish<128, Projection::kNone>(const Args&, cudaStream_t);
-template cudaError_t launch_keyouter_finish<128, Projection::kPivot>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter_finish<128, Projection::kNone>(const Args&, cudaStream_t, bool);
+template cudaError_t launch_keyouter_finish<128, Projection::kPivot>(const Args&, cudaStream_t, bool);
 }  // namespace gaugewatch::gpu::bf16

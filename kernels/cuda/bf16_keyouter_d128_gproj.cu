@@ -4,5 +4,5 @@
 #include "kernels/cuda/bf16_keyouter_launch.cuh"
 
 namespace gaugewatch::gpu::bf16 {
-template cudaError_t launch_keyouter<128, Projection::kGproj>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter<128, Projection::kGproj>(const Args&, cudaStream_t, bool);
 }  // namespace gaugewatch::gpu::bf16

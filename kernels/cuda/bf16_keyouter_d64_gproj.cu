@@ -3,9 +3,9 @@
 #include "kernels/cuda/bf16_keyouter_launch.cuh"
 
 namespace gaugewatch::gpu::bf16 {
-template cudaError_t launch_keyouter<64, Projection::kGproj>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter<64, Projection::kGproj>(const Args&, cudaStream_t, bool);
 // Also the finish and second pass alone, for the warp-specialized kernel's
 // launch (bf16_keyouter_ws_gproj.cu): their kernels are instantiated here
 // only.
-template cudaError_t launch_keyouter_finish<64, Projection::kGproj>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter_finish<64, Projection::kGproj>(const Args&, cudaStream_t, bool);
 }  // namespace gaugewatch::gpu::bf16

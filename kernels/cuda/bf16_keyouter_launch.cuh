@@ -11,17 +11,50 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/bf16_gproj_keys_kernel.cuh"
+#include "kernels/cuda/bf16_gproj_keys_ws_kernel.cuh"
 #include "kernels/cuda/bf16_keyouter_finish_kernels.cuh"
 #include "kernels/cuda/bf16_keyouter_kernel.cuh"
 
 namespace gaugewatch::gpu::bf16 {
 
-// What follows the key-outer kernel (keyouter_kernel or keyouter_ws_kernel):
-// the per-row finish, pivot's dK rounding, gproj's second pass.
-template <int D, Projection P>
-cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream) {
-  cudaError_t err = cudaSuccess;
+// gproj's second pass: gproj_keys_ws_kernel when warp_specialized and its
+// TMA maps encode, gproj_keys_kernel otherwise (the same dK).
+template <int D>
+cudaError_t launch_gproj_keys(const Args& a, cudaStream_t stream, bool warp_specialized) {
   const dim3 kv_grid = hopper::key_block_grid(a);
+  gproj_keys_ws::Maps maps{};
+  if (warp_specialized && gproj_keys_ws::encode_maps<D>(a, &maps)) {
+    constexpr int kSmem = static_cast<int>(gproj_keys_ws::Layout<D>::kBytes);
+    static_assert(gproj_keys_ws::kBlocksPerSm<D> * (kSmem + 1024) <= 228 * 1024,
+                  "gproj second pass (warp-specialized): blocks do not fit one SM's shared memory");
+    cudaError_t err = cudaFuncSetAttribute(gproj_keys_ws::gproj_keys_ws_kernel<D>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+    if (kv_grid.x > 0) {
+      gproj_keys_ws::gproj_keys_ws_kernel<D><<<kv_grid, gproj_keys_ws::kThreads, kSmem, stream>>>(maps, a);
+      err = cudaGetLastError();
+    }
+    return err;
+  }
+  constexpr int kKeysSmem = static_cast<int>(gproj_keys::Layout<D>::kBytes);
+  static_assert(gproj_keys::kBlocksPerSm<D> * (kKeysSmem + 1024) <= 228 * 1024,
+                "gproj second pass: blocks do not fit one SM's shared memory");
+  cudaError_t err =
+      cudaFuncSetAttribute(gproj_keys::gproj_keys_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kKeysSmem);
+  if (err != cudaSuccess) return err;
+  if (kv_grid.x > 0) {
+    gproj_keys::gproj_keys_kernel<D><<<kv_grid, keyouter::kThreads, kKeysSmem, stream>>>(a);
+    err = cudaGetLastError();
+  }
+  return err;
+}
+
+// What follows the key-outer kernel (keyouter_kernel or keyouter_ws_kernel):
+// the per-row finish, pivot's dK rounding, gproj's second pass
+// (warp-specialized when ws_second_pass, launch_gproj_keys).
+template <int D, Projection P>
+cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream, bool ws_second_pass = false) {
+  cudaError_t err = cudaSuccess;
   const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
                       static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hq));
   if (row_grid.x > 0 && row_grid.y > 0) {
@@ -40,22 +73,15 @@ cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream) {
     }
   }
   if constexpr (P == Projection::kGproj) {
-    constexpr int kKeysSmem = static_cast<int>(gproj_keys::Layout<D>::kBytes);
-    static_assert(gproj_keys::kBlocksPerSm<D> * (kKeysSmem + 1024) <= 228 * 1024,
-                  "gproj second pass: blocks do not fit one SM's shared memory");
-    err = cudaFuncSetAttribute(gproj_keys::gproj_keys_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kKeysSmem);
-    if (err != cudaSuccess) return err;
-    if (kv_grid.x > 0) {
-      gproj_keys::gproj_keys_kernel<D><<<kv_grid, keyouter::kThreads, kKeysSmem, stream>>>(a);
-      err = cudaGetLastError();
-    }
+    err = launch_gproj_keys<D>(a, stream, ws_second_pass);
+  } else {
+    (void)ws_second_pass;
   }
   return err;
 }
 
 template <int D, Projection P>
-cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
+cudaError_t launch_keyouter(const Args& a, cudaStream_t stream, bool ws_second_pass = false) {
   constexpr int kSmem = static_cast<int>(keyouter::Layout<D, P>::kBytes);
   static_assert(kSmem + 1024 <= 228 * 1024, "key-outer kernel: a block does not fit one SM's shared memory");
   cudaError_t err =
@@ -67,7 +93,7 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t stream) {
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  return launch_keyouter_finish<D, P>(a, stream);
+  return launch_keyouter_finish<D, P>(a, stream, ws_second_pass);
 }
 
 }  // namespace gaugewatch::gpu::bf16

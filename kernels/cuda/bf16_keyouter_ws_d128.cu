@@ -5,10 +5,10 @@
 #include "kernels/cuda/bf16_keyouter_ws_launch.cuh"
 
 namespace gaugewatch::gpu::bf16 {
-extern template cudaError_t launch_keyouter<128, Projection::kNone>(const Args&, cudaStream_t);
-extern template cudaError_t launch_keyouter<128, Projection::kPivot>(const Args&, cudaStream_t);
-extern template cudaError_t launch_keyouter_finish<128, Projection::kNone>(const Args&, cudaStream_t);
-extern template cudaError_t launch_keyouter_finish<128, Projection::kPivot>(const Args&, cudaStream_t);
+extern template cudaError_t launch_keyouter<128, Projection::kNone>(const Args&, cudaStream_t, bool);
+extern template cudaError_t launch_keyouter<128, Projection::kPivot>(const Args&, cudaStream_t, bool);
+extern template cudaError_t launch_keyouter_finish<128, Projection::kNone>(const Args&, cudaStream_t, bool);
+extern template cudaError_t launch_keyouter_finish<128, Projection::kPivot>(const Args&, cudaStream_t, bool);
 template cudaError_t launch_keyouter_ws<128, Projection::kNone>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter_ws<128, Projection::kPivot>(const Args&, cudaStream_t);
 }  // namespace gaugewatch::gpu::bf16

@@ -7,9 +7,9 @@
 #include "kernels/cuda/bf16_keyouter_ws_launch.cuh"
 
 namespace gaugewatch::gpu::bf16 {
-extern template cudaError_t launch_keyouter<64, Projection::kGproj>(const Args&, cudaStream_t);
-extern template cudaError_t launch_keyouter<128, Projection::kGproj>(const Args&, cudaStream_t);
-extern template cudaError_t launch_keyouter_finish<64, Projection::kGproj>(const Args&, cudaStream_t);
+extern template cudaError_t launch_keyouter<64, Projection::kGproj>(const Args&, cudaStream_t, bool);
+extern template cudaError_t launch_keyouter<128, Projection::kGproj>(const Args&, cudaStream_t, bool);
+extern template cudaError_t launch_keyouter_finish<64, Projection::kGproj>(const Args&, cudaStream_t, bool);
 template cudaError_t launch_keyouter_ws<64, Projection::kGproj>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter_ws<128, Projection::kGproj>(const Args&, cudaStream_t);
 }  // namespace gaugewatch::gpu::bf16

@@ -126,21 +126,28 @@ struct Layout : keyouter::Layout<D, P> {
   static_assert(kBarriers % 8 == 0, "mbarriers are 8-byte aligned");
 };
 
+// An operand of `a` with `heads` heads of `rows` rows of D columns at
+// strides s, as a rank-4 TMA tensor (B, heads, rows, D).
+template <int D>
+inline tma::RowsTensor rows_tensor(const Args& a, const void* base, int heads, int rows, const OperandStrides& s) {
+  tma::RowsTensor t;
+  t.base = base;
+  t.batch = static_cast<uint64_t>(a.batch);
+  t.heads = static_cast<uint64_t>(heads);
+  t.rows = static_cast<uint64_t>(rows);
+  t.cols = D;
+  t.batch_stride = static_cast<uint64_t>(s.batch);
+  t.head_stride = static_cast<uint64_t>(s.head);
+  t.row_stride = static_cast<uint64_t>(s.row);
+  return t;
+}
+
 // The four maps for the operands of `a`, or false where one cannot be encoded
 // (the caller then runs keyouter_kernel).
 template <int D>
 inline bool encode_maps(const Args& a, Maps* maps) {
   auto rows_tensor = [&](const void* base, int heads, int rows, const OperandStrides& s) {
-    tma::RowsTensor t;
-    t.base = base;
-    t.batch = static_cast<uint64_t>(a.batch);
-    t.heads = static_cast<uint64_t>(heads);
-    t.rows = static_cast<uint64_t>(rows);
-    t.cols = D;
-    t.batch_stride = static_cast<uint64_t>(s.batch);
-    t.head_stride = static_cast<uint64_t>(s.head);
-    t.row_stride = static_cast<uint64_t>(s.row);
-    return t;
+    return keyouter_ws::rows_tensor<D>(a, base, heads, rows, s);
   };
   if (a.batch < 1 || a.hq < 1 || a.hkv < 1 || a.n < 1 || a.m < 1) return false;
   if (a.q_strides.batch < 0 || a.q_strides.head < 0 || a.k_strides.batch < 0 || a.k_strides.head < 0 ||

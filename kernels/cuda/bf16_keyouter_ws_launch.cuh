@@ -20,7 +20,7 @@ namespace gaugewatch::gpu::bf16 {
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
   if constexpr (!keyouter_ws::kRuns<D, P>) {
-    return launch_keyouter<D, P>(a, stream);  // gproj at D = 128
+    return launch_keyouter<D, P>(a, stream, /*ws_second_pass=*/true);  // gproj at D = 128
   } else {
     keyouter_ws::Maps maps{};
     if (!keyouter_ws::encode_maps<D>(a, &maps)) return launch_keyouter<D, P>(a, stream);
@@ -35,7 +35,7 @@ cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
       err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }
-    return launch_keyouter_finish<D, P>(a, stream);
+    return launch_keyouter_finish<D, P>(a, stream, /*ws_second_pass=*/true);
   }
 }
 

@@ -389,9 +389,10 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
 
 // The warp-specialized key-outer kernel (bf16_keyouter_ws_kernel.cuh; bf16 and
 // pivot's default, keyouter_warp_specialized; gproj's first pass at d = 64
-// when gproj's key-outer path is opted into) on the same shapes: the
+// when gproj's key-outer path is opted into, and its second pass at both,
+// bf16_gproj_keys_ws_kernel.cuh) on the same shapes: the
 // launcher must choose it (its TMA maps encode for every case here; gproj
-// at d = 128 keeps keyouter_kernel), the reference tolerances of the
+// at d = 128 keeps keyouter_kernel for its first pass), the reference tolerances of the
 // key-outer kernel, and against keyouter_kernel: dV bit for bit (bf16: dK
 // too), since every t, r and per-tile product is computed by the same
 // instructions on the same operands and dV (dK) sums the tiles in the same
@@ -413,10 +414,11 @@ TEST_P(Bf16KeyOuterCase, WarpSpecializedMatchesKeyOuter) {
     ASSERT_TRUE(got.status.ok()) << got.status.message;
     ASSERT_TRUE(got.key_outer);
     if (projection == gpu::Projection::kGproj && c.shape.head_dim != 64) {
+      // keyouter_kernel, then the warp-specialized second pass.
       EXPECT_FALSE(got.key_outer_ws) << "gproj at d = 128 runs keyouter_kernel";
-      continue;
+    } else {
+      ASSERT_TRUE(got.key_outer_ws) << "the launcher did not choose the warp-specialized key-outer kernel";
     }
-    ASSERT_TRUE(got.key_outer_ws) << "the launcher did not choose the warp-specialized key-outer kernel";
     ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, projection, c, " key-outer ws"));
     const KernelRun base = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
     ASSERT_TRUE(base.status.ok()) << base.status.message;

@@ -13,12 +13,12 @@ reports hazards.
 With GAUGEWATCH_GPROJ_KERNEL=key_outer (the library reads it once, when it
 loads) the script runs only the key-outer gproj (its first pass, at d = 64
 the warp-specialized kernel and at d = 128 the key-outer kernel, its row
-finish and its second pass over the keys) on the same cases:
+finish and its warp-specialized second pass over the keys) on the same cases:
 scripts/device.sh runs it that way a second time under each tool. With
 GAUGEWATCH_BF16_KERNEL=key_outer it runs only bf16 and pivot on their
 key-outer path (deterministic=False) on the key-outer kernel without warp
 specialization and its finish, on the same cases, and with both variables
-gproj too (its first pass then the key-outer kernel at d = 64 as well):
+gproj too (then on the key-outer kernel and the cp.async second pass):
 device.sh's third run under each tool.
 """
 
@@ -60,7 +60,8 @@ for case in CASES:
         runs = ([("gproj", False)] if GPROJ_KEY_OUTER else []) + (
             [("bf16", False), ("pivot", False)] if PLAIN_KEY_OUTER else [])
     else:
-        runs = [(b, False) for b in ("bf16", "gproj", "pivot", "fp32")] + [(b, True) for b in ("bf16", "gproj", "pivot")]
+        runs = ([(b, False) for b in ("bf16", "gproj", "pivot", "fp32")] +
+                [(b, True) for b in ("bf16", "gproj", "pivot")])
     for backend, deterministic in runs:
         grads = ops.attention_backward(do, q, k, v, out, lse, backend=backend, deterministic=deterministic, **kw)
         torch.cuda.synchronize()
@@ -71,7 +72,7 @@ for case in CASES:
 if GPROJ_KEY_OUTER or PLAIN_KEY_OUTER:
     ran = ", ".join(backend for backend, _ in runs)
     kernel = "the key-outer kernel without warp specialization" if PLAIN_KEY_OUTER else (
-        "the warp-specialized kernel at d = 64, the key-outer kernel at d = 128")
+        "the warp-specialized kernel at d = 64, the key-outer kernel at d = 128; the second pass warp-specialized")
     print(f"sanitize_kernels: {len(CASES)} cases of the key-outer path ({ran}; first pass on {kernel}) ran")
     sys.exit(0)
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bf16_delta_kernel.cuh"
 #include "kernels/cuda/bf16_gproj_keys_kernel.cuh"
+#include "kernels/cuda/bf16_gproj_keys_ws_kernel.cuh"
 #include "kernels/cuda/bf16_keyouter_finish_kernels.cuh"
 #include "kernels/cuda/bf16_keyouter_kernel.cuh"
 #include "kernels/cuda/bf16_keyouter_ws_kernel.cuh"
@@ -62,7 +63,7 @@ cudaError_t launch(const Args& a, Bf16KernelPair pair, cudaStream_t /*stream*/) 
 // bf16_keyouter_launch.cuh's launches as loops over the grid: what follows
 // the key-outer kernel (launch_keyouter_finish) ...
 template <int D, Projection P>
-void launch_keyouter_finish(const Args& a) {
+void launch_keyouter_finish(const Args& a, bool ws_second_pass) {
   const dim3 kv_grid = hopper::key_block_grid(a);
   const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
                       static_cast<unsigned>(a.batch * a.hq));
@@ -80,22 +81,30 @@ void launch_keyouter_finish(const Args& a) {
     }
   }
   if constexpr (P == Projection::kGproj) {
-    if (kv_grid.x > 0) {
+    gproj_keys_ws::Maps maps{};
+    if (ws_second_pass && gproj_keys_ws::encode_maps<D>(a, &maps)) {
+      if (kv_grid.x > 0) {
+        gaugewatch_emulation::run_grid(kv_grid, gproj_keys_ws::kThreads, gproj_keys_ws::Layout<D>::kBytes,
+                                       [&a, &maps] { gproj_keys_ws::gproj_keys_ws_kernel<D>(maps, a); });
+      }
+    } else if (kv_grid.x > 0) {
       gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, gproj_keys::Layout<D>::kBytes,
                                      [&a] { gproj_keys::gproj_keys_kernel<D>(a); });
     }
+  } else {
+    (void)ws_second_pass;
   }
 }
 
 // ... keyouter_kernel ...
 template <int D, Projection P>
-cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/) {
+cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/, bool ws_second_pass) {
   const dim3 kv_grid = hopper::key_block_grid(a);
   if (kv_grid.x > 0) {
     gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, keyouter::Layout<D, P>::kBytes,
                                    [&a] { keyouter::keyouter_kernel<D, P>(a); });
   }
-  launch_keyouter_finish<D, P>(a);
+  launch_keyouter_finish<D, P>(a, ws_second_pass);
   return cudaSuccess;
 }
 
@@ -105,7 +114,7 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/) {
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
   if constexpr (!keyouter_ws::kRuns<D, P>) {
-    return launch_keyouter<D, P>(a, stream);  // gproj at D = 128
+    return launch_keyouter<D, P>(a, stream, /*ws_second_pass=*/true);  // gproj at D = 128
   } else {
     keyouter_ws::Maps maps{};
     if (!keyouter_ws::encode_maps<D>(a, &maps)) return launch_keyouter<D, P>(a, stream);
@@ -114,7 +123,7 @@ cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
       gaugewatch_emulation::run_grid(kv_grid, keyouter_ws::kThreads, keyouter_ws::Layout<D, P>::kBytes,
                                      [&a, &maps] { keyouter_ws::keyouter_ws_kernel<D, P>(maps, a); });
     }
-    launch_keyouter_finish<D, P>(a);
+    launch_keyouter_finish<D, P>(a, /*ws_second_pass=*/true);
     return cudaSuccess;
   }
 }
@@ -129,12 +138,12 @@ template cudaError_t launch_keyouter_ws<64, Projection::kGproj>(const Args&, cud
 template cudaError_t launch_keyouter_ws<128, Projection::kNone>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter_ws<128, Projection::kPivot>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter_ws<128, Projection::kGproj>(const Args&, cudaStream_t);
-template cudaError_t launch_keyouter<64, Projection::kNone>(const Args&, cudaStream_t);
-template cudaError_t launch_keyouter<64, Projection::kPivot>(const Args&, cudaStream_t);
-template cudaError_t launch_keyouter<64, Projection::kGproj>(const Args&, cudaStream_t);
-template cudaError_t launch_keyouter<128, Projection::kNone>(const Args&, cudaStream_t);
-template cudaError_t launch_keyouter<128, Projection::kPivot>(const Args&, cudaStream_t);
-template cudaError_t launch_keyouter<128, Projection::kGproj>(const Args&, cudaStream_t);
+template cudaError_t launch_keyouter<64, Projection::kNone>(const Args&, cudaStream_t, bool);
+template cudaError_t launch_keyouter<64, Projection::kPivot>(const Args&, cudaStream_t, bool);
+template cudaError_t launch_keyouter<64, Projection::kGproj>(const Args&, cudaStream_t, bool);
+template cudaError_t launch_keyouter<128, Projection::kNone>(const Args&, cudaStream_t, bool);
+template cudaError_t launch_keyouter<128, Projection::kPivot>(const Args&, cudaStream_t, bool);
+template cudaError_t launch_keyouter<128, Projection::kGproj>(const Args&, cudaStream_t, bool);
 
 template cudaError_t launch<64, Projection::kNone>(const Args&, Bf16KernelPair, cudaStream_t);
 template cudaError_t launch<64, Projection::kGproj>(const Args&, Bf16KernelPair, cudaStream_t);

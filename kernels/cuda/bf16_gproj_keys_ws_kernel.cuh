@@ -1,0 +1,229 @@
+#pragma once
+// Warp-specialized second pass of backend gproj on the key-outer path
+// (math: kernels/cuda/bf16_backward.h; the pass: bf16_gproj_keys_kernel.cuh):
+// C_j = sum_i r_ij bf16(-lambda_i q_i), dK'_j = bf16(alpha (dKacc_j + C_j)),
+// with gproj_keys_kernel's per-tile work (store_r, c_mma, write_dk: the same
+// instructions on the same operands, so the same r bit for bit and C summed
+// in the same order: the same dK) fed by a TMA producer warp through an
+// mbarrier ring instead of cp.async loads by every thread behind a block
+// barrier per tile. The second pass reads two row tiles (Q and
+// bf16(-lambda Q)) per tile pair for 2 products where the first pass reads
+// two for 5, so its loads weigh more: kStages stages in flight, and two
+// blocks per SM at D = 64 as gproj_keys_kernel.
+// Runs where the key-outer gproj runs warp-specialized
+// (Bf16BackwardParams::keyouter_warp_specialized; at D = 128 after
+// keyouter_kernel, at D = 64 after keyouter_ws_kernel); gproj_keys_kernel
+// where its maps cannot be encoded and without warp specialization.
+//
+// Block: 384 threads, 128 keys of one (batch, kv head).
+//   warpgroup 0, producer (setmaxnreg.dec to kProducerRegs): its warp 0 loads
+//     the block's K once (TMA, barrier k_full), then per iteration (query
+//     head, query tile; the first pass's order) waits for a free stage
+//     (empty[s]), lane 0 announces and issues the Q and bf16(-lambda Q)
+//     tiles' loads, and the 32 lanes write the tile's lse and visible key
+//     ranges (two rows each) and arrive on full[s] (1 + 32 arrivals and the
+//     bytes). The other warps only give their registers back.
+//   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): per
+//     iteration wait full[s], S = Q K_wg^T, r into the warpgroup's tile, C
+//     += r^T bf16(-lambda Q), and once those MMAs are complete every compute
+//     thread arrives on empty[s] (256 arrivals). Each warpgroup meets only its
+//     own four warps (before overwriting its r tile, and before its MMA reads
+//     it); no block barrier after the barriers' init, no pingpong (nothing
+//     would keep one warpgroup from arriving twice on it).
+// Stage s of iteration it: s = it % kStages, ring round it / kStages;
+// consumers wait full[s] with parity (round & 1), the producer empty[s] with
+// (round & 1) ^ 1 (mbarrier.cuh).
+// TMA maps (host, encode_maps): Q (B, Hq, N, d) at its strides, K (B, Hkv,
+// M, d) at its strides, bf16(-lambda Q) (B, Hq, N, d) dense in the
+// workspace; boxes of 64 (Q rows) or 128 (keys) rows x 64 columns, 128-byte
+// swizzle, rows past N (M) read as zeros, as gproj_keys_kernel's zero-filled
+// cp.async.
+// Build: launched by bf16_keyouter_launch.cuh (launch_keyouter_finish);
+// emulation: tests/cuda/emulation/bf16_launcher.cpp. Tests:
+// tests/cuda/bf16_backward_test.cpp (WarpSpecializedMatchesKeyOuter,
+// GprojKeyOuterSinkLikeRowMass).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/bf16_gproj_keys_kernel.cuh"
+#include "kernels/cuda/bf16_keyouter_ws_kernel.cuh"
+#include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/setmaxnreg.cuh"
+#include "kernels/cuda/tma.cuh"
+
+namespace gaugewatch::gpu::bf16::gproj_keys_ws {
+
+using hopper::kKvKeys;
+using hopper::kKvRows;
+
+inline constexpr int kStages = 3;
+inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
+inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
+inline constexpr int kThreads = kProducerThreads + kComputeThreads;
+inline constexpr uint32_t kFullArrivals = 1 + 32;  // lane 0's expect_tx + every producer lane's rows
+// Blocks per SM as gproj_keys_kernel (its accumulators are C, D / 2
+// registers, and S, 32).
+template <int D>
+inline constexpr int kBlocksPerSm = gproj_keys::kBlocksPerSm<D>;
+// The block's register pool is what it launches with (65,536 / (384 x
+// blocks per SM), rounded down to a multiple of 8: 168 at D = 128, 80 at
+// D = 64), shared as producer + 2 x compute <= 3 x launch (setmaxnreg.cuh;
+// more and setmaxnreg.inc waits forever).
+template <int D>
+inline constexpr int kLaunchRegs = (65536 / (kThreads * kBlocksPerSm<D>)) / 8 * 8;
+inline constexpr int kProducerRegs = 24;
+template <int D>
+inline constexpr int kComputeRegs = ((3 * kLaunchRegs<D> - kProducerRegs) / 2) / 8 * 8;
+static_assert(kProducerRegs + 2 * kComputeRegs<64> <= 3 * kLaunchRegs<64> &&
+                  kProducerRegs + 2 * kComputeRegs<128> <= 3 * kLaunchRegs<128>,
+              "the block's register pool");
+
+struct Maps {
+  tma::TensorMap q, neg_lambda_q, k;
+};
+
+// Shared memory (BF16 elements, offsets 1024-byte aligned): K (128 keys), per
+// stage Q and bf16(-lambda Q) (64 rows each), r of each warpgroup ([64
+// rows][64 keys]), per stage the rows' lse, first and end key, then the
+// mbarriers full[kStages], empty[kStages], k_full.
+template <int D>
+struct Layout {
+  static constexpr int kRowTile = kKvRows * D;
+  static constexpr int kK = 0;
+  static constexpr int kStage0 = kKvKeys * D;  // Q of stage s at kStage0 + 2 s kRowTile, then its bf16(-lambda Q)
+  static constexpr int kScoreTile = kKvRows * 64;
+  static constexpr int kR = kStage0 + 2 * kStages * kRowTile;  // r of warpgroup w at kR + w kScoreTile
+  static constexpr int kRows = kR + 2 * kScoreTile;
+  static constexpr size_t kBarriers = static_cast<size_t>(kRows) * 2 + kStages * gproj_keys::kRowArrays * kKvRows * 4;
+  static constexpr int kBarrierCount = 2 * kStages + 1;
+  static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t) + 1024;  // + alignment slack
+  static_assert(kStage0 % 512 == 0 && kRowTile % 512 == 0 && kScoreTile % 512 == 0, "tiles 1024-byte aligned");
+  static_assert(kBarriers % 8 == 0, "mbarriers are 8-byte aligned");
+
+  __host__ __device__ static constexpr int q(int s) { return kStage0 + 2 * s * kRowTile; }
+  __host__ __device__ static constexpr int neg_lambda_q(int s) { return q(s) + kRowTile; }
+};
+
+// The three maps for the operands of `a`, or false where one cannot be
+// encoded (the caller then runs gproj_keys_kernel).
+template <int D>
+inline bool encode_maps(const Args& a, Maps* maps) {
+  if (a.batch < 1 || a.hq < 1 || a.hkv < 1 || a.n < 1 || a.m < 1) return false;
+  if (a.q_strides.batch < 0 || a.q_strides.head < 0 || a.k_strides.batch < 0 || a.k_strides.head < 0) return false;
+  const OperandStrides dense{static_cast<int64_t>(a.hq) * a.n * D, static_cast<int64_t>(a.n) * D, D};
+  const tma::EncodeStatus st[3] = {
+      tma::encode_bf16_rows_map(&maps->q, keyouter_ws::rows_tensor<D>(a, a.q, a.hq, a.n, a.q_strides), kKvRows),
+      tma::encode_bf16_rows_map(&maps->neg_lambda_q,
+                                keyouter_ws::rows_tensor<D>(a, a.neg_lambda_q, a.hq, a.n, dense), kKvRows),
+      tma::encode_bf16_rows_map(&maps->k, keyouter_ws::rows_tensor<D>(a, a.k, a.hkv, a.m, a.k_strides), kKvKeys)};
+  for (const tma::EncodeStatus s : st) {
+    if (s != tma::EncodeStatus::kOk) return false;
+  }
+  return true;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kernel(const __grid_constant__ Maps maps,
+                                                                                  const Args a) {
+  GAUGEWATCH_BF16_SMEM(raw);
+  uint16_t* smem = wgmma::align_1024(raw);
+  using L = Layout<D>;
+  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(smem) + L::kBarriers);
+  uint64_t* empty = full + kStages;
+  uint64_t* k_full = empty + kStages;
+  float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
+  const auto [j0, b, hk] = hopper::key_block(a);
+  const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
+  const int t_begin = seen.first, tiles = seen.count;
+  const int iters = tiles * a.group;
+  auto tile_row0 = [&](int it) { return (t_begin + it % tiles) * kKvRows; };
+  auto head_of = [&](int it) { return hk * a.group + it / tiles; };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier::init(&full[s], kFullArrivals);
+      mbarrier::init(&empty[s], kComputeThreads);
+    }
+    mbarrier::init(k_full, 1);
+    mbarrier::fence_init();
+  }
+  __syncthreads();  // the barriers' init, before the roles part (the only block-wide barrier)
+
+  if (threadIdx.x < kProducerThreads) {
+    regs::setmaxnreg_dec<kProducerRegs>();
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    if (warp != 0 || iters == 0) return;  // no iteration: nothing loaded, nothing in flight at exit
+    if (lane == 0) {
+      tma::prefetch(&maps.q);
+      tma::prefetch(&maps.neg_lambda_q);
+      mbarrier::arrive_expect_tx(k_full, tma::tile_bytes<kKvKeys, D>());
+      tma::load_rows_tile<kKvKeys, D>(smem + L::kK, &maps.k, j0, hk, b, k_full);
+    }
+    for (int it = 0; it < iters; ++it) {
+      const int s = it % kStages;
+      const uint32_t round = static_cast<uint32_t>(it / kStages);
+      mbarrier::wait(&empty[s], (round & 1u) ^ 1u);  // the compute threads are done with its last use
+      const int i0 = tile_row0(it), h = head_of(it);
+      if (lane == 0) {
+        mbarrier::arrive_expect_tx(&full[s], 2 * tma::tile_bytes<kKvRows, D>());
+        tma::load_rows_tile<kKvRows, D>(smem + L::q(s), &maps.q, i0, h, b, &full[s]);
+        tma::load_rows_tile<kKvRows, D>(smem + L::neg_lambda_q(s), &maps.neg_lambda_q, i0, h, b, &full[s]);
+      }
+      // The rows' inputs as gproj_keys_kernel stages them (rows past N: lse 0
+      // and an empty key range).
+      const gproj_keys::StagedLse sr = gproj_keys::staged_lse(rows_base, s);
+      const QueryHead qh = query_head(a, b, h);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = lane + 32 * half, row = i0 + r;
+        const KeyRange kr = row_keys(a, row);
+        sr.kb[r] = kr.begin;
+        sr.ke[r] = kr.end;
+        sr.lse[r] = row < a.n ? qh.lse[row] : 0.0f;
+      }
+      mbarrier::arrive(&full[s]);  // release: this lane's row writes
+    }
+    return;
+  }
+
+  regs::setmaxnreg_inc<kComputeRegs<D>>();
+  const int tid = static_cast<int>(threadIdx.x) - kProducerThreads;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
+  const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
+  uint16_t* r_tile = smem + L::kR + wg * L::kScoreTile;
+  float acc[D / 2];
+  hopper::zero(acc);
+  if (iters > 0) mbarrier::wait(k_full, 0);
+  for (int it = 0; it < iters; ++it) {
+    const int s = it % kStages;
+    mbarrier::wait(&full[s], static_cast<uint32_t>(it / kStages) & 1u);
+    const gproj_keys::TileRows tr = gproj_keys::tile_rows(gproj_keys::staged_lse(rows_base, s), row0, g);
+
+    float sc[32];  // written by scores_mma (its first step does not read them)
+    wgmma::fence();
+    hopper::scores_mma<D, kKvRows, kKvKeys>(sc, smem + L::q(s), 0, smem + L::kK, 64 * wg);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operand(sc);
+
+    // The warpgroup's previous C MMAs read its r tile: its four warps meet
+    // before any overwrites it (each waited for them).
+    wgmma::warpgroup_barrier(1 + wg);
+    gproj_keys::store_r(a, sc, tr, j0 + 64 * wg, row0, g, c, r_tile);
+    wgmma::fence_proxy_async();
+    wgmma::warpgroup_barrier(1 + wg);
+
+    wgmma::fence();
+    gproj_keys::c_mma<D>(acc, r_tile, smem + L::neg_lambda_q(s));
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operand(acc);
+    mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
+  }
+  gproj_keys::write_dk<D>(a, acc, j0, b, hk, wg, row0, g, c);
+}
+
+}  // namespace gaugewatch::gpu::bf16::gproj_keys_ws
