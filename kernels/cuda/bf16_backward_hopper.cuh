@@ -116,6 +116,24 @@ __device__ __forceinline__ int element_key(int j_base, int c, int i) {
   return j_base + 8 * (i >> 2) + 2 * c + (i & 1);
 }
 
+// Calls element(i, test) for the 32 accumulator elements i of this thread's
+// two rows (key ranges [kb, ke) each) in an m64n64 tile whose first key is
+// j_base: test is std::false_type where every row of the warp sees all 64
+// keys (a warp vote: every tile off the mask's edge), so the caller can drop
+// its per-element visibility test there, and std::true_type otherwise.
+template <class Element>
+__device__ __forceinline__ void for_each_tile_element(const int (&kb)[2], const int (&ke)[2], int j_base,
+                                                      Element&& element) {
+  const bool sees_all = kb[0] <= j_base && ke[0] >= j_base + 64 && kb[1] <= j_base && ke[1] >= j_base + 64;
+  if (__ballot_sync(0xffffffffu, sees_all) == 0xffffffffu) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) element(i, std::false_type{});
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) element(i, std::true_type{});
+  }
+}
+
 // Turns S into r = bf16(P) and dP into t = bf16(P (dP - delta)) in place, for
 // this thread's rows (half 0: g, half 1: g + 8) and keys j_base + 8 jn + 2 c
 // + (e & 1). `visit(half, j, visible, p, t, r, s, i)` sees every element i
@@ -133,7 +151,7 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], floa
                                              int j_base, Visit&& visit) {
   const int c = threadIdx.x & 3;
   const float scale_log2 = a.scale_log2;
-  // kTest = false: every element is visible (the caller's vote below).
+  // kTest = false: every element is visible (for_each_tile_element's vote).
   auto element = [&](int i, auto test) {
     const int half = (i >> 1) & 1;
     const int j = element_key(j_base, c, i);
@@ -148,14 +166,7 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], floa
     s[i] = r;
     dp[i] = t;
   };
-  const bool sees_all = in.kb[0] <= j_base && in.ke[0] >= j_base + 64 && in.kb[1] <= j_base && in.ke[1] >= j_base + 64;
-  if (__ballot_sync(0xffffffffu, sees_all) == 0xffffffffu) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) element(i, std::false_type{});
-  } else {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) element(i, std::true_type{});
-  }
+  for_each_tile_element(in.kb, in.ke, j_base, element);
 }
 
 // Accumulator columns 16 k .. 16 k + 15 as the A operand of step k.

@@ -31,7 +31,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 
@@ -97,9 +96,10 @@ __device__ __forceinline__ TileRows tile_rows(const StagedLse& ra, int row0, int
 
 // r = bf16(P) of the scores s into this warpgroup's [64 rows][64 keys] tile
 // (keys j_base + 8 jn + 2 c + e, as hopper::scores_to_tr). A warp whose
-// rows all see the warpgroup's 64 keys (every tile off the mask's edge)
-// takes a loop without the per-element visibility test, as scores_to_tr
-// does: the same FFMA and ex2 on every visible element, so the same bits.
+// rows all see the warpgroup's 64 keys takes the loop without the
+// per-element visibility test (hopper::for_each_tile_element), as
+// scores_to_tr does: the same FFMA and ex2 on every visible element, so the
+// same bits.
 __device__ __forceinline__ void store_r(const Args& a, float (&s)[32], const TileRows& tr, int j_base, int row0, int g,
                                         int c, uint16_t* r_tile) {
   auto element = [&](int i, auto test) {
@@ -108,15 +108,7 @@ __device__ __forceinline__ void store_r(const Args& a, float (&s)[32], const Til
     const bool visible = !decltype(test)::value || (j >= tr.kb[half] && j < tr.ke[half]);
     s[i] = hopper::probability(a, s[i], tr.lse_log2[half], visible);
   };
-  const bool sees_all =
-      tr.kb[0] <= j_base && tr.ke[0] >= j_base + 64 && tr.kb[1] <= j_base && tr.ke[1] >= j_base + 64;
-  if (__ballot_sync(0xffffffffu, sees_all) == 0xffffffffu) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) element(i, std::false_type{});
-  } else {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) element(i, std::true_type{});
-  }
+  hopper::for_each_tile_element(tr.kb, tr.ke, j_base, element);
 #pragma unroll
   for (int jn = 0; jn < 8; ++jn) {
 #pragma unroll

@@ -141,14 +141,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
   auto tile_row0 = [&](int it) { return (t_begin + it % tiles) * kKvRows; };
   auto head_of = [&](int it) { return hk * a.group + it / tiles; };
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbarrier::init(&full[s], kFullArrivals);
-      mbarrier::init(&empty[s], kComputeThreads);
-    }
-    mbarrier::init(k_full, 1);
-    mbarrier::fence_init();
-  }
+  if (threadIdx.x == 0) mbarrier::init_ring<kStages>(full, empty, kFullArrivals, kComputeThreads, k_full);
   __syncthreads();  // the barriers' init, before the roles part (the only block-wide barrier)
 
   if (threadIdx.x < kProducerThreads) {

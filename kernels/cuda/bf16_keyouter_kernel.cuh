@@ -301,6 +301,22 @@ struct KeyTile {
     }
   }
 
+  // sum = tile 1: the row sums of a warpgroup's [64 rows][64 keys] BF16 tile
+  // (K-major A) against the ones tile (B, desc `ones`), 4 m64n8k16 steps;
+  // every column holds the row sum, exact products and FP32 sums. The first
+  // step's scale-d 0 needs no zeroing between the fences.
+  __device__ __forceinline__ static void row_sums_mma(float (&sum)[4], const uint16_t* tile, uint64_t ones) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t tk = wgmma::desc_k_major(tile + wgmma::chunk_offset<kKvRows>(0, 2 * k));
+      if (k == 0) {
+        wgmma::mma_ss_first<false, false>(sum, tk, ones);
+      } else {
+        wgmma::mma_ss<false, false>(sum, tk, ones);
+      }
+    }
+  }
+
   // t of warpgroup w in iteration it: set 0 beside r (t0, r0, t1, r1), set 1
   // (kTSets == 2) the two t tiles after the dQ tiles.
   __device__ __forceinline__ uint16_t* t_of(int it, int w) const {
@@ -533,26 +549,8 @@ struct KeyTile {
     }
     if constexpr (kRhoByMma) {
       const uint64_t ones = wgmma::desc_k_major(reinterpret_cast<const unsigned char*>(smem) + L::kOnes);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint64_t tk = wgmma::desc_k_major(t_tile + wgmma::chunk_offset<kKvRows>(0, 2 * k));
-        if (k == 0) {
-          wgmma::mma_ss_first<false, false>(rho, tk, ones);
-        } else {
-          wgmma::mma_ss<false, false>(rho, tk, ones);
-        }
-      }
-      if constexpr (kMassByMma) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint64_t rk = wgmma::desc_k_major(r_tile + wgmma::chunk_offset<kKvRows>(0, 2 * k));
-          if (k == 0) {
-            wgmma::mma_ss_first<false, false>(mass, rk, ones);
-          } else {
-            wgmma::mma_ss<false, false>(mass, rk, ones);
-          }
-        }
-      }
+      row_sums_mma(rho, t_tile, ones);
+      if constexpr (kMassByMma) row_sums_mma(mass, r_tile, ones);
     }
     wgmma::commit();
 

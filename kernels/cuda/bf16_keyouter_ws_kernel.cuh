@@ -205,14 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   const Tile<D, P> kt{a, smem, j0, b, hk, seen.first, seen.count};
   const int iters = kt.iterations();
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbarrier::init(&full[s], kFullArrivals);
-      mbarrier::init(&empty[s], kComputeThreads);
-    }
-    mbarrier::init(kv_full, 1);
-    mbarrier::fence_init();
-  }
+  if (threadIdx.x == 0) mbarrier::init_ring<kStages>(full, empty, kFullArrivals, kComputeThreads, kv_full);
   __syncthreads();  // the barriers' init, before the roles part (the only block-wide barrier)
 
   if (threadIdx.x < kProducerThreads) {

@@ -105,3 +105,22 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
 
 }  // namespace gaugewatch::gpu::mbarrier
 #endif  // GAUGEWATCH_CUDA_EMULATION
+
+namespace gaugewatch::gpu::mbarrier {
+
+// A ring of kStages stages, full[s] completing after full_count arrivals and
+// empty[s] after empty_count, and one barrier `once` of a single arrival (a
+// load done once); fenced for the async proxy. One thread calls it, then the
+// block synchronizes before any thread uses them.
+template <int kStages>
+__device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, uint32_t full_count, uint32_t empty_count,
+                                          uint64_t* once) {
+  for (int s = 0; s < kStages; ++s) {
+    init(&full[s], full_count);
+    init(&empty[s], empty_count);
+  }
+  init(once, 1);
+  fence_init();
+}
+
+}  // namespace gaugewatch::gpu::mbarrier
