@@ -372,7 +372,7 @@ fi
 # memcheck, racecheck and synccheck over small calls of every CUDA backend
 # (tests/cuda/sanitize_kernels.py), restricted to gaugewatch's kernels; then
 # the same script with GAUGEWATCH_GPROJ_KERNEL=key_outer, which runs only the
-# opt-in key-outer gproj (first pass: the warp-specialized kernel at D = 64),
+# opt-in key-outer gproj (both passes warp-specialized),
 # and with that and GAUGEWATCH_BF16_KERNEL=key_outer, which runs bf16, pivot
 # and the key-outer gproj on the key-outer kernel without warp specialization
 # (the default is the warp-specialized one; the library reads the variables

@@ -8,10 +8,8 @@ layer's backward on one backend, and the monitor's overhead at its defaults:
   gproj, pivot, center, bf16  every layer's backward on that backend, sampling off
                       (bf16: the fused kernel without a projection, the baseline
                       of gproj and pivot)
-  gproj_key_outer     gproj's key-outer path: its first pass (the
-                      warp-specialized kernel at d = 64, the key-outer kernel
-                      at d = 128) and its second pass (warp-specialized)
-                      (GAUGEWATCH_GPROJ_KERNEL=key_outer)
+  gproj_key_outer     gproj's key-outer path: its two passes over the keys,
+                      both warp-specialized (GAUGEWATCH_GPROJ_KERNEL=key_outer)
   pivot_no_ws, bf16_no_ws  pivot, bf16 on the key-outer kernel without warp
                       specialization (GAUGEWATCH_BF16_KERNEL=key_outer; their
                       default is the warp-specialized one)

@@ -17,9 +17,8 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   pair, side by side with the key-outer kernel
   gw_center_keys  center_keys alone (the centring's share of gw_center)
   gw_gproj_key_outer  gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer: the opt-in
-                  key-outer path (first pass: the warp-specialized kernel at
-                  d = 64, the key-outer kernel at d = 128) with its second
-                  pass over the keys (warp-specialized; not yet gproj's default: this bench
+                  key-outer path (both passes over the keys
+                  warp-specialized; not yet gproj's default: this bench
                   measures it against the pair and cuDNN; a child process,
                   since the ops library reads the variable once, when it
                   loads; n/a with the child's error in
@@ -33,8 +32,7 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   without warp specialization (cp.async loads by every
                   thread; a child process, likewise), the baseline of the
                   warp-specialized one (<backend>_ws_over_no_ws; gproj's
-                  against gw_gproj_key_outer: at d = 128 only the second
-                  pass differs)
+                  against gw_gproj_key_outer)
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
@@ -297,7 +295,7 @@ def main():
                      f"{ratio(row['gproj_key_outer_over_pair'])} |")
     if any(row.get(f"gw_{b}_no_ws_ms") is not None for row in cases for b in NO_WS):
         lines += ["", "Warp-specialized key-outer kernel (the default; gproj: its key-outer path, "
-                  "GAUGEWATCH_GPROJ_KERNEL=key_outer, warp-specialized at d = 64) against the key-outer kernel "
+                  "GAUGEWATCH_GPROJ_KERNEL=key_outer) against the key-outer kernel "
                   "without warp specialization (GAUGEWATCH_BF16_KERNEL=key_outer) and cuDNN: ms (effective TFLOP/s)",
                   "", "| shape | sdpa_cudnn | gw_bf16 ws | gw_bf16 no-ws | gw_pivot ws | gw_pivot no-ws | "
                   "gw_gproj key-outer | gw_gproj no-ws | bf16 ws/cuDNN | pivot ws/cuDNN | bf16 ws/no-ws | "

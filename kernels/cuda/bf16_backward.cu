@@ -28,14 +28,12 @@ cudaError_t launch_keyouter(const Args& args, cudaStream_t stream, bool ws_secon
 
 // The warp-specialized key-outer kernel and the same epilogue
 // (bf16_keyouter_ws_launch.cuh; keyouter_kernel where its TMA maps cannot be
-// encoded, and for gproj at head dim 128).
+// encoded).
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& args, cudaStream_t stream);
 
-// Whether launch_keyouter_ws runs the warp-specialized kernel: it takes the
-// projection at this head dim (keyouter_ws::kRuns) and encode_maps
-// (bf16_keyouter_ws_kernel.cuh) accepts the operands.
-bool keyouter_ws_runs(const Args& args, Projection projection, int head_dim);
+// Whether encode_maps (bf16_keyouter_ws_kernel.cuh) accepts the operands.
+bool keyouter_ws_maps_encodable(const Args& args, int head_dim);
 
 }  // namespace bf16
 
@@ -219,7 +217,7 @@ bf16::Args operand_args(const Bf16BackwardParams& p) {
 bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) {
   if (!p.keyouter_warp_specialized || !bf16_uses_key_outer(p)) return false;
   if (!validate(p).ok()) return false;
-  return bf16::keyouter_ws_runs(operand_args(p), p.projection, static_cast<int>(p.shape.head_dim));
+  return bf16::keyouter_ws_maps_encodable(operand_args(p), static_cast<int>(p.shape.head_dim));
 }
 
 namespace {

@@ -45,7 +45,7 @@
 //   bf16 and pivot run it by default on a warp-specialized block
 //   (keyouter_warp_specialized; bf16_keyouter_ws_kernel.cuh: a TMA producer
 //   warpgroup feeding two compute warpgroups through mbarriers; the same
-//   per-tile work), and so does gproj's pass 1 at d = 64.
+//   per-tile work), and so does gproj's pass 1 (and its pass 2, likewise).
 //   Not bitwise repeatable: the FP32 sums of dQ, U, rho, m and pivot's dK
 //   fix-up take the order the atomics land in (the header states the
 //   rounding); every other value is computed as in the pair.
@@ -156,9 +156,9 @@ struct Bf16BackwardParams {
   // 1.26-1.38x the pair's time (kernels/cuda/README.md), so the pair is
   // gproj's default. Ignored by bf16 and pivot.
   bool gproj_key_outer = false;
-  // bf16 and pivot on the key-outer path, gproj's first pass there at d = 64
-  // and its second pass (bf16_gproj_keys_ws_kernel.cuh, both head dims): true
-  // runs the warp-specialized key-outer kernel
+  // bf16 and pivot on the key-outer path, and gproj's first and second pass
+  // there (bf16_gproj_keys_ws_kernel.cuh): true runs the warp-specialized
+  // key-outer kernel
   // (bf16_keyouter_ws_kernel.cuh: a TMA producer warpgroup and two compute
   // warpgroups; the same per-tile products, bit for bit) where its TMA maps
   // can be encoded (bf16_uses_key_outer_ws), keyouter_kernel otherwise;
@@ -180,7 +180,7 @@ Status validate(const Bf16BackwardParams& params);
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
 // Whether `params` run the warp-specialized key-outer kernel: the key-outer
-// path, bf16 or pivot (gproj: at d = 64), keyouter_warp_specialized set, and
+// path, keyouter_warp_specialized set, and
 // TMA maps of Q, dO, K and V that the driver accepts (host call: encodes
 // them, launches nothing).
 bool bf16_uses_key_outer_ws(const Bf16BackwardParams& params);

@@ -11,9 +11,9 @@
 // two for 5, so its loads weigh more: kStages stages in flight, and two
 // blocks per SM at D = 64 as gproj_keys_kernel.
 // Runs where the key-outer gproj runs warp-specialized
-// (Bf16BackwardParams::keyouter_warp_specialized; at D = 128 after
-// keyouter_kernel, at D = 64 after keyouter_ws_kernel); gproj_keys_kernel
-// where its maps cannot be encoded and without warp specialization.
+// (Bf16BackwardParams::keyouter_warp_specialized: after keyouter_ws_kernel);
+// gproj_keys_kernel where its maps cannot be encoded and without warp
+// specialization.
 //
 // Block: 384 threads, 128 keys of one (batch, kv head).
 //   warpgroup 0, producer (setmaxnreg.dec to kProducerRegs): its warp 0 loads

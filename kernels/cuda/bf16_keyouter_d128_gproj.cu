@@ -5,4 +5,8 @@
 
 namespace gaugewatch::gpu::bf16 {
 template cudaError_t launch_keyouter<128, Projection::kGproj>(const Args&, cudaStream_t, bool);
+// Also the finish and second pass alone, for the warp-specialized kernel's
+// launch (bf16_keyouter_ws_gproj.cu): their kernels are instantiated here
+// only.
+template cudaError_t launch_keyouter_finish<128, Projection::kGproj>(const Args&, cudaStream_t, bool);
 }  // namespace gaugewatch::gpu::bf16

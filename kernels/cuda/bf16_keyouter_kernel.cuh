@@ -1,9 +1,10 @@
 #pragma once
 // Key-outer one-pass Hopper kernel of the fused BF16 backward, backends bf16,
-// pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h),
-// for bf16 and pivot the fallback of the warp-specialized kernel (their
-// default without bitwise determinism) and its baseline; opt-in for gproj (Bf16BackwardParams::gproj_key_outer:
-// correct on the GPU but 1.26-1.38x the pair's time, kernels/cuda/README.md). One
+// pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h), the
+// fallback of the warp-specialized kernel (bf16 and pivot's default without
+// bitwise determinism) and its baseline; for gproj opt-in
+// (Bf16BackwardParams::gproj_key_outer: correct on the GPU but 1.26-1.38x
+// the pair's time before its warp-specialized passes, kernels/cuda/README.md). One
 // kernel computes the five products per tile pair (S, dP, dV, dK, dQ) where
 // the two-kernel pair of bf16_backward_hopper.cuh needs seven; dQ is
 // accumulated in FP32 by atomics. gproj adds a sixth, U = r K, and a second
@@ -43,21 +44,20 @@
 //   the tensor cores: t against a [64 keys][8] tile of ones, m64n8k16, beside
 //   dQ's MMAs) and its max P with the key index, both by atomics (FP32 add;
 //   64-bit max of pivot_code()).
-//   gproj (D = 64): per row, this block's partial sums of the BF16-rounded
-//   t (rho) and r (m), per warpgroup on the tensor cores as pivot's rho (t
-//   and r against the tile of ones, 4 m64n8k16 steps each), by FP32 atomics;
-//   after the block barrier warpgroup 0
+//   gproj: per row, this block's partial sums of the BF16-rounded t (rho)
+//   and r (m), per warpgroup on the tensor cores as pivot's rho (t and r
+//   against the tile of ones, 4 m64n8k16 steps each), by FP32 atomics;
+//   D = 64: after the block barrier warpgroup 0
 //   computes dQ_tile = t K and warpgroup 1 U_tile = r K, each over all 128
 //   keys (ss, m64n64, 8 steps; the same work per warpgroup as bf16's two
 //   key halves), into two FP32 staging tiles [64][72] that threads 0..63
 //   (dQ) and 64..127 (U) add to dQacc and Uacc by one bulk reduction per
 //   row after the next barrier, as D = 128 does; gproj (D = 128; no room for
-//   a second 34 KB staging tile): each warpgroup also computes U columns
-//   64 wg.. over all 128 keys (8 more steps) into registers and adds them to
-//   Uacc by float4 atomics (lane pairs exchange halves: one atomic per four
-//   elements), and its rho and m are FP32 sums in the element loop (no
-//   registers to spare for 8 more accumulators beside U's); dK is left in
-//   FP32 (dKacc).
+//   a second 34 KB staging tile): once its dQ half is stored, each
+//   warpgroup computes U columns 64 wg.. over all 128 keys (8 steps) into
+//   dQ's registers and adds them to Uacc by float4 atomics (lane pairs
+//   exchange halves: one atomic per four elements); dK is left in FP32
+//   (dKacc).
 // Then finish_rows_kernel (per 64 query rows): dQ = bf16(alpha (dQacc -
 // rho_i k_{j*(i)})) (pivot), bf16(alpha (dQacc - lambda_i Uacc)) with
 // lambda_i = rho_i / m_i (gproj, which also writes bf16(-lambda_i q_i), the
@@ -71,10 +71,9 @@
 // Rounding (why this path is not bitwise repeatable): dQacc_i is the FP32 sum
 // of the blocks' FP32 tile partials in the order the atomics land; rho_i the
 // FP32 sum of the per-(block, warpgroup) partial row sums, in landing order
-// (pivot, and gproj at D = 64 for rho and m: each partial the tensor cores'
-// FP32 sum of the warpgroup's 64 rounded t_ij (r_ij), an m64n8k16 product
-// against ones; gproj at D = 128: a per-thread FP32 sum over 16 keys, then
-// across the quad);
+// (pivot, and gproj for rho and m: each partial the tensor cores' FP32 sum
+// of the warpgroup's 64 rounded t_ij (r_ij), an m64n8k16 product against
+// ones);
 // dKacc_j (pivot) the kernel's FP32 accumulator minus, in landing order, one
 // FP32 sum per segment of kFixupRows sorted rows of a query tile of the
 // rho_i q_i of its rows with j*(i) = j; gproj:
@@ -94,7 +93,7 @@
 // (B, Hq, N, d) FP32, m in mass_accum (B, Hq, N) FP32, neg_lambda_q
 // (B, Hq, N, d) BF16 (written by finish_rows_kernel).
 // The per-tile work (KeyTile below) is shared with the warp-specialized
-// variant for bf16 and pivot (bf16_keyouter_ws_kernel.cuh: TMA producer
+// variant (bf16_keyouter_ws_kernel.cuh: TMA producer
 // warpgroup, mbarrier ring; the default), which replaces only the loads and the
 // block barriers around it.
 // The finish kernels: bf16_keyouter_finish_kernels.cuh.
@@ -124,20 +123,18 @@ using hopper::kThreads;
 // Row strides of 8 floats past a multiple of 32 banks: the 8 rows of a warp's
 // float2 stores hit distinct banks; 16-byte aligned rows for the bulk copy.
 // gproj (D = 64 only): one set of two staging tiles [64 rows][72], dQ (of
-// warpgroup 0) then U (of warpgroup 1). Pivot and gproj at D = 64: then 1 KiB
-// of BF16 ones, the B operand (8 columns x 64 keys, K-major) of the row sums
-// of t (and r) on the tensor cores (kRowSumsByMma).
+// warpgroup 0) then U (of warpgroup 1). Pivot and gproj: then 1 KiB of BF16
+// ones, the B operand (8 columns x 64 keys, K-major) of the row sums of t
+// (and r) on the tensor cores (kRowSumsByMma).
 template <int D>
 inline constexpr int kDqStride = D + 8;
 // Whether a warpgroup's row sums of its rounded t tile (pivot's rho; gproj's
 // rho and, of r, m) come from the tensor cores (m64n8k16 against a tile of
 // ones, 4 steps each beside dQ's MMAs) rather than from FP32 instructions in
 // the element loop (round, widen, add: three per element and sum), which
-// bound the kernel at D = 64. gproj at D = 128 keeps the element loop's sums:
-// its U accumulator is live through the MMA batch, and 8 more accumulator
-// registers there would take ptxas past 255.
+// bound the kernel at D = 64.
 template <int D, Projection P>
-inline constexpr bool kRowSumsByMma = P == Projection::kPivot || (P == Projection::kGproj && D == 64);
+inline constexpr bool kRowSumsByMma = P == Projection::kPivot || P == Projection::kGproj;
 template <int D, Projection P = Projection::kNone>
 struct Layout : hopper::KvLayout<D, Projection::kNone> {
   using Base = hopper::KvLayout<D, Projection::kNone>;
@@ -258,8 +255,8 @@ struct KeyTile {
   static constexpr bool kStaged = D == 128 || kGproj;
   static_assert(!kWriter || (D == 128 && !kGproj), "the writer warp: bf16 and pivot at D = 128");
   static constexpr int kTSets = kWriter ? 2 : 1;  // sets of t tiles
-  // Pivot (rho) and gproj at D = 64 (rho and m): each warpgroup's row sums
-  // of its t (r) tile from the tensor cores (kRowSumsByMma).
+  // Pivot (rho) and gproj (rho and m): each warpgroup's row sums of its t
+  // (r) tile from the tensor cores (kRowSumsByMma).
   static constexpr bool kRhoByMma = kRowSumsByMma<D, P>;
   static constexpr bool kMassByMma = kRhoByMma && kGproj;
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
@@ -291,7 +288,7 @@ struct KeyTile {
   __device__ __forceinline__ bool issues_rows() const {
     return kStaged && !kWriter && tid() < (kStagedU ? 2 : 1) * kKvRows;
   }
-  // Pivot and gproj at D = 64: the ones tile (kRhoByMma), one word per compute thread, fenced for
+  // Pivot and gproj: the ones tile (kRhoByMma), one word per compute thread, fenced for
   // the tensor cores; the caller's next barrier of the 256 publishes it.
   __device__ __forceinline__ void fill_ones() const {
     if constexpr (kRhoByMma) {
@@ -432,12 +429,7 @@ struct KeyTile {
     // values the MMAs consume. Pivot's statistics: this thread's two rows
     // over its 16 keys of the tile.
     RowStats stats;
-    if constexpr (kGproj && !kMassByMma) {
-      hopper::scores_to_tr<false>(
-          a, s, dp, in, j0 + 64 * wg, [&](int hh, int j, bool visible, float p, float t, float r, float, int) {
-            stats.add<false, false>(hh, j, visible, p, mma::round_bf16(t), mma::round_bf16(r), 0.0f);
-          });
-    } else if constexpr (P == Projection::kPivot) {
+    if constexpr (P == Projection::kPivot) {
       // The argmax only (rho: kRhoByMma; an invisible element has p = 0).
       PivotArgmax argmax;
       hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
@@ -464,18 +456,6 @@ struct KeyTile {
         const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
         *reinterpret_cast<uint32_t*>(t_tile + off) = mma::pack_bf16(dp[4 * jn + 2 * hh], dp[4 * jn + 2 * hh + 1]);
         *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
-      }
-    }
-    if constexpr (kGproj && !kMassByMma) {
-      // This block's partial rho and m of each row (zeros are not added).
-      stats.reduce_quad();
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = i0 + row0 + g + 8 * hh;
-        if (c == 0 && row < a.n && (stats.rho[hh] != 0.0f || stats.mass[hh] != 0.0f)) {
-          atomicAdd(a.row_factor + row_base + row, stats.rho[hh]);
-          atomicAdd(a.mass_accum + row_base + row, stats.mass[hh]);
-        }
       }
     }
     if constexpr (P == Projection::kPivot) {
@@ -505,13 +485,9 @@ struct KeyTile {
 
     float dq[32];
     hopper::zero(dq);
-    // gproj at D = 128: U = r K, columns 64 wg.., zeroed before the fence (a
-    // register write between wgmmas makes ptxas inject a warpgroup.arrive).
-    [[maybe_unused]] float u[kGproj && D == 128 ? 32 : 1];
-    if constexpr (kGproj && D == 128) hopper::zero(u);
-    // Pivot and gproj at D = 64: rho = t 1 over this warpgroup's 64 keys
-    // (columns all equal; the first step's scale-d 0 needs no zeroing
-    // between the fences); gproj: m = r 1 likewise.
+    // Pivot and gproj: rho = t 1 over this warpgroup's 64 keys (columns all
+    // equal; the first step's scale-d 0 needs no zeroing between the
+    // fences); gproj: m = r 1 likewise.
     [[maybe_unused]] float rho[4];
     [[maybe_unused]] float mass[kMassByMma ? 4 : 1];
     wgmma::fence();
@@ -536,16 +512,6 @@ struct KeyTile {
       const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block);
       wgmma::mma_ss<false, true>(dq, wgmma::desc_k_major(tw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
                                  wgmma::desc_mn_major(kk, kKeySubTile));
-    }
-    // gproj at D = 128: U over all 128 keys (r of both warpgroups).
-    if constexpr (kGproj && D == 128) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const uint16_t* rw = t_of(it, k >> 2) + L::kScoreTile;
-        const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * wg);
-        wgmma::mma_ss<false, true>(u, wgmma::desc_k_major(rw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
-                                   wgmma::desc_mn_major(kk, kKeySubTile));
-      }
     }
     if constexpr (kRhoByMma) {
       const uint64_t ones = wgmma::desc_k_major(reinterpret_cast<const unsigned char*>(smem) + L::kOnes);
@@ -581,26 +547,6 @@ struct KeyTile {
         if (c == 0 && row < a.n && rho[2 * hh] != 0.0f) atomicAdd(a.row_factor + row_base + row, rho[2 * hh]);
       }
     }
-    if constexpr (kGproj && D == 128) {
-      wgmma::fence_operand(u);
-      // Uacc += U by float4 atomics: lanes c and c ^ 1 hold columns 2 c, 2 c + 1
-      // of rows g and g + 8; the even lane adds row g's four columns, the odd
-      // lane row g + 8's, each taking its partner's pair by one exchange.
-      const bool odd = (c & 1) != 0;
-      const int row = i0 + row0 + g + (odd ? 8 : 0);
-      float* ur = a.u_accum + (row_base + row) * D + 64 * wg + 2 * (c & ~1);
-#pragma unroll
-      for (int jn = 0; jn < 8; ++jn) {
-        const float keep0 = odd ? u[4 * jn + 2] : u[4 * jn], keep1 = odd ? u[4 * jn + 3] : u[4 * jn + 1];
-        const float give0 = odd ? u[4 * jn] : u[4 * jn + 2], give1 = odd ? u[4 * jn + 1] : u[4 * jn + 3];
-        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
-        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-        if (row < a.n) {
-          atomicAdd(reinterpret_cast<float4*>(ur + 8 * jn),
-                    odd ? make_float4(got0, got1, keep0, keep1) : make_float4(keep0, keep1, got0, got1));
-        }
-      }
-    }
     // kWriter: the staging tile is free once the writer's reductions of
     // iteration it - 1 have read it; without: see below.
     if (kWriter && it > 0) wgmma::named_barrier<DqHandoff::kEmptyCount>(DqHandoff::kEmpty + wg);
@@ -620,6 +566,47 @@ struct KeyTile {
     }
     if constexpr (kStaged) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
     if constexpr (kWriter) wgmma::named_barrier_arrive<DqHandoff::kFullCount>(DqHandoff::kFull);
+    // gproj at D = 128: U = r K, columns 64 wg.. over all 128 keys (r of both
+    // warpgroups, which the barrier before dQ published and the block's next
+    // barrier keeps until every warpgroup is done), after dQ's store, in dQ's
+    // registers: with U beside dQ in the batch above the kernel needed 255
+    // registers and had no room for the row sums' 8 accumulators.
+    if constexpr (kGproj && D == 128) {
+      float (&u)[32] = dq;
+      wgmma::fence_operand(u);
+      wgmma::fence();
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint16_t* rw = t_of(it, k >> 2) + L::kScoreTile;
+        const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * wg);
+        const uint64_t r_desc = wgmma::desc_k_major(rw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3)));
+        if (k == 0) {
+          wgmma::mma_ss_first<false, true>(u, r_desc, wgmma::desc_mn_major(kk, kKeySubTile));
+        } else {
+          wgmma::mma_ss<false, true>(u, r_desc, wgmma::desc_mn_major(kk, kKeySubTile));
+        }
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operand(u);
+      // Uacc += U by float4 atomics: lanes c and c ^ 1 hold columns 2 c, 2 c + 1
+      // of rows g and g + 8; the even lane adds row g's four columns, the odd
+      // lane row g + 8's, each taking its partner's pair by one exchange.
+      const bool odd = (c & 1) != 0;
+      const int row = i0 + row0 + g + (odd ? 8 : 0);
+      float* ur = a.u_accum + (row_base + row) * D + 64 * wg + 2 * (c & ~1);
+#pragma unroll
+      for (int jn = 0; jn < 8; ++jn) {
+        const float keep0 = odd ? u[4 * jn + 2] : u[4 * jn], keep1 = odd ? u[4 * jn + 3] : u[4 * jn + 1];
+        const float give0 = odd ? u[4 * jn] : u[4 * jn + 2], give1 = odd ? u[4 * jn + 1] : u[4 * jn + 3];
+        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+        if (row < a.n) {
+          atomicAdd(reinterpret_cast<float4*>(ur + 8 * jn),
+                    odd ? make_float4(got0, got1, keep0, keep1) : make_float4(keep0, keep1, got0, got1));
+        }
+      }
+    }
   }
 
   // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot and gproj dKacc in

@@ -13,7 +13,5 @@ template cudaError_t launch_keyouter_ws<64, Projection::kNone>(const Args&, cuda
 template cudaError_t launch_keyouter_ws<64, Projection::kPivot>(const Args&, cudaStream_t);
 
 // For bf16_uses_key_outer_ws (bf16_backward.cu), both head dims (host code).
-bool keyouter_ws_runs(const Args& a, Projection projection, int head_dim) {
-  return keyouter_ws::runs(a, projection, head_dim);
-}
+bool keyouter_ws_maps_encodable(const Args& a, int head_dim) { return keyouter_ws::maps_encodable(a, head_dim); }
 }  // namespace gaugewatch::gpu::bf16

@@ -1,7 +1,7 @@
 #pragma once
 // Warp-specialized key-outer kernel of the fused BF16 backward, backends bf16
-// and pivot, and gproj's first pass at D = 64 where gproj's key-outer path is
-// opted into (issue 13: FlashAttention-3's structure): the same per-tile work
+// and pivot, and gproj's first pass where gproj's key-outer path is opted
+// into (issue 13: FlashAttention-3's structure): the same per-tile work
 // as keyouter_kernel (bf16_keyouter_kernel.cuh, KeyTile: the same
 // instructions on the same operands, so S, dP, t, r, dV, dK and every dQ tile
 // are bit for bit those of keyouter_kernel), but the compute warpgroups never
@@ -27,21 +27,24 @@
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): KeyTile
 //     with tid = threadIdx.x - 128, keys 64 (warpgroup - 1)..; per iteration
 //     wait full[s], KeyTile::compute, and after the tile's MMAs are complete
-//     every compute thread arrives on empty[s] (256 arrivals). D = 128: one
-//     barrier of the compute threads per iteration (kComputeBarrier, before
-//     dQ, which reads both warpgroups' t); otherwise each warpgroup meets
-//     only its own warps, the writer (for the staging tile) and the pingpong.
-//     D = 64: as keyouter_kernel, a barrier of the compute threads where it
+//     every compute thread arrives on empty[s] (256 arrivals). With the
+//     writer (bf16 and pivot at D = 128): one barrier of the compute threads
+//     per iteration (kComputeBarrier, before dQ, which reads both
+//     warpgroups' t); otherwise each warpgroup meets only its own warps, the
+//     writer (for the staging tile) and the pingpong. Without (D = 64, and
+//     gproj): as keyouter_kernel, a barrier of the compute threads where it
 //     has its block barrier, then the compute threads add the previous
-//     iteration's dQ partials (KeyTile::add_dq_tile; gproj: its dQ and U
-//     staging tiles, by bulk reductions, and a second compute barrier
-//     before dQ and U, which read both warpgroups' t and r).
+//     iteration's dQ partials or staging tile (KeyTile::add_dq_tile; gproj
+//     at D = 64 its dQ and U staging tiles), and at D = 128 and for gproj a
+//     second compute barrier before dQ (and U), which read both warpgroups'
+//     t (and r). gproj's U at D = 128 reads both warpgroups' r after dQ,
+//     which the first barrier keeps from the next iteration's stores.
 // Stage s of iteration it: s = it % 2, ring round it / 2, consumers wait
 // full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
 // Shared memory: keyouter::Layout<D, P> (the two Q/dO buffers and staged row
-// arrays are the ring's stages), at D = 128 a second set of t tiles, and the 5
-// mbarriers.
+// arrays are the ring's stages), with the writer a second set of t tiles, and
+// the 5 mbarriers.
 //
 // TMA maps (host, encode_maps): Q and dO as (B, Hq, N, d), K and V as
 // (B, Hkv, M, d), rank 4 with the operands' strides, boxes of 64 (Q, dO) or
@@ -52,15 +55,15 @@
 // (a stride or base the copy engine refuses; bf16_backward.cu's validate()
 // already requires 16-byte strides) the launcher runs keyouter_kernel instead
 // (bf16_keyouter_ws_launch.cuh).
-// gproj (D = 64): this kernel is its first pass; the finish kernels and the
-// second pass over the keys (bf16_gproj_keys_kernel.cuh) follow as after
-// keyouter_kernel (launch_keyouter_finish). At D = 128 gproj keeps
-// keyouter_kernel (kRuns).
+// gproj: this kernel is its first pass; the finish kernels and the second
+// pass over the keys (bf16_gproj_keys_ws_kernel.cuh) follow as after
+// keyouter_kernel (launch_keyouter_finish). No writer warp for gproj at
+// D = 128: U reads both warpgroups' r (r in two sets, or a second FP32
+// staging tile, does not fit beside the writer's second set of t tiles).
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cuda/bf16_keyouter_kernel.cuh"
 #include "kernels/cuda/mbarrier.cuh"
@@ -77,25 +80,29 @@ inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute threads");
-// Whether the writer warp adds dQ (D = 128); at D = 64 the compute threads
-// add the two partials after a barrier of all 256 per iteration (faster
-// there: KeyTile).
-template <int D>
-inline constexpr bool kDqWriter = D == 128;
+// Whether the writer warp adds dQ (bf16 and pivot at D = 128); at D = 64 the
+// compute threads add the two partials after a barrier of all 256 per
+// iteration (faster there: KeyTile), and gproj keeps keyouter_kernel's two
+// barriers (its U reads both warpgroups' r).
+template <int D, Projection P>
+inline constexpr bool kDqWriter = D == 128 && P != Projection::kGproj;
 // 384 threads at 1 block per SM start at 168 registers each (65,536 / 384
 // rounded down to a multiple of 8), and that is the block's pool: the
 // producer warpgroup gives some back, the compute warpgroups take them, and
 // producer + 2 x compute <= 3 x 168 (setmaxnreg.cuh; more and setmaxnreg.inc
-// waits forever). D = 64: 24 / 240 (FlashAttention-3's split). D = 128: the
-// writer warp's loop and bulk reductions spill at 32 (24 bytes, ptxas -v),
-// so 40 / 232, the whole pool; the compute threads fit 232 without spilling.
+// waits forever). Without the writer: 24 / 240 (FlashAttention-3's split).
+// With it (D = 128): the writer warp's loop and bulk reductions spill at 32
+// (24 bytes, ptxas -v), so 40 / 232, the whole pool; the compute threads fit
+// 232 without spilling.
 inline constexpr int kLaunchRegs = 168;
-template <int D>
-inline constexpr int kProducerRegs = kDqWriter<D> ? 40 : 24;
-template <int D>
-inline constexpr int kComputeRegs = kDqWriter<D> ? 232 : 240;
-static_assert(kProducerRegs<64> + 2 * kComputeRegs<64> <= 3 * kLaunchRegs &&
-                  kProducerRegs<128> + 2 * kComputeRegs<128> <= 3 * kLaunchRegs,
+template <int D, Projection P>
+inline constexpr int kProducerRegs = kDqWriter<D, P> ? 40 : 24;
+template <int D, Projection P>
+inline constexpr int kComputeRegs = kDqWriter<D, P> ? 232 : 240;
+template <int D, Projection P>
+inline constexpr bool kFitsPool = kProducerRegs<D, P> + 2 * kComputeRegs<D, P> <= 3 * kLaunchRegs;
+static_assert(kFitsPool<64, Projection::kNone> && kFitsPool<128, Projection::kNone> &&
+                  kFitsPool<128, Projection::kGproj>,
               "the block's register pool");
 // Named barriers: 1, 2 (KeyTile's per-warpgroup barriers, 1 + wg), 3 (the
 // pingpong), this one for the 256 compute threads, then keyouter::DqHandoff's
@@ -110,7 +117,7 @@ struct Maps {
 
 // The compute warpgroups' per-tile work.
 template <int D, Projection P>
-using Tile = keyouter::KeyTile<D, P, kProducerThreads, kDqWriter<D>>;
+using Tile = keyouter::KeyTile<D, P, kProducerThreads, kDqWriter<D, P>>;
 
 template <int D, Projection P>
 struct Layout : keyouter::Layout<D, P> {
@@ -165,35 +172,15 @@ inline bool encode_maps(const Args& a, Maps* maps) {
   return true;
 }
 
-// Whether gproj's first pass runs here at head dim D: at D = 64 (KeyTile's
-// two staging tiles, dQ and U, added by the compute threads' bulk
-// reductions; 222 registers in keyouter_kernel, under kComputeRegs<64>); at
-// D = 128 keyouter_kernel's U accumulator in registers takes it to 255
-// registers, past kComputeRegs<128>, and a second FP32 staging tile does
-// not fit beside the writer's second set of t tiles.
-template <int D, Projection P>
-inline constexpr bool kRuns = P != Projection::kGproj || D == 64;
-
-// Whether launch_keyouter_ws runs this kernel for `projection` at
-// `head_dim` (64 or 128) on the operands of `a`: kRuns, and the maps encode
-// (host code; bf16_uses_key_outer_ws).
-inline bool runs(const Args& a, Projection projection, int head_dim) {
-  auto takes = [projection](auto d) {
-    constexpr int kD = decltype(d)::value;
-    switch (projection) {
-      case Projection::kGproj: return kRuns<kD, Projection::kGproj>;
-      case Projection::kPivot: return kRuns<kD, Projection::kPivot>;
-      default: return kRuns<kD, Projection::kNone>;
-    }
-  };
+// Whether the maps of `a` encode at `head_dim` (64 or 128): the condition
+// for launch_keyouter_ws to run this kernel (host code; bf16_uses_key_outer_ws).
+inline bool maps_encodable(const Args& a, int head_dim) {
   Maps maps{};
-  if (head_dim == 64) return takes(std::integral_constant<int, 64>{}) && encode_maps<64>(a, &maps);
-  return takes(std::integral_constant<int, 128>{}) && encode_maps<128>(a, &maps);
+  return head_dim == 64 ? encode_maps<64>(a, &maps) : encode_maps<128>(a, &maps);
 }
 
 template <int D, Projection P>
 __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_constant__ Maps maps, const Args a) {
-  static_assert(kRuns<D, P>, "gproj at D = 128 runs keyouter_kernel");
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = Layout<D, P>;
@@ -209,9 +196,9 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   __syncthreads();  // the barriers' init, before the roles part (the only block-wide barrier)
 
   if (threadIdx.x < kProducerThreads) {
-    regs::setmaxnreg_dec<kProducerRegs<D>>();
+    regs::setmaxnreg_dec<kProducerRegs<D, P>>();
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-    if constexpr (kDqWriter<D>) {
+    if constexpr (kDqWriter<D, P>) {
       if (warp == keyouter::DqHandoff::kWriterWarp) {
         kt.writer_loop(lane);
         return;
@@ -255,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
     return;
   }
 
-  regs::setmaxnreg_inc<kComputeRegs<D>>();
+  regs::setmaxnreg_inc<kComputeRegs<D, P>>();
   float dk[D / 2], dv[D / 2];
   hopper::zero(dk);
   hopper::zero(dv);
@@ -268,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   for (int it = 0; it < iters; ++it) {
     const int s = it % kStages;
     mbarrier::wait(&full[s], static_cast<uint32_t>(it / kStages) & 1u);
-    if constexpr (!kDqWriter<D>) {
+    if constexpr (!kDqWriter<D, P>) {
       // Every compute thread is done with iteration it - 1: its dQ tile is
       // written, its t/r tiles and dQ partials read.
       compute_sync();
@@ -278,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
         it, smem + (s ? L::kQ1 : L::kQ0), smem + (s ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), s), dk,
         dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); });
   }
-  if constexpr (!kDqWriter<D>) {
+  if constexpr (!kDqWriter<D, P>) {
     if (iters > 0) {
       compute_sync();
       kt.add_dq_tile(iters - 1, kt.tid());

@@ -49,7 +49,7 @@ Bf16KernelChoice bf16_kernel_from_environment() {
 const Bf16KernelChoice kBf16Kernel = bf16_kernel_from_environment();
 
 // GAUGEWATCH_GPROJ_KERNEL: "key_outer" opts gproj into the key-outer kernel
-// (Bf16BackwardParams::gproj_key_outer; at d = 64 warp-specialized as bf16's,
+// (Bf16BackwardParams::gproj_key_outer; warp-specialized as bf16's,
 // GAUGEWATCH_BF16_KERNEL above); unset, empty or "pair" keeps the
 // two-kernel pair. Any other value keeps the pair and says so once, on
 // stderr (this runs in a static initializer: it must not throw).

@@ -62,7 +62,7 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // projection kNone. deterministic: the two-kernel pair (bitwise repeatable);
 // otherwise bf16 and pivot run the key-outer kernel (FP32 atomics). gproj's
 // structure is chosen once when the library loads:
-// GAUGEWATCH_GPROJ_KERNEL=key_outer runs the key-outer kernel (at d = 64 the
+// GAUGEWATCH_GPROJ_KERNEL=key_outer runs the key-outer kernel (the
 // warp-specialized one, unless GAUGEWATCH_BF16_KERNEL=key_outer) and its
 // second pass (opt-in: measured slower than the pair on the H200); unset, empty or
 // "pair" the two-kernel pair, gproj's default; another value warns once on

@@ -388,11 +388,11 @@ TEST_P(Bf16KeyOuterCase, MatchesReferenceEmulation) {
 }
 
 // The warp-specialized key-outer kernel (bf16_keyouter_ws_kernel.cuh; bf16 and
-// pivot's default, keyouter_warp_specialized; gproj's first pass at d = 64
-// when gproj's key-outer path is opted into, and its second pass at both,
-// bf16_gproj_keys_ws_kernel.cuh) on the same shapes: the
-// launcher must choose it (its TMA maps encode for every case here; gproj
-// at d = 128 keeps keyouter_kernel for its first pass), the reference tolerances of the
+// pivot's default, keyouter_warp_specialized; gproj's first pass when
+// gproj's key-outer path is opted into, and its second pass,
+// bf16_gproj_keys_ws_kernel.cuh) on the same shapes: the launcher must
+// choose it (its TMA maps encode for every case here), the reference
+// tolerances of the
 // key-outer kernel, and against keyouter_kernel: dV bit for bit (bf16: dK
 // too), since every t, r and per-tile product is computed by the same
 // instructions on the same operands and dV (dK) sums the tiles in the same
@@ -413,12 +413,7 @@ TEST_P(Bf16KeyOuterCase, WarpSpecializedMatchesKeyOuter) {
         run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter, /*warp_specialized=*/true);
     ASSERT_TRUE(got.status.ok()) << got.status.message;
     ASSERT_TRUE(got.key_outer);
-    if (projection == gpu::Projection::kGproj && c.shape.head_dim != 64) {
-      // keyouter_kernel, then the warp-specialized second pass.
-      EXPECT_FALSE(got.key_outer_ws) << "gproj at d = 128 runs keyouter_kernel";
-    } else {
-      ASSERT_TRUE(got.key_outer_ws) << "the launcher did not choose the warp-specialized key-outer kernel";
-    }
+    ASSERT_TRUE(got.key_outer_ws) << "the launcher did not choose the warp-specialized key-outer kernel";
     ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, projection, c, " key-outer ws"));
     const KernelRun base = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
     ASSERT_TRUE(base.status.ok()) << base.status.message;
@@ -730,7 +725,8 @@ double relative_to_exact(const std::vector<float>& x, const std::vector<double>&
 // while bf16's dQ carries rho_i mu (a BF16 rounding residual times |mu|).
 // So: key-outer gproj's dQ against FP64 at the BF16 level and far below
 // key-outer bf16's, as close to FP64 as the pair's gproj; dK and dV too.
-// Both first passes: keyouter_kernel and (d = 64) the warp-specialized kernel.
+// Both structures: keyouter_kernel with the cp.async second pass, and the
+// warp-specialized first and second passes.
 TEST(Bf16Backward, GprojKeyOuterSinkLikeRowMass) {
   SKIP_WITHOUT_GPU();
   using CM = ref::CausalMode;
@@ -750,7 +746,6 @@ TEST(Bf16Backward, GprojKeyOuterSinkLikeRowMass) {
     const double pair_eq = relative_to_exact(pair.grads.dq, exact.dq);
     const double plain_eq = relative_to_exact(plain.grads.dq, exact.dq);
     for (const bool warp_specialized : {false, true}) {
-      if (warp_specialized && d != 64) continue;  // gproj at d = 128 keeps keyouter_kernel
       const char* kernel = warp_specialized ? "warp-specialized" : "keyouter_kernel";
       SCOPED_TRACE(kernel);
       const KernelRun gproj = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper,

@@ -11,9 +11,9 @@ Python-side failure; the sanitizer's own exit code (--error-exitcode)
 reports hazards.
 
 With GAUGEWATCH_GPROJ_KERNEL=key_outer (the library reads it once, when it
-loads) the script runs only the key-outer gproj (its first pass, at d = 64
-the warp-specialized kernel and at d = 128 the key-outer kernel, its row
-finish and its warp-specialized second pass over the keys) on the same cases:
+loads) the script runs only the key-outer gproj (its warp-specialized first
+pass, its row finish and its warp-specialized second pass over the keys)
+on the same cases:
 scripts/device.sh runs it that way a second time under each tool. With
 GAUGEWATCH_BF16_KERNEL=key_outer it runs only bf16 and pivot on their
 key-outer path (deterministic=False) on the key-outer kernel without warp
@@ -71,8 +71,8 @@ for case in CASES:
 
 if GPROJ_KEY_OUTER or PLAIN_KEY_OUTER:
     ran = ", ".join(backend for backend, _ in runs)
-    kernel = "the key-outer kernel without warp specialization" if PLAIN_KEY_OUTER else (
-        "the warp-specialized kernel at d = 64, the key-outer kernel at d = 128; the second pass warp-specialized")
+    kernel = ("the key-outer kernel without warp specialization" if PLAIN_KEY_OUTER
+              else "the warp-specialized kernels")
     print(f"sanitize_kernels: {len(CASES)} cases of the key-outer path ({ran}; first pass on {kernel}) ran")
     sys.exit(0)
 

@@ -113,24 +113,18 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/, bool ws_seco
 // keyouter_kernel where the emulated encode refuses a map, as on the GPU.
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
-  if constexpr (!keyouter_ws::kRuns<D, P>) {
-    return launch_keyouter<D, P>(a, stream, /*ws_second_pass=*/true);  // gproj at D = 128
-  } else {
-    keyouter_ws::Maps maps{};
-    if (!keyouter_ws::encode_maps<D>(a, &maps)) return launch_keyouter<D, P>(a, stream);
-    const dim3 kv_grid = hopper::key_block_grid(a);
-    if (kv_grid.x > 0) {
-      gaugewatch_emulation::run_grid(kv_grid, keyouter_ws::kThreads, keyouter_ws::Layout<D, P>::kBytes,
-                                     [&a, &maps] { keyouter_ws::keyouter_ws_kernel<D, P>(maps, a); });
-    }
-    launch_keyouter_finish<D, P>(a, /*ws_second_pass=*/true);
-    return cudaSuccess;
+  keyouter_ws::Maps maps{};
+  if (!keyouter_ws::encode_maps<D>(a, &maps)) return launch_keyouter<D, P>(a, stream);
+  const dim3 kv_grid = hopper::key_block_grid(a);
+  if (kv_grid.x > 0) {
+    gaugewatch_emulation::run_grid(kv_grid, keyouter_ws::kThreads, keyouter_ws::Layout<D, P>::kBytes,
+                                   [&a, &maps] { keyouter_ws::keyouter_ws_kernel<D, P>(maps, a); });
   }
+  launch_keyouter_finish<D, P>(a, /*ws_second_pass=*/true);
+  return cudaSuccess;
 }
 
-bool keyouter_ws_runs(const Args& a, Projection projection, int head_dim) {
-  return keyouter_ws::runs(a, projection, head_dim);
-}
+bool keyouter_ws_maps_encodable(const Args& a, int head_dim) { return keyouter_ws::maps_encodable(a, head_dim); }
 
 template cudaError_t launch_keyouter_ws<64, Projection::kNone>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter_ws<64, Projection::kPivot>(const Args&, cudaStream_t);
