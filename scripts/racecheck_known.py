@@ -21,8 +21,9 @@ import sys
 # One side of a hazard: "<Read|Write> access at <function>+<offset> in <file>:<line>".
 SIDE = re.compile(r"(Read|Write) access at (.*?)\+0x[0-9a-f]+ in ([\w./-]+):(\d+)")
 # KeyTile<64, P, kFirstThread[, kWriter = false]>: the template's signature
-# before and after its writer-warp parameter (the writer runs only at D = 128).
-KEYTILE_64 = r"KeyTile<\(int\)64, \(gaugewatch::gpu::Projection\)[02], \(int\)\d+(?:, \(bool\)0)?>"
+# before and after its writer-warp parameter (the writer runs only at D = 128),
+# for every projection (bf16 0, gproj 1, pivot 2: the same dQ exchange).
+KEYTILE_64 = r"KeyTile<\(int\)64, \(gaugewatch::gpu::Projection\)[012], \(int\)\d+(?:, \(bool\)0)?>"
 KNOWN_READ = re.compile(KEYTILE_64 + r"::add_dq_tile(?:<\(int\)\d+>)?\(int(?:, int)?\) const$")
 KNOWN_WRITE = re.compile(KEYTILE_64 + r"::compute<")
 

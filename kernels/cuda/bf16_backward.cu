@@ -48,7 +48,7 @@ struct Layout {
   size_t delta = 0, row_factor = 0, pivot_key = 0, neg_lambda_q = 0, total = 0;
   // Key-outer kernel only (sizes 0 otherwise).
   size_t dq_accum = 0, dq_accum_bytes = 0, pivot_code = 0, pivot_code_bytes = 0, dk_accum = 0;
-  size_t u_accum = 0, u_accum_bytes = 0, mass_accum = 0, mass_accum_bytes = 0;  // gproj
+  size_t mass_accum = 0, mass_accum_bytes = 0;  // gproj
 };
 
 Layout layout_of(const Bf16BackwardParams& p) {
@@ -72,10 +72,8 @@ Layout layout_of(const Bf16BackwardParams& p) {
   w.pivot_code_bytes = pivot ? rows * sizeof(unsigned long long) : 0;
   w.dk_accum = w.pivot_code + round_up(w.pivot_code_bytes);
   const size_t dk_bytes = pivot || gproj ? static_cast<size_t>(p.shape.kv_elements()) * sizeof(float) : 0;
-  // gproj: U = r K (FP32, rows x d) and m_i (FP32 per row); rho_i in row_factor.
-  w.u_accum = w.dk_accum + round_up(dk_bytes);
-  w.u_accum_bytes = gproj ? rows * d * sizeof(float) : 0;
-  w.mass_accum = w.u_accum + round_up(w.u_accum_bytes);
+  // gproj: m_i (FP32 per row); rho_i, then lambda_i, in row_factor.
+  w.mass_accum = w.dk_accum + round_up(dk_bytes);
   w.mass_accum_bytes = gproj ? rows * sizeof(float) : 0;
   w.total = w.mass_accum + round_up(w.mass_accum_bytes);
   return w;
@@ -232,7 +230,6 @@ bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
   a.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
   a.pivot_code = reinterpret_cast<unsigned long long*>(ws + w.pivot_code);
   a.dk_accum = reinterpret_cast<float*>(ws + w.dk_accum);
-  a.u_accum = reinterpret_cast<float*>(ws + w.u_accum);
   a.mass_accum = reinterpret_cast<float*>(ws + w.mass_accum);
   return a;
 }
@@ -247,7 +244,7 @@ cudaError_t launch_projection(const bf16::Args& a, Projection projection, Bf16Ke
 }
 
 // The key-outer kernel's zeroed accumulators: dQ, for pivot and gproj rho
-// (in row_factor), for pivot the pivot codes, for gproj U and m.
+// (in row_factor), for pivot the pivot codes, for gproj m.
 cudaError_t zero_key_outer_accumulators(const Bf16BackwardParams& p, char* ws, const Layout& w,
                                         cudaStream_t stream) {
   cudaError_t err = cudaMemsetAsync(ws + w.dq_accum, 0, w.dq_accum_bytes, stream);
@@ -258,8 +255,7 @@ cudaError_t zero_key_outer_accumulators(const Bf16BackwardParams& p, char* ws, c
     err = cudaMemsetAsync(ws + w.pivot_code, 0, w.pivot_code_bytes, stream);
   }
   if (err == cudaSuccess && p.projection == Projection::kGproj) {
-    err = cudaMemsetAsync(ws + w.u_accum, 0, w.u_accum_bytes, stream);
-    if (err == cudaSuccess) err = cudaMemsetAsync(ws + w.mass_accum, 0, w.mass_accum_bytes, stream);
+    err = cudaMemsetAsync(ws + w.mass_accum, 0, w.mass_accum_bytes, stream);
   }
   return err;
 }

@@ -47,11 +47,11 @@ struct Args {
   float* row_factor;       // gproj: lambda_i; pivot: rho_i     (B, Hq, N) workspace
   int32_t* pivot_key;      // pivot: j*(i)                     (B, Hq, N) workspace
   uint16_t* neg_lambda_q;  // gproj, Hopper pair: bf16(-lambda_i q_i), (B, Hq, N, d) workspace
-  // Key-outer kernel (bf16_keyouter_kernel.cuh); row_factor then holds rho_i.
+  // Key-outer kernel (bf16_keyouter_kernel.cuh); row_factor then holds rho_i
+  // (gproj: lambda_i once finish_rows_kernel has run).
   float* dq_accum;                 // FP32 dQ accumulator (B, Hq, N, d), zeroed
   unsigned long long* pivot_code;  // pivot: max (P, ~j) per row (B, Hq, N), zeroed
   float* dk_accum;                 // pivot, gproj: FP32 dK accumulator (B, Hkv, M, d)
-  float* u_accum;                  // gproj: FP32 U = r K accumulator (B, Hq, N, d), zeroed
   float* mass_accum;               // gproj: m_i = sum_j r_ij (B, Hq, N), zeroed
   int batch, hq, hkv, group;
   int n, m;

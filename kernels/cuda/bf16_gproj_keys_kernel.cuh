@@ -1,11 +1,15 @@
 #pragma once
 // Second pass of backend gproj on the key-outer path (opt-in:
 // Bf16BackwardParams::gproj_key_outer; math: kernels/cuda/bf16_backward.h):
-// dK'_j = alpha (sum_i t_ij q_i + sum_i r_ij bf16(-lambda_i q_i)). The
-// key-outer kernel (bf16_keyouter_kernel.cuh, P = kGproj) left
-// dKacc_j = sum_i t_ij q_i in FP32 (dk_accum) and finish_rows_kernel the rows
-// bf16(-lambda_i q_i) (neg_lambda_q); this kernel adds the second sum,
-// C_j = sum_i r_ij bf16(-lambda_i q_i), and rounds once.
+// dK'_j = alpha (sum_i t_ij q_i + sum_i r_ij bf16(-lambda_i q_i)) and
+// dQ'_i = alpha (sum_j t_ij k_j - lambda_i sum_j r_ij k_j). The key-outer
+// kernel (bf16_keyouter_kernel.cuh, P = kGproj) left dKacc_j = sum_i t_ij q_i
+// in FP32 (dk_accum) and dQacc_i = sum_j t_ij k_j (dq_accum), and
+// finish_rows_kernel lambda_i (row_factor) and the rows bf16(-lambda_i q_i)
+// (neg_lambda_q); this kernel adds the second sums: C_j = sum_i r_ij
+// bf16(-lambda_i q_i), rounded once into dK, and per key block and query
+// tile -lambda_i U_i, U_i = sum_j r_ij k_j over the block's keys, into
+// dQacc (finish_rows_kernel<D, kNone> then rounds dQ).
 //
 // gproj_keys_kernel: block = 128 keys of one (batch, kv head), two
 // warpgroups (wg: keys 64 wg..), loop over the 64-row query tiles of every
@@ -15,15 +19,24 @@
 //                                      same instructions as the first pass)
 //   r = bf16(P), P from the saved lse  hopper::probability, packed to BF16
 //                                      (the first pass's r, bit for bit)
-//   r -> shared [64 rows][64 keys], then a warpgroup barrier
+//   r -> shared [64 rows][64 keys], then a warpgroup barrier (D = 128: a
+//   barrier of both warpgroups, whose U reads both r tiles)
 //   C += r^T bf16(-lambda Q)           ss, m64nD, A and B MN-major
-// 2 products per tile pair (the first pass 6: S, dP, dV, dK, dQ, U).
+//   U = r K                            ss, m64n64, A K-major, B = K MN-major:
+//                                      D = 64 each warpgroup over its own 64
+//                                      keys (all 64 columns), D = 128 over
+//                                      all 128 keys, columns 64 wg.. (the
+//                                      first pass's dQ split)
+//   dQacc += -lambda_i U               float4 atomics (lane pairs exchange
+//                                      halves: one per four elements)
+// 3 products per tile pair (the first pass 5: S, dP, dV, dK, dQ).
 // Then dK = bf16(alpha (dKacc + C)) (FP32 add, then the scale, then one
-// rounding). No atomics: given the first pass's dKacc and lambda, this
-// kernel's result is bitwise repeatable.
+// rounding): given the first pass's dKacc and lambda, dK is bitwise
+// repeatable; dQacc's sums land in atomic order.
 //
 // Layouts: operands and outputs as bf16_backward.h; workspace: dk_accum
-// (B, Hkv, M, d) FP32, neg_lambda_q (B, Hq, N, d) BF16.
+// (B, Hkv, M, d) FP32, dq_accum (B, Hq, N, d) FP32, row_factor (lambda,
+// (B, Hq, N) FP32), neg_lambda_q (B, Hq, N, d) BF16.
 // Build: launched by bf16_keyouter_launch.cuh (gproj); emulation:
 // tests/cuda/emulation/bf16_launcher.cpp. Tests: tests/cuda/bf16_backward_test.cpp
 // (Bf16KeyOuterCase, GprojKeyOuter*).
@@ -44,7 +57,7 @@ using hopper::kThreads;
 // accumulators; 68 KB of shared memory); D = 128: one (116 KB).
 template <int D>
 inline constexpr int kBlocksPerSm = D == 64 ? 2 : 1;
-inline constexpr int kRowArrays = 3;  // staged per query row: lse, first key, end key
+inline constexpr int kRowArrays = 4;  // staged per query row: lse, first key, end key, lambda
 
 // Shared memory (BF16 elements, offsets 1024-byte aligned): K (128 keys), two
 // buffers of Q and bf16(-lambda Q) (64 rows each), r of each warpgroup
@@ -65,11 +78,12 @@ struct StagedLse {
   float* lse;
   int* kb;
   int* ke;
+  float* lambda;
 };
 
 __device__ __forceinline__ StagedLse staged_lse(float* base, int buf) {
   float* p = base + buf * kRowArrays * kKvRows;
-  return {p, reinterpret_cast<int*>(p + kKvRows), reinterpret_cast<int*>(p + 2 * kKvRows)};
+  return {p, reinterpret_cast<int*>(p + kKvRows), reinterpret_cast<int*>(p + 2 * kKvRows), p + 3 * kKvRows};
 }
 
 // The per-tile work both second passes share (gproj_keys_kernel below and
@@ -79,6 +93,7 @@ __device__ __forceinline__ StagedLse staged_lse(float* base, int buf) {
 struct TileRows {
   int kb[2], ke[2];
   float lse_log2[2];
+  float lambda[2];
 };
 
 // This thread's two rows (g, g + 8 of its warp's 16) of a staged query tile.
@@ -90,6 +105,7 @@ __device__ __forceinline__ TileRows tile_rows(const StagedLse& ra, int row0, int
     tr.kb[hh] = ra.kb[r];
     tr.ke[hh] = ra.ke[r];
     tr.lse_log2[hh] = ra.lse[r] * kLog2e;  // as hopper::staged_row_inputs
+    tr.lambda[hh] = ra.lambda[r];
   }
   return tr;
 }
@@ -130,6 +146,64 @@ __device__ __forceinline__ void c_mma(float (&acc)[D / 2], const uint16_t* r_til
     const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
     wgmma::mma_ss<true, true>(acc, wgmma::desc_mn_major(r_tile + step, kSubTile),
                               wgmma::desc_mn_major(lqs + step, kSubTile));
+  }
+}
+
+// Whether U reads both warpgroups' r tiles (D = 128: columns 64 wg.. over
+// all 128 keys; D = 64: each warpgroup its own keys, all 64 columns), so
+// that the r stores need a barrier of both warpgroups before it.
+template <int D>
+inline constexpr bool kUSplitsColumns = D == 128;
+
+// U = r K over this thread's warpgroup's part (kUSplitsColumns): r of
+// warpgroup w at r_tiles + w [64 rows][64 keys] (K-major A), K the block's
+// [128 keys][D] tile (MN-major B); 8 steps at D = 128, 4 at D = 64 (issued,
+// committed and waited for by the caller; the first step's scale-d 0 needs
+// no zeroing).
+template <int D>
+__device__ __forceinline__ void u_mma(float (&u)[32], const uint16_t* r_tiles, const uint16_t* k_tile, int wg) {
+  constexpr int kScoreTile = kKvRows * 64;
+  constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // bytes between the K tile's 64-column blocks
+  constexpr int kSteps = kUSplitsColumns<D> ? 8 : 4;
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int k = kUSplitsColumns<D> ? step : 4 * wg + step;  // keys 16 k.. of the block
+    const uint64_t r_desc =
+        wgmma::desc_k_major(r_tiles + (k >> 2) * kScoreTile + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3)));
+    const uint64_t k_desc = wgmma::desc_mn_major(
+        k_tile + wgmma::chunk_offset<kKvKeys>(16 * k, kUSplitsColumns<D> ? 8 * wg : 0), kKeySubTile);
+    if (step == 0) {
+      wgmma::mma_ss_first<false, true>(u, r_desc, k_desc);
+    } else {
+      wgmma::mma_ss<false, true>(u, r_desc, k_desc);
+    }
+  }
+}
+
+// dQacc_i += -lambda_i U_i for this thread's rows g, g + 8 of the query tile
+// at i0 (row0 + g: its warp's rows) and its U columns (kUSplitsColumns: 64
+// wg..), by float4 atomics: lanes c and c ^ 1 hold columns 2 c, 2 c + 1 of
+// rows g and g + 8; the even lane adds row g's four columns, the odd lane
+// row g + 8's, each taking its partner's pair by one exchange. The scale is
+// one FP32 multiply per element (negation exact). Rows past N add nothing.
+template <int D>
+__device__ __forceinline__ void add_u(const Args& a, const float (&u)[32], const TileRows& tr, int64_t row_base,
+                                      int i0, int row0, int g, int c, int wg) {
+  const bool odd = (c & 1) != 0;
+  const int row = i0 + row0 + g + (odd ? 8 : 0);
+  const float neg_lambda = -(odd ? tr.lambda[1] : tr.lambda[0]);
+  float* dst = a.dq_accum + (row_base + row) * D + (kUSplitsColumns<D> ? 64 * wg : 0) + 2 * (c & ~1);
+#pragma unroll
+  for (int jn = 0; jn < 8; ++jn) {
+    const float keep0 = odd ? u[4 * jn + 2] : u[4 * jn], keep1 = odd ? u[4 * jn + 3] : u[4 * jn + 1];
+    const float give0 = odd ? u[4 * jn] : u[4 * jn + 2], give1 = odd ? u[4 * jn + 1] : u[4 * jn + 3];
+    const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+    const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+    if (row < a.n) {
+      const float4 x = odd ? make_float4(got0, got1, keep0, keep1) : make_float4(keep0, keep1, got0, got1);
+      atomicAdd(reinterpret_cast<float4*>(dst + 8 * jn),
+                make_float4(neg_lambda * x.x, neg_lambda * x.y, neg_lambda * x.z, neg_lambda * x.w));
+    }
   }
 }
 
@@ -189,6 +263,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
       sr.kb[r] = kr.begin;
       sr.ke[r] = kr.end;
       mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
+      mma::cp_async_4(sr.lambda + r, a.row_factor + qh.row_base + (ok ? row : 0), ok);
     }
   };
   if (iters > 0) stage(0, 0);
@@ -209,6 +284,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
     const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
     const uint16_t* lqs = smem + (buf ? L::kL1 : L::kL0);
     const TileRows tr = tile_rows(staged_lse(rows_base, buf), row0, g);
+    const int i0 = (t_begin + it % tiles) * kKvRows;
+    const int64_t row_base = query_head(a, b, hk * a.group + it / tiles).row_base;
 
     float s[32];  // written by scores_mma (its first step does not read them)
     if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
@@ -221,13 +298,21 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
 
     store_r(a, s, tr, j0 + 64 * wg, row0, g, c, r_tile);
     wgmma::fence_proxy_async();
-    wgmma::warpgroup_barrier(1 + wg);
+    if constexpr (kUSplitsColumns<D>) {
+      __syncthreads();  // U reads both warpgroups' r
+    } else {
+      wgmma::warpgroup_barrier(1 + wg);
+    }
 
+    float (&u)[32] = s;  // S is dead once r is stored
     wgmma::fence();
     c_mma<D>(acc, r_tile, lqs);
+    u_mma<D>(u, smem + L::kR, smem + L::kK, wg);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operand(acc);
+    wgmma::fence_operand(u);
+    add_u<D>(a, u, tr, row_base, i0, row0, g, c, wg);
   }
   mma::cp_async_wait<0>();
   write_dk<D>(a, acc, j0, b, hk, wg, row0, g, c);

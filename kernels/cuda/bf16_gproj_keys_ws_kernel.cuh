@@ -2,12 +2,13 @@
 // Warp-specialized second pass of backend gproj on the key-outer path
 // (math: kernels/cuda/bf16_backward.h; the pass: bf16_gproj_keys_kernel.cuh):
 // C_j = sum_i r_ij bf16(-lambda_i q_i), dK'_j = bf16(alpha (dKacc_j + C_j)),
-// with gproj_keys_kernel's per-tile work (store_r, c_mma, write_dk: the same
-// instructions on the same operands, so the same r bit for bit and C summed
-// in the same order: the same dK) fed by a TMA producer warp through an
+// and dQacc_i += -lambda_i U_i per tile, with gproj_keys_kernel's per-tile
+// work (store_r, c_mma, u_mma, add_u, write_dk: the same instructions on the
+// same operands, so the same r bit for bit, C summed in the same order: the
+// same dK, and the same U terms) fed by a TMA producer warp through an
 // mbarrier ring instead of cp.async loads by every thread behind a block
 // barrier per tile. The second pass reads two row tiles (Q and
-// bf16(-lambda Q)) per tile pair for 2 products where the first pass reads
+// bf16(-lambda Q)) per tile pair for 3 products where the first pass reads
 // two for 5, so its loads weigh more: kStages stages in flight, and two
 // blocks per SM at D = 64 as gproj_keys_kernel.
 // Runs where the key-outer gproj runs warp-specialized
@@ -20,16 +21,21 @@
 //     the block's K once (TMA, barrier k_full), then per iteration (query
 //     head, query tile; the first pass's order) waits for a free stage
 //     (empty[s]), lane 0 announces and issues the Q and bf16(-lambda Q)
-//     tiles' loads, and the 32 lanes write the tile's lse and visible key
-//     ranges (two rows each) and arrive on full[s] (1 + 32 arrivals and the
-//     bytes). The other warps only give their registers back.
+//     tiles' loads, and the 32 lanes write the tile's lse, lambda and
+//     visible key ranges (two rows each) and arrive on full[s] (1 + 32
+//     arrivals and the bytes). The other warps only give their registers
+//     back.
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): per
-//     iteration wait full[s], S = Q K_wg^T, r into the warpgroup's tile, C
-//     += r^T bf16(-lambda Q), and once those MMAs are complete every compute
-//     thread arrives on empty[s] (256 arrivals). Each warpgroup meets only its
-//     own four warps (before overwriting its r tile, and before its MMA reads
-//     it); no block barrier after the barriers' init, no pingpong (nothing
-//     would keep one warpgroup from arriving twice on it).
+//     iteration wait full[s], S = Q K_wg^T, r into the warpgroup's tile of
+//     set it % 2, C += r^T bf16(-lambda Q) and U = r K, and once those MMAs
+//     are complete every compute thread arrives on empty[s] (256 arrivals)
+//     and adds -lambda U to dQacc. One barrier per iteration between the r
+//     stores and the MMAs that read them: the warpgroup's four warps at
+//     D = 64, both warpgroups (kComputeBarrier) at D = 128, where U reads
+//     both r tiles. The two sets of r tiles make it the only one: a set is
+//     rewritten two iterations after its MMAs, which every thread waited for
+//     before the last barrier. No block barrier after the barriers' init, no
+//     pingpong (nothing would keep one warpgroup from arriving twice on it).
 // Stage s of iteration it: s = it % kStages, ring round it / kStages;
 // consumers wait full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
@@ -63,6 +69,9 @@ inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 inline constexpr uint32_t kFullArrivals = 1 + 32;  // lane 0's expect_tx + every producer lane's rows
+// Named barrier of the 256 compute threads (D = 128; ids 1, 2: each
+// warpgroup's own).
+inline constexpr int kComputeBarrier = 3;
 // Blocks per SM as gproj_keys_kernel (its accumulators are C, D / 2
 // registers, and S, 32).
 template <int D>
@@ -85,17 +94,17 @@ struct Maps {
 };
 
 // Shared memory (BF16 elements, offsets 1024-byte aligned): K (128 keys), per
-// stage Q and bf16(-lambda Q) (64 rows each), r of each warpgroup ([64
-// rows][64 keys]), per stage the rows' lse, first and end key, then the
-// mbarriers full[kStages], empty[kStages], k_full.
+// stage Q and bf16(-lambda Q) (64 rows each), two sets of r of each
+// warpgroup ([64 rows][64 keys]), per stage the rows' lse, first and end key
+// and lambda, then the mbarriers full[kStages], empty[kStages], k_full.
 template <int D>
 struct Layout {
   static constexpr int kRowTile = kKvRows * D;
   static constexpr int kK = 0;
   static constexpr int kStage0 = kKvKeys * D;  // Q of stage s at kStage0 + 2 s kRowTile, then its bf16(-lambda Q)
   static constexpr int kScoreTile = kKvRows * 64;
-  static constexpr int kR = kStage0 + 2 * kStages * kRowTile;  // r of warpgroup w at kR + w kScoreTile
-  static constexpr int kRows = kR + 2 * kScoreTile;
+  static constexpr int kR = kStage0 + 2 * kStages * kRowTile;  // r of set e, warpgroup w: kR + (2 e + w) kScoreTile
+  static constexpr int kRows = kR + 4 * kScoreTile;
   static constexpr size_t kBarriers = static_cast<size_t>(kRows) * 2 + kStages * gproj_keys::kRowArrays * kKvRows * 4;
   static constexpr int kBarrierCount = 2 * kStages + 1;
   static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t) + 1024;  // + alignment slack
@@ -164,8 +173,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
         tma::load_rows_tile<kKvRows, D>(smem + L::q(s), &maps.q, i0, h, b, &full[s]);
         tma::load_rows_tile<kKvRows, D>(smem + L::neg_lambda_q(s), &maps.neg_lambda_q, i0, h, b, &full[s]);
       }
-      // The rows' inputs as gproj_keys_kernel stages them (rows past N: lse 0
-      // and an empty key range).
+      // The rows' inputs as gproj_keys_kernel stages them (rows past N: lse 0,
+      // lambda 0 and an empty key range).
       const gproj_keys::StagedLse sr = gproj_keys::staged_lse(rows_base, s);
       const QueryHead qh = query_head(a, b, h);
 #pragma unroll
@@ -175,6 +184,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
         sr.kb[r] = kr.begin;
         sr.ke[r] = kr.end;
         sr.lse[r] = row < a.n ? qh.lse[row] : 0.0f;
+        sr.lambda[r] = row < a.n ? a.row_factor[qh.row_base + row] : 0.0f;
       }
       mbarrier::arrive(&full[s]);  // release: this lane's row writes
     }
@@ -186,7 +196,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
   const int warp = tid >> 5, lane = tid & 31;
   const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
   const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
-  uint16_t* r_tile = smem + L::kR + wg * L::kScoreTile;
   float acc[D / 2];
   hopper::zero(acc);
   if (iters > 0) mbarrier::wait(k_full, 0);
@@ -194,6 +203,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     const int s = it % kStages;
     mbarrier::wait(&full[s], static_cast<uint32_t>(it / kStages) & 1u);
     const gproj_keys::TileRows tr = gproj_keys::tile_rows(gproj_keys::staged_lse(rows_base, s), row0, g);
+    const int i0 = tile_row0(it);
+    const int64_t row_base = query_head(a, b, head_of(it)).row_base;
+    uint16_t* r_set = smem + L::kR + (it & 1) * 2 * L::kScoreTile;
+    uint16_t* r_tile = r_set + wg * L::kScoreTile;
 
     float sc[32];  // written by scores_mma (its first step does not read them)
     wgmma::fence();
@@ -202,19 +215,24 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     wgmma::wait<0>();
     wgmma::fence_operand(sc);
 
-    // The warpgroup's previous C MMAs read its r tile: its four warps meet
-    // before any overwrites it (each waited for them).
-    wgmma::warpgroup_barrier(1 + wg);
     gproj_keys::store_r(a, sc, tr, j0 + 64 * wg, row0, g, c, r_tile);
     wgmma::fence_proxy_async();
-    wgmma::warpgroup_barrier(1 + wg);
+    if constexpr (gproj_keys::kUSplitsColumns<D>) {
+      wgmma::named_barrier<kComputeThreads>(kComputeBarrier);  // U reads both warpgroups' r
+    } else {
+      wgmma::warpgroup_barrier(1 + wg);
+    }
 
+    float (&u)[32] = sc;  // S is dead once r is stored
     wgmma::fence();
     gproj_keys::c_mma<D>(acc, r_tile, smem + L::neg_lambda_q(s));
+    gproj_keys::u_mma<D>(u, r_set, smem + L::kK, wg);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operand(acc);
+    wgmma::fence_operand(u);
     mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
+    gproj_keys::add_u<D>(a, u, tr, row_base, i0, row0, g, c, wg);
   }
   gproj_keys::write_dk<D>(a, acc, j0, b, hk, wg, row0, g, c);
 }

@@ -1,9 +1,10 @@
 #pragma once
 // The key-outer kernels' finish (math and rounding: bf16_keyouter_kernel.cuh):
 // finish_rows_kernel turns each row's FP32 dQ accumulator into BF16 dQ (pivot:
-// minus rho_i k_{j*(i)}, and its dK fix-up; gproj: minus lambda_i U_i, and
-// the rows bf16(-lambda_i q_i) of its second pass), finish_keys_kernel
-// pivot's FP32 dK accumulator into BF16 dK. Launched by
+// minus rho_i k_{j*(i)}, and its dK fix-up), or for gproj, before its second
+// pass, computes lambda_i and the rows bf16(-lambda_i q_i) that pass reads
+// (gproj's dQ is then finish_rows_kernel<D, kNone> after the second pass);
+// finish_keys_kernel pivot's FP32 dK accumulator into BF16 dK. Launched by
 // launch_keyouter_finish (bf16_keyouter_launch.cuh) after either key-outer
 // kernel; emulation: tests/cuda/emulation/bf16_launcher.cpp.
 
@@ -30,11 +31,11 @@ inline constexpr size_t kFinishSmemBytes =
     3 * kFinishRows * 4 + (P == Projection::kPivot ? static_cast<size_t>(kFinishRows) * D * 2 : 0);
 
 // dQ of 64 query rows of one head from the FP32 accumulator (pivot: minus
-// rho_i k_{j*(i)}; gproj: minus lambda_i U_i), and pivot's dK fix-up:
-// dKacc_j -= sum of rho_i q_i over the tile's rows with j*(i) = j, one FP32
-// sum per (j, column) in increasing i, then one atomic. gproj: lambda_i =
-// rho_i / m_i (0 when m_i = 0) and bf16(-lambda_i q_i) per row for the
-// second pass, rounded as the pair's dq kernel rounds them.
+// rho_i k_{j*(i)}), and pivot's dK fix-up: dKacc_j -= sum of rho_i q_i over
+// the tile's rows with j*(i) = j, one FP32 sum per (j, column) in increasing
+// i, then one atomic. gproj (no dQ here): lambda_i = rho_i / m_i (0 when
+// m_i = 0) into row_factor (over rho_i) and bf16(-lambda_i q_i) per row for
+// the second pass, rounded as the pair's dq kernel rounds them.
 template <int D, Projection P>
 __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args a) {
   GAUGEWATCH_BF16_SMEM(raw);
@@ -84,7 +85,9 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
     if (tid < kFinishRows) {
       const int row = i0 + tid;
       const float m = row < a.n ? a.mass_accum[row_base + row] : 0.0f;
-      rho[tid] = m > 0.0f ? a.row_factor[row_base + row] / m : 0.0f;  // lambda_i
+      const float lam = m > 0.0f ? a.row_factor[row_base + row] / m : 0.0f;
+      rho[tid] = lam;
+      if (row < a.n) a.row_factor[row_base + row] = lam;  // the second pass's -lambda_i U_i
     }
     __syncthreads();
   }
@@ -95,6 +98,16 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
     const int r = idx / kQuads, col = 4 * (idx % kQuads);
     const int row = i0 + r;
     if (row >= a.n) continue;
+    if constexpr (P == Projection::kGproj) {
+      // bf16(-lambda_i q_i), the B operand of the second pass (the sign folded
+      // in: negation is exact in BF16).
+      const float lam = rho[r];
+      const uint16_t* qr = head_ptr(a.q, a.q_strides, b, h) + static_cast<int64_t>(row) * a.q_strides.row + col;
+      uint32_t* lq = reinterpret_cast<uint32_t*>(a.neg_lambda_q + (row_base + row) * D + col);
+      lq[0] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[0]), -lam * mma::bf16_bits_to_float(qr[1]));
+      lq[1] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[2]), -lam * mma::bf16_bits_to_float(qr[3]));
+      continue;
+    }
     const float4 acc = *reinterpret_cast<const float4*>(a.dq_accum + (row_base + row) * D + col);
     float x[4] = {acc.x, acc.y, acc.z, acc.w};
     if constexpr (P == Projection::kPivot) {
@@ -107,19 +120,6 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
           x[e] -= rho[r] * mma::bf16_bits_to_float(static_cast<uint16_t>(words[e >> 1] >> (16 * (e & 1))));
         }
       }
-    } else if constexpr (P == Projection::kGproj) {
-      const float lam = rho[r];
-      const float4 u = *reinterpret_cast<const float4*>(a.u_accum + (row_base + row) * D + col);
-      x[0] -= lam * u.x;
-      x[1] -= lam * u.y;
-      x[2] -= lam * u.z;
-      x[3] -= lam * u.w;
-      // bf16(-lambda_i q_i), the B operand of the second pass (the sign folded
-      // in: negation is exact in BF16).
-      const uint16_t* qr = head_ptr(a.q, a.q_strides, b, h) + static_cast<int64_t>(row) * a.q_strides.row + col;
-      uint32_t* lq = reinterpret_cast<uint32_t*>(a.neg_lambda_q + (row_base + row) * D + col);
-      lq[0] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[0]), -lam * mma::bf16_bits_to_float(qr[1]));
-      lq[1] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[2]), -lam * mma::bf16_bits_to_float(qr[3]));
     }
     uint32_t* out = reinterpret_cast<uint32_t*>(output_row(a.dq, a.dq_strides, b, h, row) + col);
     out[0] = mma::pack_bf16(a.scale * x[0], a.scale * x[1]);

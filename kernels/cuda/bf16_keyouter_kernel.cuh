@@ -7,8 +7,9 @@
 // the pair's time before its warp-specialized passes, kernels/cuda/README.md). One
 // kernel computes the five products per tile pair (S, dP, dV, dK, dQ) where
 // the two-kernel pair of bf16_backward_hopper.cuh needs seven; dQ is
-// accumulated in FP32 by atomics. gproj adds a sixth, U = r K, and a second
-// pass over the keys (bf16_gproj_keys_kernel.cuh) for its dK term.
+// accumulated in FP32 by atomics. gproj adds the row sums of r (m) and a
+// second pass over the keys (bf16_gproj_keys_kernel.cuh: S, C = r^T
+// bf16(-lambda Q) for dK, U = r K for dQ) once lambda is known.
 //
 // keyouter_kernel: block = 128 keys of one (batch, kv head), two warpgroups
 // (wg: keys 64 wg..), loop over query tiles of 64 rows of every query head of
@@ -46,22 +47,13 @@
 //   64-bit max of pivot_code()).
 //   gproj: per row, this block's partial sums of the BF16-rounded t (rho)
 //   and r (m), per warpgroup on the tensor cores as pivot's rho (t and r
-//   against the tile of ones, 4 m64n8k16 steps each), by FP32 atomics;
-//   D = 64: after the block barrier warpgroup 0
-//   computes dQ_tile = t K and warpgroup 1 U_tile = r K, each over all 128
-//   keys (ss, m64n64, 8 steps; the same work per warpgroup as bf16's two
-//   key halves), into two FP32 staging tiles [64][72] that threads 0..63
-//   (dQ) and 64..127 (U) add to dQacc and Uacc by one bulk reduction per
-//   row after the next barrier, as D = 128 does; gproj (D = 128; no room for
-//   a second 34 KB staging tile): once its dQ half is stored, each
-//   warpgroup computes U columns 64 wg.. over all 128 keys (8 steps) into
-//   dQ's registers and adds them to Uacc by float4 atomics (lane pairs
-//   exchange halves: one atomic per four elements); dK is left in FP32
-//   (dKacc).
+//   against the tile of ones, 4 m64n8k16 steps each), by FP32 atomics; dQ
+//   as bf16's; dK is left in FP32 (dKacc).
 // Then finish_rows_kernel (per 64 query rows): dQ = bf16(alpha (dQacc -
-// rho_i k_{j*(i)})) (pivot), bf16(alpha (dQacc - lambda_i Uacc)) with
-// lambda_i = rho_i / m_i (gproj, which also writes bf16(-lambda_i q_i), the
-// pair's rounding, for the second pass) or bf16(alpha dQacc); for pivot it also subtracts
+// rho_i k_{j*(i)})) (pivot) or bf16(alpha dQacc) (bf16; gproj after its
+// second pass, which adds -lambda_i U_i to dQacc); gproj first: lambda_i =
+// rho_i / m_i and bf16(-lambda_i q_i), the pair's rounding, for the second
+// pass; for pivot it also subtracts
 // rho_i q_i from the FP32 dK accumulator of key j*(i), the rows of its tile
 // grouped by pivot key first and split into segments of kFixupRows (one
 // float4 atomic per key, segment and four columns, so many rows sharing one
@@ -77,9 +69,11 @@
 // dKacc_j (pivot) the kernel's FP32 accumulator minus, in landing order, one
 // FP32 sum per segment of kFixupRows sorted rows of a query tile of the
 // rho_i q_i of its rows with j*(i) = j; gproj:
-// Uacc_i like dQacc_i, rho_i and m_i FP32 sums of per-(block, warpgroup)
-// partials in landing order (so lambda_i, and through it dQ' and the BF16
-// rows -lambda_i q_i, carry that order's rounding), dKacc_j no atomics. The
+// rho_i and m_i FP32 sums of per-(block, warpgroup) partials in landing order
+// (so lambda_i, and through it the BF16 rows -lambda_i q_i, carry that
+// order's rounding), dQacc_i also summing the second pass's FP32 terms
+// -lambda_i U_i (per key block and query tile) in landing order, dKacc_j no
+// atomics. The
 // pivot j*(i) itself is exact: the 64-bit max of (bits of P, ~j) picks the
 // largest P and, among equal P, the lowest key, whatever the order, as the
 // pair's dq kernel does. Every other value is computed as in the pair.
@@ -89,9 +83,9 @@
 // Layouts: operands and outputs as bf16_backward.h; workspace (zeroed by the
 // launcher unless stated): dQacc (B, Hq, N, d) FP32; pivot and gproj: rho in
 // row_factor (B, Hq, N) FP32, dKacc (B, Hkv, M, d) FP32 (written whole by the
-// kernel, not zeroed); pivot: pivot_code (B, Hq, N) u64; gproj: Uacc
-// (B, Hq, N, d) FP32, m in mass_accum (B, Hq, N) FP32, neg_lambda_q
-// (B, Hq, N, d) BF16 (written by finish_rows_kernel).
+// kernel, not zeroed); pivot: pivot_code (B, Hq, N) u64; gproj: m in
+// mass_accum (B, Hq, N) FP32, lambda_i (in row_factor, over rho_i) and
+// neg_lambda_q (B, Hq, N, d) BF16 written by finish_rows_kernel.
 // The per-tile work (KeyTile below) is shared with the warp-specialized
 // variant (bf16_keyouter_ws_kernel.cuh: TMA producer
 // warpgroup, mbarrier ring; the default), which replaces only the loads and the
@@ -122,8 +116,7 @@ using hopper::kThreads;
 // tile [64 rows][136] of both halves.
 // Row strides of 8 floats past a multiple of 32 banks: the 8 rows of a warp's
 // float2 stores hit distinct banks; 16-byte aligned rows for the bulk copy.
-// gproj (D = 64 only): one set of two staging tiles [64 rows][72], dQ (of
-// warpgroup 0) then U (of warpgroup 1). Pivot and gproj: then 1 KiB of BF16
+// Pivot and gproj: then 1 KiB of BF16
 // ones, the B operand (8 columns x 64 keys, K-major) of the row sums of t
 // (and r) on the tensor cores (kRowSumsByMma).
 template <int D>
@@ -140,7 +133,7 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
   using Base = hopper::KvLayout<D, Projection::kNone>;
   static constexpr size_t kDqTileBytes = static_cast<size_t>(kKvRows) * (D == 64 ? 72 : kDqStride<D>) * 4;
   static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
-  static constexpr int kTiles = P == Projection::kGproj && D == 64 ? 2 : (D == 64 ? 4 : 1);
+  static constexpr int kTiles = D == 64 ? 4 : 1;
   static constexpr size_t kOnes = kDqPartial + kTiles * kDqTileBytes;  // bytes
   static constexpr size_t kOnesBytes = kRowSumsByMma<D, P> ? 1024 : 0;
   static constexpr size_t kBytes = Base::kBytes + kTiles * kDqTileBytes + kOnesBytes;
@@ -248,12 +241,9 @@ struct KeyTile {
   static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
   using L = Layout<D, P>;
   static constexpr bool kGproj = P == Projection::kGproj;
-  // gproj at D = 64: dQ and U through two staging tiles; at D = 128 (no room
-  // for a second tile) U from registers by float4 atomics.
-  static constexpr bool kStagedU = kGproj && D == 64;
-  // Whether dQ (and U) are staged in one set of tiles through bulk reductions.
-  static constexpr bool kStaged = D == 128 || kGproj;
-  static_assert(!kWriter || (D == 128 && !kGproj), "the writer warp: bf16 and pivot at D = 128");
+  // Whether dQ is staged in one tile through bulk reductions.
+  static constexpr bool kStaged = D == 128;
+  static_assert(!kWriter || D == 128, "the writer warp: D = 128");
   static constexpr int kTSets = kWriter ? 2 : 1;  // sets of t tiles
   // Pivot (rho) and gproj (rho and m): each warpgroup's row sums of its t
   // (r) tile from the tensor cores (kRowSumsByMma).
@@ -286,7 +276,7 @@ struct KeyTile {
   __device__ __forceinline__ float* rows_base() const { return reinterpret_cast<float*>(smem + L::kRows); }
   // Whether this thread issues bulk reductions (and waits for their reads).
   __device__ __forceinline__ bool issues_rows() const {
-    return kStaged && !kWriter && tid() < (kStagedU ? 2 : 1) * kKvRows;
+    return kStaged && !kWriter && tid() < kKvRows;
   }
   // Pivot and gproj: the ones tile (kRhoByMma), one word per compute thread, fenced for
   // the tensor cores; the caller's next barrier of the 256 publishes it.
@@ -328,22 +318,13 @@ struct KeyTile {
   // compute threads, or the 32 lanes of the writer warp). D = 64: the two
   // warpgroups' partials (set it % 2) summed, by float4 atomics; D = 128:
   // the staging tile, one bulk reduction per row (threads 0..63 of 256, two
-  // rows per lane of the writer); gproj: the dQ and U staging tiles, row by
-  // row by threads 0..63 (dQ) and 64..127 (U).
+  // rows per lane of the writer).
   template <int kAdders = kThreads>
   __device__ __forceinline__ void add_dq_tile(int it, int t) const {
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
     float* part = partial();
-    if constexpr (kStagedU) {
-      static_assert(kAdders == kThreads, "gproj: the compute threads add dQ and U");
-      const int r = t & (kKvRows - 1);
-      const bool u_row = t >= kKvRows;
-      if (!issues_rows() || i0 + r >= a.n) return;
-      bulk::reduce_add_f32((u_row ? a.u_accum : a.dq_accum) + (row_base + i0 + r) * D,
-                           part + (u_row ? kPartialFloats : 0) + r * kStride, D * 4);
-      bulk::commit();
-    } else if constexpr (D == 64) {
+    if constexpr (D == 64) {
       static_assert(kAdders == kThreads, "the compute threads add the partials");
       constexpr unsigned kQuads = 64 / 4;
       constexpr int kPerThread = kKvRows * kQuads / kThreads;
@@ -396,8 +377,8 @@ struct KeyTile {
   // dK += t^T Q, and the dQ tile into the partials / staging tile (added by
   // add_dq_tile(it) after the next barrier, or with kWriter handed to the
   // writer warp, DqHandoff). cross_sync(): the barrier of
-  // the 256 compute threads where D = 128 and gproj read both warpgroups' t
-  // (r); released(): called once the MMAs that read qs, gos and ra are done
+  // the 256 compute threads where D = 128 reads both warpgroups' t;
+  // released(): called once the MMAs that read qs, gos and ra are done
   // (the tile's buffers may be refilled after it).
   template <class CrossSync, class Released>
   __device__ __forceinline__ void compute(int it, const uint16_t* qs, const uint16_t* gos,
@@ -471,10 +452,10 @@ struct KeyTile {
       }
     }
 
-    // D = 128 and gproj: dQ (U) reads the t (r) of both warpgroups, a barrier
-    // of the compute threads (after which the staging tiles are rewritten:
-    // their reads by the previous bulk reductions are done); D = 64: each
-    // warpgroup reads only its own t and r.
+    // D = 128: dQ reads the t of both warpgroups, a barrier of the compute
+    // threads (after which the staging tile is rewritten: its reads by the
+    // previous bulk reductions are done); D = 64: each warpgroup reads only
+    // its own t and r.
     wgmma::fence_proxy_async();
     if constexpr (kStaged) {
       if (issues_rows()) bulk::wait_read();  // kWriter: the writer waits, DqHandoff's empty barrier
@@ -500,14 +481,12 @@ struct KeyTile {
                                 wgmma::desc_mn_major(qs + step, kSubTile));
     }
     // dQ: keys 16 k.. are t of warpgroup k / 4 (its keys 16 (k % 4)..) and K
-    // rows 16 k..; D = 128: all 128 keys, columns 64 wg..; D = 64: own keys;
-    // gproj: all 128 keys, warpgroup 0 dQ = t K, warpgroup 1 U = r K (the r
-    // tile follows each t tile).
+    // rows 16 k..; D = 128: all 128 keys, columns 64 wg..; D = 64: own keys.
     constexpr int kDqSteps = kStaged ? 8 : 4;
 #pragma unroll
     for (int kq = 0; kq < kDqSteps; ++kq) {
       const int k = kStaged ? kq : 4 * wg + kq;
-      const uint16_t* tw = t_of(it, k >> 2) + (kStagedU ? wg * L::kScoreTile : 0);
+      const uint16_t* tw = t_of(it, k >> 2);
       const int column_block = D == 128 ? wg : 0;
       const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block);
       wgmma::mma_ss<false, true>(dq, wgmma::desc_k_major(tw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
@@ -556,9 +535,8 @@ struct KeyTile {
       // it - 2's were added before this iteration's first barrier); D = 128:
       // its column half of the staging tile (free: see the wait above).
       const int r = row0 + g + 8 * hh;
-      float* mine = kStagedU  ? part + wg * kPartialFloats + r * kStride + 2 * c
-                    : D == 64 ? part + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
-                              : part + r * kStride + 64 * wg + 2 * c;
+      float* mine = D == 64 ? part + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
+                            : part + r * kStride + 64 * wg + 2 * c;
 #pragma unroll
       for (int jn = 0; jn < 8; ++jn) {
         *reinterpret_cast<float2*>(mine + 8 * jn) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
@@ -566,47 +544,6 @@ struct KeyTile {
     }
     if constexpr (kStaged) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
     if constexpr (kWriter) wgmma::named_barrier_arrive<DqHandoff::kFullCount>(DqHandoff::kFull);
-    // gproj at D = 128: U = r K, columns 64 wg.. over all 128 keys (r of both
-    // warpgroups, which the barrier before dQ published and the block's next
-    // barrier keeps until every warpgroup is done), after dQ's store, in dQ's
-    // registers: with U beside dQ in the batch above the kernel needed 255
-    // registers and had no room for the row sums' 8 accumulators.
-    if constexpr (kGproj && D == 128) {
-      float (&u)[32] = dq;
-      wgmma::fence_operand(u);
-      wgmma::fence();
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const uint16_t* rw = t_of(it, k >> 2) + L::kScoreTile;
-        const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * wg);
-        const uint64_t r_desc = wgmma::desc_k_major(rw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3)));
-        if (k == 0) {
-          wgmma::mma_ss_first<false, true>(u, r_desc, wgmma::desc_mn_major(kk, kKeySubTile));
-        } else {
-          wgmma::mma_ss<false, true>(u, r_desc, wgmma::desc_mn_major(kk, kKeySubTile));
-        }
-      }
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_operand(u);
-      // Uacc += U by float4 atomics: lanes c and c ^ 1 hold columns 2 c, 2 c + 1
-      // of rows g and g + 8; the even lane adds row g's four columns, the odd
-      // lane row g + 8's, each taking its partner's pair by one exchange.
-      const bool odd = (c & 1) != 0;
-      const int row = i0 + row0 + g + (odd ? 8 : 0);
-      float* ur = a.u_accum + (row_base + row) * D + 64 * wg + 2 * (c & ~1);
-#pragma unroll
-      for (int jn = 0; jn < 8; ++jn) {
-        const float keep0 = odd ? u[4 * jn + 2] : u[4 * jn], keep1 = odd ? u[4 * jn + 3] : u[4 * jn + 1];
-        const float give0 = odd ? u[4 * jn] : u[4 * jn + 2], give1 = odd ? u[4 * jn + 1] : u[4 * jn + 3];
-        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
-        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-        if (row < a.n) {
-          atomicAdd(reinterpret_cast<float4*>(ur + 8 * jn),
-                    odd ? make_float4(got0, got1, keep0, keep1) : make_float4(keep0, keep1, got0, got1));
-        }
-      }
-    }
   }
 
   // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot and gproj dKacc in
@@ -677,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
   hopper::zero(dv);
   kt.fill_ones();  // published by the first iteration's barrier
 
-  // One block barrier per iteration (D = 128 and gproj: two; KeyTile::compute
+  // One block barrier per iteration (D = 128: two; KeyTile::compute
   // places the second): the barrier that publishes iteration it's loads also
   // orders every use of the previous iteration's buffers before their reuse.
   for (int it = 0; it < iters; ++it) {

@@ -1,9 +1,10 @@
 #pragma once
 // Launch template of the key-outer one-pass backward (bf16_keyouter_kernel.cuh)
 // for one (head dim, projection): the key-outer kernel, the per-row finish
-// (dQ, pivot's fix-ups, gproj's lambda and bf16(-lambda q)), then for pivot
+// (dQ, pivot's fix-ups; gproj: lambda and bf16(-lambda q)), then for pivot
 // the dK rounding and for gproj the second pass over the keys
-// (bf16_gproj_keys_kernel.cuh), on one stream. The caller (bf16_backward.cu)
+// (bf16_gproj_keys_kernel.cuh: dK, and -lambda U into dQacc) and dQ's
+// finish, on one stream. The caller (bf16_backward.cu)
 // has run the delta pre-pass and zeroed the accumulators. Instantiated in
 // bf16_keyouter_d{64,128}{,_gproj}.cu; launch_keyouter_finish is shared with
 // the warp-specialized kernel's launch (bf16_keyouter_ws_launch.cuh).
@@ -49,20 +50,24 @@ cudaError_t launch_gproj_keys(const Args& a, cudaStream_t stream, bool warp_spec
   return err;
 }
 
-// What follows the key-outer kernel (keyouter_kernel or keyouter_ws_kernel):
-// the per-row finish, pivot's dK rounding, gproj's second pass
-// (warp-specialized when ws_second_pass, launch_gproj_keys).
+// finish_rows_kernel<D, P> over every query row.
 template <int D, Projection P>
-cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream, bool ws_second_pass = false) {
-  cudaError_t err = cudaSuccess;
+cudaError_t launch_finish_rows(const Args& a, cudaStream_t stream) {
   const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
                       static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.hq));
-  if (row_grid.x > 0 && row_grid.y > 0) {
-    keyouter::finish_rows_kernel<D, P>
-        <<<row_grid, keyouter::kFinishThreads, keyouter::kFinishSmemBytes<D, P>, stream>>>(a);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
+  if (row_grid.x == 0 || row_grid.y == 0) return cudaSuccess;
+  keyouter::finish_rows_kernel<D, P>
+      <<<row_grid, keyouter::kFinishThreads, keyouter::kFinishSmemBytes<D, P>, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// What follows the key-outer kernel (keyouter_kernel or keyouter_ws_kernel):
+// the per-row finish, pivot's dK rounding; gproj: lambda, its second pass
+// (warp-specialized when ws_second_pass, launch_gproj_keys), then dQ.
+template <int D, Projection P>
+cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream, bool ws_second_pass = false) {
+  cudaError_t err = launch_finish_rows<D, P>(a, stream);
+  if (err != cudaSuccess) return err;
   if constexpr (P == Projection::kPivot) {
     const int64_t chunks = static_cast<int64_t>(a.m) * D / keyouter::kConvertColumns;  // per (batch, kv head)
     const dim3 keys_grid(static_cast<unsigned>((chunks + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads),
@@ -74,6 +79,7 @@ cudaError_t launch_keyouter_finish(const Args& a, cudaStream_t stream, bool ws_s
   }
   if constexpr (P == Projection::kGproj) {
     err = launch_gproj_keys<D>(a, stream, ws_second_pass);
+    if (err == cudaSuccess) err = launch_finish_rows<D, Projection::kNone>(a, stream);
   } else {
     (void)ws_second_pass;
   }

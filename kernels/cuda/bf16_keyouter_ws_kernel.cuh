@@ -28,17 +28,13 @@
 //     with tid = threadIdx.x - 128, keys 64 (warpgroup - 1)..; per iteration
 //     wait full[s], KeyTile::compute, and after the tile's MMAs are complete
 //     every compute thread arrives on empty[s] (256 arrivals). With the
-//     writer (bf16 and pivot at D = 128): one barrier of the compute threads
-//     per iteration (kComputeBarrier, before dQ, which reads both
-//     warpgroups' t); otherwise each warpgroup meets only its own warps, the
-//     writer (for the staging tile) and the pingpong. Without (D = 64, and
-//     gproj): as keyouter_kernel, a barrier of the compute threads where it
-//     has its block barrier, then the compute threads add the previous
-//     iteration's dQ partials or staging tile (KeyTile::add_dq_tile; gproj
-//     at D = 64 its dQ and U staging tiles), and at D = 128 and for gproj a
-//     second compute barrier before dQ (and U), which read both warpgroups'
-//     t (and r). gproj's U at D = 128 reads both warpgroups' r after dQ,
-//     which the first barrier keeps from the next iteration's stores.
+//     writer (D = 128): one barrier of the compute threads per iteration
+//     (kComputeBarrier, before dQ, which reads both warpgroups' t);
+//     otherwise each warpgroup meets only its own warps, the writer (for
+//     the staging tile) and the pingpong. Without (D = 64): as
+//     keyouter_kernel, a barrier of the compute threads where it has its
+//     block barrier, then the compute threads add the previous iteration's
+//     dQ partials (KeyTile::add_dq_tile).
 // Stage s of iteration it: s = it % 2, ring round it / 2, consumers wait
 // full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
@@ -57,9 +53,7 @@
 // (bf16_keyouter_ws_launch.cuh).
 // gproj: this kernel is its first pass; the finish kernels and the second
 // pass over the keys (bf16_gproj_keys_ws_kernel.cuh) follow as after
-// keyouter_kernel (launch_keyouter_finish). No writer warp for gproj at
-// D = 128: U reads both warpgroups' r (r in two sets, or a second FP32
-// staging tile, does not fit beside the writer's second set of t tiles).
+// keyouter_kernel (launch_keyouter_finish).
 
 #include <cuda_runtime.h>
 
@@ -80,12 +74,11 @@ inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute threads");
-// Whether the writer warp adds dQ (bf16 and pivot at D = 128); at D = 64 the
-// compute threads add the two partials after a barrier of all 256 per
-// iteration (faster there: KeyTile), and gproj keeps keyouter_kernel's two
-// barriers (its U reads both warpgroups' r).
+// Whether the writer warp adds dQ (D = 128); at D = 64 the compute threads
+// add the two partials after a barrier of all 256 per iteration (faster
+// there: KeyTile).
 template <int D, Projection P>
-inline constexpr bool kDqWriter = D == 128 && P != Projection::kGproj;
+inline constexpr bool kDqWriter = D == 128;
 // 384 threads at 1 block per SM start at 168 registers each (65,536 / 384
 // rounded down to a multiple of 8), and that is the block's pool: the
 // producer warpgroup gives some back, the compute warpgroups take them, and
@@ -101,9 +94,7 @@ template <int D, Projection P>
 inline constexpr int kComputeRegs = kDqWriter<D, P> ? 232 : 240;
 template <int D, Projection P>
 inline constexpr bool kFitsPool = kProducerRegs<D, P> + 2 * kComputeRegs<D, P> <= 3 * kLaunchRegs;
-static_assert(kFitsPool<64, Projection::kNone> && kFitsPool<128, Projection::kNone> &&
-                  kFitsPool<128, Projection::kGproj>,
-              "the block's register pool");
+static_assert(kFitsPool<64, Projection::kNone> && kFitsPool<128, Projection::kNone>, "the block's register pool");
 // Named barriers: 1, 2 (KeyTile's per-warpgroup barriers, 1 + wg), 3 (the
 // pingpong), this one for the 256 compute threads, then keyouter::DqHandoff's
 // (5 ..).

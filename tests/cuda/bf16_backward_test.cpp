@@ -513,7 +513,7 @@ TEST(Bf16Backward, StridedOutputsPair) {
 }
 
 // The key-outer kernel (keyouter_kernel: bf16, pivot and gproj with its
-// second pass) and the warp-specialized one (bf16, pivot), as above.
+// second pass) and the warp-specialized one (gproj: both passes), as above.
 TEST(Bf16Backward, StridedOutputsKeyOuter) {
   SKIP_WITHOUT_GPU();
   for (const Bf16Case& c : strided_output_cases()) {
@@ -523,7 +523,6 @@ TEST(Bf16Backward, StridedOutputsKeyOuter) {
     for (const bool warp_specialized : {false, true}) {
       SCOPED_TRACE(warp_specialized ? "keyouter_ws_kernel" : "keyouter_kernel");
       for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot, gpu::Projection::kGproj}) {
-        if (warp_specialized && projection == gpu::Projection::kGproj) continue;  // gproj has no ws kernel
         SCOPED_TRACE(name_of(projection));
         const KernelRun strided = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter,
                                              warp_specialized, false, Outputs::kProjection);

@@ -37,6 +37,15 @@ def test_the_exchange_in_a_writer_keytile_is_not_known():
     assert "1 of 10 reports" in out
 
 
+def test_the_exchange_in_a_gproj_keytile_is_known():
+    # gproj's first pass adds dQ as bf16's does (its U moved to the second
+    # pass), so KeyTile<64, kGproj> has the same exchange.
+    changed = RECORDED.replace("(gaugewatch::gpu::Projection)0", "(gaugewatch::gpu::Projection)1")
+    assert changed != RECORDED
+    rc, out = classify(changed)
+    assert rc == 0, out
+
+
 def test_a_hazard_in_another_function_is_not_known():
     # One report's write side moved into another function of the kernel.
     first = RECORDED.index("and Write access at void gaugewatch::gpu::bf16::keyouter::KeyTile")

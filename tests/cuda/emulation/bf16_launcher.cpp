@@ -63,14 +63,19 @@ cudaError_t launch(const Args& a, Bf16KernelPair pair, cudaStream_t /*stream*/) 
 // bf16_keyouter_launch.cuh's launches as loops over the grid: what follows
 // the key-outer kernel (launch_keyouter_finish) ...
 template <int D, Projection P>
-void launch_keyouter_finish(const Args& a, bool ws_second_pass) {
-  const dim3 kv_grid = hopper::key_block_grid(a);
+void launch_finish_rows(const Args& a) {
   const dim3 row_grid(static_cast<unsigned>((a.n + keyouter::kFinishRows - 1) / keyouter::kFinishRows),
                       static_cast<unsigned>(a.batch * a.hq));
   if (row_grid.x > 0 && row_grid.y > 0) {
     gaugewatch_emulation::run_grid(row_grid, keyouter::kFinishThreads, keyouter::kFinishSmemBytes<D, P>,
                                    [&a] { keyouter::finish_rows_kernel<D, P>(a); });
   }
+}
+
+template <int D, Projection P>
+void launch_keyouter_finish(const Args& a, bool ws_second_pass) {
+  const dim3 kv_grid = hopper::key_block_grid(a);
+  launch_finish_rows<D, P>(a);
   if constexpr (P == Projection::kPivot) {
     const int64_t chunks = static_cast<int64_t>(a.m) * D / keyouter::kConvertColumns;  // per (batch, kv head)
     const dim3 keys_grid(static_cast<unsigned>((chunks + keyouter::kConvertThreads - 1) / keyouter::kConvertThreads),
@@ -91,6 +96,7 @@ void launch_keyouter_finish(const Args& a, bool ws_second_pass) {
       gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, gproj_keys::Layout<D>::kBytes,
                                      [&a] { gproj_keys::gproj_keys_kernel<D>(a); });
     }
+    launch_finish_rows<D, Projection::kNone>(a);
   } else {
     (void)ws_second_pass;
   }
