@@ -19,16 +19,19 @@
 //                                      same instructions as the first pass)
 //   r = bf16(P), P from the saved lse  hopper::probability, packed to BF16
 //                                      (the first pass's r, bit for bit)
-//   r -> shared [64 rows][64 keys], then a warpgroup barrier (D = 128: a
-//   barrier of both warpgroups, whose U reads both r tiles)
+//   r -> shared [64 rows][64 keys], then a barrier of both warpgroups
+//   (U reads both r tiles)
 //   C += r^T bf16(-lambda Q)           ss, m64nD, A and B MN-major
-//   U = r K                            ss, m64n64, A K-major, B = K MN-major:
-//                                      D = 64 each warpgroup over its own 64
-//                                      keys (all 64 columns), D = 128 over
-//                                      all 128 keys, columns 64 wg.. (the
-//                                      first pass's dQ split)
+//   U = r K over all 128 keys          ss, m64n64, A K-major, B = K MN-major:
+//                                      D = 128 each warpgroup columns 64 wg..
+//                                      (the first pass's dQ split); D = 64
+//                                      both warpgroups all 64 columns (see
+//                                      kUSplitsColumns)
 //   dQacc += -lambda_i U               float4 atomics (lane pairs exchange
-//                                      halves: one per four elements)
+//                                      halves: one per four elements), as
+//                                      many per tile as the first pass's dQ:
+//                                      each warpgroup 64 columns (D = 128)
+//                                      or 32, 32 wg.. (D = 64)
 // 3 products per tile pair (the first pass 5: S, dP, dV, dK, dQ).
 // Then dK = bf16(alpha (dKacc + C)) (FP32 add, then the scale, then one
 // rounding): given the first pass's dKacc and lambda, dK is bitwise
@@ -149,30 +152,33 @@ __device__ __forceinline__ void c_mma(float (&acc)[D / 2], const uint16_t* r_til
   }
 }
 
-// Whether U reads both warpgroups' r tiles (D = 128: columns 64 wg.. over
-// all 128 keys; D = 64: each warpgroup its own keys, all 64 columns), so
-// that the r stores need a barrier of both warpgroups before it.
+// Whether each warpgroup computes 64 of U's columns (D = 128), or both all
+// 64 (D = 64) and each adds half. At D = 64 the alternatives cost more, on
+// the H200: each warpgroup its own keys' partial doubles the atomics, which
+// then bound the pass (1.13 ms against 0.46 ms without U, B4 H16 N4096
+// causal); U in alternate iterations by one warpgroup puts wgmma behind a
+// branch, and ptxas serializes every wgmma of the kernel (C7520); an
+// m64n32 split would start the MN-major, 128-byte swizzled K operand in
+// the middle of its rows.
 template <int D>
 inline constexpr bool kUSplitsColumns = D == 128;
 
-// U = r K over this thread's warpgroup's part (kUSplitsColumns): r of
-// warpgroup w at r_tiles + w [64 rows][64 keys] (K-major A), K the block's
-// [128 keys][D] tile (MN-major B); 8 steps at D = 128, 4 at D = 64 (issued,
-// committed and waited for by the caller; the first step's scale-d 0 needs
-// no zeroing).
+// U = r K, this warpgroup's 64 columns (kUSplitsColumns: 64 wg..) over the
+// block's 128 keys: r of warpgroup w at r_tiles + w [64 rows][64 keys]
+// (K-major A), K the block's [128 keys][D] tile (MN-major B); 8 steps
+// (issued, committed and waited for by the caller; the first step's scale-d
+// 0 needs no zeroing).
 template <int D>
 __device__ __forceinline__ void u_mma(float (&u)[32], const uint16_t* r_tiles, const uint16_t* k_tile, int wg) {
   constexpr int kScoreTile = kKvRows * 64;
   constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // bytes between the K tile's 64-column blocks
-  constexpr int kSteps = kUSplitsColumns<D> ? 8 : 4;
 #pragma unroll
-  for (int step = 0; step < kSteps; ++step) {
-    const int k = kUSplitsColumns<D> ? step : 4 * wg + step;  // keys 16 k.. of the block
+  for (int k = 0; k < 8; ++k) {  // keys 16 k.. of the block
     const uint64_t r_desc =
         wgmma::desc_k_major(r_tiles + (k >> 2) * kScoreTile + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3)));
     const uint64_t k_desc = wgmma::desc_mn_major(
         k_tile + wgmma::chunk_offset<kKvKeys>(16 * k, kUSplitsColumns<D> ? 8 * wg : 0), kKeySubTile);
-    if (step == 0) {
+    if (k == 0) {
       wgmma::mma_ss_first<false, true>(u, r_desc, k_desc);
     } else {
       wgmma::mma_ss<false, true>(u, r_desc, k_desc);
@@ -181,27 +187,35 @@ __device__ __forceinline__ void u_mma(float (&u)[32], const uint16_t* r_tiles, c
 }
 
 // dQacc_i += -lambda_i U_i for this thread's rows g, g + 8 of the query tile
-// at i0 (row0 + g: its warp's rows) and its U columns (kUSplitsColumns: 64
-// wg..), by float4 atomics: lanes c and c ^ 1 hold columns 2 c, 2 c + 1 of
-// rows g and g + 8; the even lane adds row g's four columns, the odd lane
-// row g + 8's, each taking its partner's pair by one exchange. The scale is
-// one FP32 multiply per element (negation exact). Rows past N add nothing.
+// at i0 (row0 + g: its warp's rows) and its U columns (D = 128: its 64, at
+// 64 wg; D = 64: 32 wg.. of the 64 it holds), by float4 atomics: lanes c and
+// c ^ 1 hold columns 2 c, 2 c + 1 of rows g and g + 8 in each 8-column
+// group jn; the even lane adds row g's four columns, the odd lane row
+// g + 8's, each taking its partner's pair by one exchange. The scale is one
+// FP32 multiply per element (negation exact). Rows past N add nothing.
 template <int D>
 __device__ __forceinline__ void add_u(const Args& a, const float (&u)[32], const TileRows& tr, int64_t row_base,
                                       int i0, int row0, int g, int c, int wg) {
+  constexpr int kGroups = kUSplitsColumns<D> ? 8 : 4;  // 8-column groups this warpgroup adds
   const bool odd = (c & 1) != 0;
   const int row = i0 + row0 + g + (odd ? 8 : 0);
   const float neg_lambda = -(odd ? tr.lambda[1] : tr.lambda[0]);
-  float* dst = a.dq_accum + (row_base + row) * D + (kUSplitsColumns<D> ? 64 * wg : 0) + 2 * (c & ~1);
+  const int col0 = kUSplitsColumns<D> ? 64 * wg : 32 * wg;
+  float* dst = a.dq_accum + (row_base + row) * D + col0 + 2 * (c & ~1);
 #pragma unroll
-  for (int jn = 0; jn < 8; ++jn) {
-    const float keep0 = odd ? u[4 * jn + 2] : u[4 * jn], keep1 = odd ? u[4 * jn + 3] : u[4 * jn + 1];
-    const float give0 = odd ? u[4 * jn] : u[4 * jn + 2], give1 = odd ? u[4 * jn + 1] : u[4 * jn + 3];
+  for (int gi = 0; gi < kGroups; ++gi) {
+    // Group jn of u: gi, or at D = 64 warpgroup 1's gi + 4 (selects: the
+    // registers are indexed by constants).
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = kUSplitsColumns<D> || wg == 0 ? u[4 * gi + e] : u[4 * (gi + 4) + e];
+    const float keep0 = odd ? v[2] : v[0], keep1 = odd ? v[3] : v[1];
+    const float give0 = odd ? v[0] : v[2], give1 = odd ? v[1] : v[3];
     const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
     const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
     if (row < a.n) {
       const float4 x = odd ? make_float4(got0, got1, keep0, keep1) : make_float4(keep0, keep1, got0, got1);
-      atomicAdd(reinterpret_cast<float4*>(dst + 8 * jn),
+      atomicAdd(reinterpret_cast<float4*>(dst + 8 * gi),
                 make_float4(neg_lambda * x.x, neg_lambda * x.y, neg_lambda * x.z, neg_lambda * x.w));
     }
   }
@@ -298,11 +312,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
 
     store_r(a, s, tr, j0 + 64 * wg, row0, g, c, r_tile);
     wgmma::fence_proxy_async();
-    if constexpr (kUSplitsColumns<D>) {
-      __syncthreads();  // U reads both warpgroups' r
-    } else {
-      wgmma::warpgroup_barrier(1 + wg);
-    }
+    __syncthreads();  // U reads both warpgroups' r
 
     float (&u)[32] = s;  // S is dead once r is stored
     wgmma::fence();

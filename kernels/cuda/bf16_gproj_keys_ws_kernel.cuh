@@ -29,10 +29,10 @@
 //     iteration wait full[s], S = Q K_wg^T, r into the warpgroup's tile of
 //     set it % 2, C += r^T bf16(-lambda Q) and U = r K, and once those MMAs
 //     are complete every compute thread arrives on empty[s] (256 arrivals)
-//     and adds -lambda U to dQacc. One barrier per iteration between the r
-//     stores and the MMAs that read them: the warpgroup's four warps at
-//     D = 64, both warpgroups (kComputeBarrier) at D = 128, where U reads
-//     both r tiles. The two sets of r tiles make it the only one: a set is
+//     and adds -lambda U to dQacc (gproj_keys::add_u). One barrier of
+//     both warpgroups per iteration (kComputeBarrier) between the r stores
+//     and the MMAs that read them (U reads both r tiles). The two sets of r
+//     tiles make it the only one: a set is
 //     rewritten two iterations after its MMAs, which every thread waited for
 //     before the last barrier. No block barrier after the barriers' init, no
 //     pingpong (nothing would keep one warpgroup from arriving twice on it).
@@ -69,8 +69,7 @@ inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 inline constexpr uint32_t kFullArrivals = 1 + 32;  // lane 0's expect_tx + every producer lane's rows
-// Named barrier of the 256 compute threads (D = 128; ids 1, 2: each
-// warpgroup's own).
+// Named barrier of the 256 compute threads.
 inline constexpr int kComputeBarrier = 3;
 // Blocks per SM as gproj_keys_kernel (its accumulators are C, D / 2
 // registers, and S, 32).
@@ -217,11 +216,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
 
     gproj_keys::store_r(a, sc, tr, j0 + 64 * wg, row0, g, c, r_tile);
     wgmma::fence_proxy_async();
-    if constexpr (gproj_keys::kUSplitsColumns<D>) {
-      wgmma::named_barrier<kComputeThreads>(kComputeBarrier);  // U reads both warpgroups' r
-    } else {
-      wgmma::warpgroup_barrier(1 + wg);
-    }
+    wgmma::named_barrier<kComputeThreads>(kComputeBarrier);  // U reads both warpgroups' r
 
     float (&u)[32] = sc;  // S is dead once r is stored
     wgmma::fence();
