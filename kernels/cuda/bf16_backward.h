@@ -25,28 +25,31 @@
 // Two structures (kernels/cuda/README.md counts their products):
 // * key-outer (bf16_keyouter_kernel.cuh; the default for bf16 and pivot on
 //   the Hopper pair when deterministic is false and no row diagnostics are
-//   asked for; for gproj only when gproj_key_outer is also set: correct on
-//   the GPU but slower than the pair, which stays gproj's default;
-//   kernels/cuda/README.md has the numbers): per key tile, loop over query tiles:
+//   asked for; for gproj only when gproj_key_outer is also set: the pair
+//   stays gproj's default; kernels/cuda/README.md has the numbers, 0.80x
+//   the pair's time at head dim 64 and 0.97-1.10x at 128): per key tile,
+//   loop over query tiles:
 //   S, dP, t, r, dV, dK, and dQ accumulated in FP32 by atomics; pivot's rho_i
 //   and j*(i) by atomics, then an O(N d) epilogue applies both rank-one
 //   fix-ups. gproj, in two passes over the keys:
-//     pass 1 (the key-outer kernel): as bf16, plus U_i = sum_j r_ij k_j in
-//       FP32 beside dQacc, and this block's partial sums of the rounded t and
-//       r per row added to rho_i and m_i by FP32 atomics; dKacc_j = sum_i
-//       t_ij q_i kept in FP32;
-//     row finish (O(N d)): lambda_i = rho_i / m_i (0 when m_i = 0),
-//       dQ'_i = bf16(alpha (dQacc_i - lambda_i U_i)), and bf16(-lambda_i q_i);
-//     pass 2 (bf16_gproj_keys_kernel.cuh, 2 products per tile pair; with
+//     pass 1 (the key-outer kernel): as bf16, plus this block's partial
+//       sums of the rounded t and r per row added to rho_i and m_i by FP32
+//       atomics; dKacc_j = sum_i t_ij q_i kept in FP32;
+//     lambda (O(N d)): lambda_i = rho_i / m_i (0 when m_i = 0) and the rows
+//       bf16(-lambda_i q_i);
+//     pass 2 (bf16_gproj_keys_kernel.cuh, 3 products per tile pair; with
 //       keyouter_warp_specialized bf16_gproj_keys_ws_kernel.cuh, the same
-//       dK): S and r recomputed by the same instructions (bit-identical r),
-//       C_j = sum_i r_ij bf16(-lambda_i q_i), dK'_j = bf16(alpha (dKacc_j + C_j)).
+//       per-tile code): S and r recomputed by the same instructions
+//       (bit-identical r), C_j = sum_i r_ij bf16(-lambda_i q_i),
+//       dK'_j = bf16(alpha (dKacc_j + C_j)), and per key block and query
+//       tile dQacc_i += -lambda_i sum_j r_ij k_j by FP32 atomics;
+//     dQ'_i = bf16(alpha dQacc_i).
 //   8 products per tile pair against the pair's 9 for gproj.
 //   bf16 and pivot run it by default on a warp-specialized block
 //   (keyouter_warp_specialized; bf16_keyouter_ws_kernel.cuh: a TMA producer
 //   warpgroup feeding two compute warpgroups through mbarriers; the same
 //   per-tile work), and so does gproj's pass 1 (and its pass 2, likewise).
-//   Not bitwise repeatable: the FP32 sums of dQ, U, rho, m and pivot's dK
+//   Not bitwise repeatable: the FP32 sums of dQ, rho, m and pivot's dK
 //   fix-up take the order the atomics land in (the header states the
 //   rounding); every other value is computed as in the pair.
 // * the two-kernel pair (deterministic = true, row diagnostics, the mma.sync
@@ -152,9 +155,10 @@ struct Bf16BackwardParams {
   bool deterministic = false;
   // gproj's structure when deterministic is false: true runs the key-outer
   // kernel and its second pass over the keys (8 products per tile pair),
-  // false the two-kernel pair (9). Measured on the H200 the key-outer gproj is
-  // 1.26-1.38x the pair's time (kernels/cuda/README.md), so the pair is
-  // gproj's default. Ignored by bf16 and pivot.
+  // false the two-kernel pair (9). Measured on the H200 the key-outer gproj
+  // takes 0.80x the pair's time at head dim 64 and 0.97-1.10x at 128
+  // (kernels/cuda/README.md); the pair stays gproj's default (its GPU tests
+  // assume it). Ignored by bf16 and pivot.
   bool gproj_key_outer = false;
   // bf16 and pivot on the key-outer path, and gproj's first and second pass
   // there (bf16_gproj_keys_ws_kernel.cuh): true runs the warp-specialized

@@ -3,8 +3,8 @@
 // pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h), the
 // fallback of the warp-specialized kernel (bf16 and pivot's default without
 // bitwise determinism) and its baseline; for gproj opt-in
-// (Bf16BackwardParams::gproj_key_outer: correct on the GPU but 1.26-1.38x
-// the pair's time before its warp-specialized passes, kernels/cuda/README.md). One
+// (Bf16BackwardParams::gproj_key_outer: on the H200 0.80x the pair's time at
+// head dim 64 and 0.97-1.10x at 128, kernels/cuda/README.md). One
 // kernel computes the five products per tile pair (S, dP, dV, dK, dQ) where
 // the two-kernel pair of bf16_backward_hopper.cuh needs seven; dQ is
 // accumulated in FP32 by atomics. gproj adds the row sums of r (m) and a

@@ -64,7 +64,8 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // structure is chosen once when the library loads:
 // GAUGEWATCH_GPROJ_KERNEL=key_outer runs the key-outer kernel (the
 // warp-specialized one, unless GAUGEWATCH_BF16_KERNEL=key_outer) and its
-// second pass (opt-in: measured slower than the pair on the H200); unset, empty or
+// second pass (opt-in; on the H200 0.80x the pair's time at head dim 64,
+// 0.97-1.10x at 128, kernels/cuda/README.md); unset, empty or
 // "pair" the two-kernel pair, gproj's default; another value warns once on
 // stderr and keeps the pair. The metrics keep the default: their backends'
 // runs are bit-repeatable.

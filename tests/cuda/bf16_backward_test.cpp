@@ -791,11 +791,10 @@ TEST(Bf16Backward, DeterministicPairIsBitwiseRepeatable) {
 }
 
 // Which structure each backend runs. bf16 and pivot take the key-outer kernel
-// by default; gproj takes the pair unless gproj_key_outer is set (the
-// key-outer gproj measured slower than the pair on the H200), and even
+// by default; gproj takes the pair unless gproj_key_outer is set, and even
 // then not when deterministic, on the mma.sync pair or with diagnostics (bf16
-// only). The workspace follows the choice (the key-outer gproj needs U, m and
-// dK in FP32). Host code only: runs without a GPU.
+// only). The workspace follows the choice (the key-outer gproj needs m, dQ
+// and dK in FP32). Host code only: runs without a GPU.
 TEST(Bf16Backward, GprojDefaultsToThePair) {
   gpu::Bf16BackwardParams p;
   p.shape.batch = 1;

@@ -297,7 +297,7 @@ def test_gproj_key_outer_agrees_with_pair(tmp_path, record_line):
     GAUGEWATCH_BF16_KERNEL=key_outer); without it gproj's default is the pair (bit for bit the
     deterministic=True result). The key-outer gproj contracts the same r and
     dO as the pair's dkdv kernel (dV bit for bit); dQ' and dK' differ from
-    the pair's by the FP32 order of the atomics in dQ, U, rho and m (lambda
+    the pair's by the FP32 order of the atomics in dQ, rho and m (lambda
     carries it), so to 1e-2; on sink-like inputs (where the projection
     matters) its dQ error against FP64 stays within 1.25x the pair's."""
     import os
