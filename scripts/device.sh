@@ -15,7 +15,7 @@
 #   ctest      all registered tests, GPU tests included
 #   pytest     python3 -m pytest, one process per tests/python file (GPU tests included)
 #   sanitizer  compute-sanitizer memcheck/racecheck/synccheck on tests/cuda/sanitize_kernels.py,
-#              then again with GAUGEWATCH_GPROJ_KERNEL=key_outer (the opt-in key-outer gproj)
+#              then again with GAUGEWATCH_GPROJ_KERNEL=key_outer (the key-outer gproj at both head dims)
 #              and with that and GAUGEWATCH_BF16_KERNEL=key_outer (the key-outer kernel without
 #              warp specialization, every backend)
 #   bench      every build/bin bench_* / *_bench binary and bench/**/*.py script
@@ -372,7 +372,7 @@ fi
 # memcheck, racecheck and synccheck over small calls of every CUDA backend
 # (tests/cuda/sanitize_kernels.py), restricted to gaugewatch's kernels; then
 # the same script with GAUGEWATCH_GPROJ_KERNEL=key_outer, which runs only the
-# opt-in key-outer gproj (both passes warp-specialized),
+# key-outer gproj at both head dims (both passes warp-specialized),
 # and with that and GAUGEWATCH_BF16_KERNEL=key_outer, which runs bf16, pivot
 # and the key-outer gproj on the key-outer kernel without warp specialization
 # (the default is the warp-specialized one; the library reads the variables

@@ -8,8 +8,12 @@ layer's backward on one backend, and the monitor's overhead at its defaults:
   gproj, pivot, center, bf16  every layer's backward on that backend, sampling off
                       (bf16: the fused kernel without a projection, the baseline
                       of gproj and pivot)
-  gproj_key_outer     gproj's key-outer path: its two passes over the keys,
-                      both warp-specialized (GAUGEWATCH_GPROJ_KERNEL=key_outer)
+  gproj_key_outer     gproj's key-outer path at every head dim: its two passes
+                      over the keys, both warp-specialized
+                      (GAUGEWATCH_GPROJ_KERNEL=key_outer; gproj's default at
+                      head dim 64)
+  gproj_pair          gproj on the two-kernel pair at every head dim
+                      (GAUGEWATCH_GPROJ_KERNEL=pair; gproj's default at 128)
   pivot_no_ws, bf16_no_ws  pivot, bf16 on the key-outer kernel without warp
                       specialization (GAUGEWATCH_BF16_KERNEL=key_outer; their
                       default is the warp-specialized one)
@@ -111,6 +115,7 @@ VARIANTS = {
     "monitor_defaults": {},
     "gproj": {**OFF, "GAUGEWATCH_BACKEND": "gproj"},
     "gproj_key_outer": {**OFF, "GAUGEWATCH_BACKEND": "gproj", "GAUGEWATCH_GPROJ_KERNEL": "key_outer"},
+    "gproj_pair": {**OFF, "GAUGEWATCH_BACKEND": "gproj", "GAUGEWATCH_GPROJ_KERNEL": "pair"},
     "pivot": {**OFF, "GAUGEWATCH_BACKEND": "pivot"},
     "bf16": {**OFF, "GAUGEWATCH_BACKEND": "bf16"},
     "pivot_no_ws": {**OFF, "GAUGEWATCH_BACKEND": "pivot", "GAUGEWATCH_BF16_KERNEL": "key_outer"},

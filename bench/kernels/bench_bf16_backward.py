@@ -11,15 +11,16 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   the delta pre-pass and the workspace allocation; gw_center is
                   key centring (center_keys' kernels) plus SDPA's flash backward;
                   the default path (deterministic=False): bf16 and pivot run
-                  the warp-specialized key-outer kernel, gproj the two-kernel
-                  pair
+                  the warp-specialized key-outer kernel, gproj that kernel
+                  and its second pass at head dim 64 and the two-kernel pair
+                  at 128 (GAUGEWATCH_GPROJ_KERNEL unset)
   gw_<backend>_pair  bf16, gproj, pivot with deterministic=True: the two-kernel
                   pair, side by side with the key-outer kernel
   gw_center_keys  center_keys alone (the centring's share of gw_center)
-  gw_gproj_key_outer  gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer: the opt-in
-                  key-outer path (both passes over the keys
-                  warp-specialized; not yet gproj's default: this bench
-                  measures it against the pair and cuDNN; a child process,
+  gw_gproj_key_outer  gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer: the
+                  key-outer path at every head dim (both passes over the keys
+                  warp-specialized; gproj's default at head dim 64: this
+                  bench measures it against the pair and cuDNN; a child process,
                   since the ops library reads the variable once, when it
                   loads; n/a with the child's error in
                   gw_gproj_key_outer_error if the child fails)
@@ -36,8 +37,8 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
-gproj <= 1.8x sdpa_cudnn (the *_vs_cudnn columns; gw_gproj is the pair, the
-key-outer gproj has its own column).
+gproj <= 1.8x sdpa_cudnn (the *_vs_cudnn columns; gw_gproj is gproj's
+default, the key-outer gproj and the pair have their own columns).
 Shapes with "sink" in the name: key 0 of every head is an attention sink that
 wins the row maximum of P for every row (every row's pivot is key 0: pivot's
 dK fix-up lands on one key), q[..., 0] = 4, k_0 = (2 sqrt(d), 0, ..., 0).
@@ -153,8 +154,8 @@ def main():
     args = parser.parse_args()
     if args.variant_child:
         return variant_child(args, args.variant_child)
-    if os.environ.get("GAUGEWATCH_GPROJ_KERNEL") not in (None, "", "pair"):
-        print("bench_bf16_backward: unset GAUGEWATCH_GPROJ_KERNEL: gw_gproj is the default (the pair), and the "
+    if os.environ.get("GAUGEWATCH_GPROJ_KERNEL") not in (None, "", "auto"):
+        print("bench_bf16_backward: unset GAUGEWATCH_GPROJ_KERNEL: gw_gproj is gproj's default, and the "
               "key-outer gproj is timed in its own process")
         return 1
     ops, rc = load_ops("bench_bf16_backward")
@@ -229,7 +230,7 @@ def main():
                                     if row.get("sdpa_flash_ms") and row.get("gw_center_ms") else None)
         row["gproj_over_bf16"] = row["gw_gproj_ms"] / row["gw_bf16_ms"]
         row["pivot_over_bf16"] = row["gw_pivot_ms"] / row["gw_bf16_ms"]
-        for backend in ("bf16", "pivot"):  # gproj's default is the pair: its key-outer ratio comes with the child
+        for backend in ("bf16", "pivot"):  # gproj's key-outer ratio comes with its child
             row[f"{backend}_key_outer_over_pair"] = row[f"gw_{backend}_ms"] / row[f"gw_{backend}_pair_ms"]
         cases.append(row)
         print(json.dumps(row), flush=True)
@@ -278,8 +279,8 @@ def main():
                      f"{ratio(row['pivot_over_bf16'])} | {ratio(row['center_over_flash'])} | "
                      f"{row['gw_center_keys_ms']:.3f} |")
     lines += ["", "Key-outer kernel (bf16, pivot: default, warp-specialized; gproj: "
-              "GAUGEWATCH_GPROJ_KERNEL=key_outer, opt-in) "
-              "against the two-kernel pair (deterministic=True; gproj's default), and against cuDNN: "
+              "GAUGEWATCH_GPROJ_KERNEL=key_outer, its default at head dim 64) "
+              "against the two-kernel pair (deterministic=True; gproj's default at 128), and against cuDNN: "
               "ms (effective TFLOP/s)", "",
               "| shape | sdpa_cudnn | gw_bf16 key-outer | gw_bf16 pair | gw_pivot key-outer | gw_pivot pair | "
               "gw_gproj key-outer | gw_gproj pair | bf16/cuDNN | pivot/cuDNN | gproj pair/cuDNN | "

@@ -164,8 +164,16 @@ Status validate(const Bf16BackwardParams& params) {
   return {};
 }
 
+bool gproj_runs_key_outer(const Bf16BackwardParams& p) {
+  switch (p.gproj_path) {
+    case GprojPath::kPair: return false;
+    case GprojPath::kKeyOuter: return true;
+    default: return p.shape.head_dim == 64;
+  }
+}
+
 bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
-  const bool opted_in = p.projection != Projection::kGproj || p.gproj_key_outer;
+  const bool opted_in = p.projection != Projection::kGproj || gproj_runs_key_outer(p);
   return opted_in && !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper && !p.diagnostics.any();
 }
 

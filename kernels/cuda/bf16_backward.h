@@ -25,10 +25,9 @@
 // Two structures (kernels/cuda/README.md counts their products):
 // * key-outer (bf16_keyouter_kernel.cuh; the default for bf16 and pivot on
 //   the Hopper pair when deterministic is false and no row diagnostics are
-//   asked for; for gproj only when gproj_key_outer is also set: the pair
-//   stays gproj's default; kernels/cuda/README.md has the numbers, 0.80x
-//   the pair's time at head dim 64 and 0.97-1.10x at 128): per key tile,
-//   loop over query tiles:
+//   asked for; for gproj where gproj_path chooses it, by default at head
+//   dim 64, where it takes 0.80x the pair's time on the H200 (0.97-1.10x at
+//   128; kernels/cuda/README.md)): per key tile, loop over query tiles:
 //   S, dP, t, r, dV, dK, and dQ accumulated in FP32 by atomics; pivot's rho_i
 //   and j*(i) by atomics, then an O(N d) epilogue applies both rank-one
 //   fix-ups. gproj, in two passes over the keys:
@@ -53,7 +52,7 @@
 //   fix-up take the order the atomics land in (the header states the
 //   rounding); every other value is computed as in the pair.
 // * the two-kernel pair (deterministic = true, row diagnostics, the mma.sync
-//   pair, and gproj unless gproj_key_outer): a delta pre-pass; a query-outer
+//   pair, and gproj where gproj_path chooses it): a delta pre-pass; a query-outer
 //   kernel (per query tile, loop over key tiles: S, dP, t, r, dQ += t K, and
 //   for gproj U += r K and the row sums), which finishes dQ and writes
 //   lambda (gproj) or rho and j* (pivot) per row; then a key-outer kernel
@@ -106,6 +105,17 @@ enum class Projection : int {
   kPivot = 2,  // backend "pivot"
 };
 
+// gproj's structure without bitwise determinism: the key-outer kernel and
+// its second pass over the keys (8 products per tile pair, FP32 atomics) or
+// the two-kernel pair (9, no atomics). Measured on the H200
+// (kernels/cuda/README.md), the key-outer gproj takes 0.80x the pair's time
+// at head dim 64 and 0.97-1.10x at 128.
+enum class GprojPath : int {
+  kByHeadDim = 0,  // the key-outer gproj at head dim 64, the pair at 128
+  kPair = 1,
+  kKeyOuter = 2,
+};
+
 struct Bf16RowDiagnostics {
   float* row_mass = nullptr;       // rho_i = sum_j t_ij
   float* abs_row_mass = nullptr;   // sum_j |t_ij|
@@ -151,15 +161,11 @@ struct Bf16BackwardParams {
   Bf16KernelPair kernel_pair = Bf16KernelPair::kHopper;
   // true: bitwise repeatable results (the two-kernel pair, no atomics);
   // false: bf16 and pivot run the key-outer kernel (FP32 atomics), gproj
-  // does when gproj_key_outer is set.
+  // as gproj_path says.
   bool deterministic = false;
-  // gproj's structure when deterministic is false: true runs the key-outer
-  // kernel and its second pass over the keys (8 products per tile pair),
-  // false the two-kernel pair (9). Measured on the H200 the key-outer gproj
-  // takes 0.80x the pair's time at head dim 64 and 0.97-1.10x at 128
-  // (kernels/cuda/README.md); the pair stays gproj's default (its GPU tests
-  // assume it). Ignored by bf16 and pivot.
-  bool gproj_key_outer = false;
+  // gproj's structure when deterministic is false (GprojPath). Ignored by
+  // bf16 and pivot.
+  GprojPath gproj_path = GprojPath::kByHeadDim;
   // bf16 and pivot on the key-outer path, and gproj's first and second pass
   // there (bf16_gproj_keys_ws_kernel.cuh): true runs the warp-specialized
   // key-outer kernel
@@ -180,8 +186,13 @@ struct Bf16BackwardParams {
 Status validate(const Bf16BackwardParams& params);
 
 // Whether `params` run the key-outer kernel (otherwise the pair): Hopper
-// pair, not deterministic, no diagnostics, and for gproj gproj_key_outer.
+// pair, not deterministic, no diagnostics, and for gproj where gproj_path
+// chooses it (gproj_runs_key_outer).
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
+
+// Whether gproj_path takes gproj's key-outer structure at params' head dim
+// (whatever the other conditions of bf16_uses_key_outer).
+bool gproj_runs_key_outer(const Bf16BackwardParams& params);
 
 // Whether `params` run the warp-specialized key-outer kernel: the key-outer
 // path, keyouter_warp_specialized set, and

@@ -1,6 +1,6 @@
 #pragma once
-// Second pass of backend gproj on the key-outer path (opt-in:
-// Bf16BackwardParams::gproj_key_outer; math: kernels/cuda/bf16_backward.h):
+// Second pass of backend gproj on the key-outer path (Bf16BackwardParams::
+// gproj_path; math: kernels/cuda/bf16_backward.h):
 // dK'_j = alpha (sum_i t_ij q_i + sum_i r_ij bf16(-lambda_i q_i)) and
 // dQ'_i = alpha (sum_j t_ij k_j - lambda_i sum_j r_ij k_j). The key-outer
 // kernel (bf16_keyouter_kernel.cuh, P = kGproj) left dKacc_j = sum_i t_ij q_i

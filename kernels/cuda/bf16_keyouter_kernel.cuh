@@ -2,9 +2,10 @@
 // Key-outer one-pass Hopper kernel of the fused BF16 backward, backends bf16,
 // pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h), the
 // fallback of the warp-specialized kernel (bf16 and pivot's default without
-// bitwise determinism) and its baseline; for gproj opt-in
-// (Bf16BackwardParams::gproj_key_outer: on the H200 0.80x the pair's time at
-// head dim 64 and 0.97-1.10x at 128, kernels/cuda/README.md). One
+// bitwise determinism) and its baseline; for gproj where
+// Bf16BackwardParams::gproj_path chooses it, by default at head dim 64 (on
+// the H200 0.80x the pair's time there, 0.97-1.10x at 128,
+// kernels/cuda/README.md). One
 // kernel computes the five products per tile pair (S, dP, dV, dK, dQ) where
 // the two-kernel pair of bf16_backward_hopper.cuh needs seven; dQ is
 // accumulated in FP32 by atomics. gproj adds the row sums of r (m) and a
@@ -78,7 +79,7 @@
 // largest P and, among equal P, the lowest key, whatever the order, as the
 // pair's dq kernel does. Every other value is computed as in the pair.
 // deterministic = true (Bf16BackwardParams) keeps the two-kernel pair, as
-// does gproj without gproj_key_outer.
+// does gproj where gproj_path does not choose this path.
 //
 // Layouts: operands and outputs as bf16_backward.h; workspace (zeroed by the
 // launcher unless stated): dQacc (B, Hq, N, d) FP32; pivot and gproj: rho in

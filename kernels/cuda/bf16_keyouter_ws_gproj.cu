@@ -1,5 +1,5 @@
 // The warp-specialized key-outer backward, backend gproj (its first pass;
-// opted into with gproj's key-outer path, Bf16BackwardParams::gproj_key_outer),
+// where gproj's key-outer path runs, Bf16BackwardParams::gproj_path),
 // both head dims. keyouter_kernel (the fallback), the finish kernels and the
 // second pass are instantiated in bf16_keyouter_d{64,128}_gproj.cu (one
 // definition of each kernel in the library).

@@ -48,26 +48,28 @@ Bf16KernelChoice bf16_kernel_from_environment() {
 
 const Bf16KernelChoice kBf16Kernel = bf16_kernel_from_environment();
 
-// GAUGEWATCH_GPROJ_KERNEL: "key_outer" opts gproj into the key-outer kernel
-// (Bf16BackwardParams::gproj_key_outer; warp-specialized as bf16's,
-// GAUGEWATCH_BF16_KERNEL above); unset, empty or "pair" keeps the
-// two-kernel pair. Any other value keeps the pair and says so once, on
-// stderr (this runs in a static initializer: it must not throw).
-bool gproj_key_outer_from_environment() {
+// GAUGEWATCH_GPROJ_KERNEL (Bf16BackwardParams::gproj_path): "key_outer"
+// runs gproj on the key-outer kernel (warp-specialized as bf16's,
+// GAUGEWATCH_BF16_KERNEL above) at every head dim, "pair" on the two-kernel
+// pair; unset, empty or "auto" the default, the key-outer kernel at head
+// dim 64 and the pair at 128. Any other value keeps the default and says so
+// once, on stderr (this runs in a static initializer: it must not throw).
+gpu::GprojPath gproj_path_from_environment() {
   const char* env = std::getenv("GAUGEWATCH_GPROJ_KERNEL");
-  if (env == nullptr || *env == '\0') return false;
+  if (env == nullptr || *env == '\0') return gpu::GprojPath::kByHeadDim;
   const std::string_view value(env);
-  if (value == "key_outer") return true;
-  if (value != "pair") {
+  if (value == "key_outer") return gpu::GprojPath::kKeyOuter;
+  if (value == "pair") return gpu::GprojPath::kPair;
+  if (value != "auto") {
     std::fprintf(stderr,
-                 "[gaugewatch] GAUGEWATCH_GPROJ_KERNEL=%s is not one of key_outer, pair: gproj runs the "
-                 "two-kernel pair (its default)\n",
+                 "[gaugewatch] GAUGEWATCH_GPROJ_KERNEL=%s is not one of auto, key_outer, pair: gproj runs its "
+                 "default (key-outer at head dim 64, the pair at 128)\n",
                  env);
   }
-  return false;
+  return gpu::GprojPath::kByHeadDim;
 }
 
-const bool kGprojKeyOuter = gproj_key_outer_from_environment();
+const gpu::GprojPath kGprojPath = gproj_path_from_environment();
 
 at::Tensor checked_offsets(const at::Tensor& t, int64_t length, const char* name, const at::Tensor& q) {
   if (t.device().is_cpu()) {
@@ -185,7 +187,7 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   p.kernel_pair = kBf16Kernel.pair;
   p.keyouter_warp_specialized = kBf16Kernel.warp_specialized;
   p.deterministic = deterministic;
-  p.gproj_key_outer = kGprojKeyOuter;
+  p.gproj_path = kGprojPath;
   p.diagnostics = diag;
   const size_t bytes = gpu::bf16_backward_workspace_bytes(p);
   const at::Tensor workspace = workspace_of(q, bytes);

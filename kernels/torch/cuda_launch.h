@@ -61,14 +61,14 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // k, v (stride_order.h), written in place by the kernels. `diag` only with
 // projection kNone. deterministic: the two-kernel pair (bitwise repeatable);
 // otherwise bf16 and pivot run the key-outer kernel (FP32 atomics). gproj's
-// structure is chosen once when the library loads:
+// structure is chosen once when the library loads (gpu::GprojPath):
 // GAUGEWATCH_GPROJ_KERNEL=key_outer runs the key-outer kernel (the
 // warp-specialized one, unless GAUGEWATCH_BF16_KERNEL=key_outer) and its
-// second pass (opt-in; on the H200 0.80x the pair's time at head dim 64,
-// 0.97-1.10x at 128, kernels/cuda/README.md); unset, empty or
-// "pair" the two-kernel pair, gproj's default; another value warns once on
-// stderr and keeps the pair. The metrics keep the default: their backends'
-// runs are bit-repeatable.
+// second pass at every head dim, "pair" the two-kernel pair; unset, empty or
+// "auto" the default, the key-outer kernel at head dim 64 (0.80x the pair's
+// time on the H200) and the pair at 128 (0.97-1.10x; kernels/cuda/README.md);
+// another value warns once on stderr and keeps the default. The metrics run
+// deterministic (the pair): their backends' runs are bit-repeatable.
 Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection, const at::Tensor& grad_out,
                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                           const at::Tensor& lse, const DeviceOffsets& offsets, const gpu::Bf16RowDiagnostics& diag,

@@ -6,7 +6,7 @@
 // row mass and with one pivot key for every row, gproj's key-outer path on
 // sink-like inputs against FP64, the key-outer kernel (the default for bf16
 // and pivot, deterministic = false; gproj with its second pass, opted into by
-// gproj_key_outer, which every key-outer run here sets) as well as the
+// gproj_path = kKeyOuter, which every key-outer run here sets) as well as the
 // two-kernel pair (deterministic = true, bitwise repeatable), the dispatch
 // (gproj's default is the pair), and the mma.sync pair
 // (GAUGEWATCH_BF16_KERNEL=mma_sync). Outputs are poisoned with NaN first, so
@@ -59,7 +59,7 @@ using testing_cuda::to_bf16_bits;
 using testing_cuda::to_int32;
 
 // Which implementation runs: the key-outer kernel (deterministic = false, no
-// row diagnostics; gproj_key_outer set, so gproj takes it too) or the
+// row diagnostics; gproj_path kKeyOuter, so gproj takes it too) or the
 // two-kernel pair (deterministic = true; the bf16 variant also writes the row
 // diagnostics).
 enum class Path { kKeyOuter, kPair };
@@ -185,7 +185,7 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   p.projection = projection;
   p.kernel_pair = pair;
   p.deterministic = path == Path::kPair;
-  p.gproj_key_outer = path == Path::kKeyOuter;  // gproj's key-outer path is opt-in
+  p.gproj_path = path == Path::kKeyOuter ? gpu::GprojPath::kKeyOuter : gpu::GprojPath::kPair;
   p.keyouter_warp_specialized = warp_specialized;
   p.set_contiguous_strides();
   if (sdpa_strides) {
@@ -791,23 +791,36 @@ TEST(Bf16Backward, DeterministicPairIsBitwiseRepeatable) {
 }
 
 // Which structure each backend runs. bf16 and pivot take the key-outer kernel
-// by default; gproj takes the pair unless gproj_key_outer is set, and even
-// then not when deterministic, on the mma.sync pair or with diagnostics (bf16
-// only). The workspace follows the choice (the key-outer gproj needs m, dQ
-// and dK in FP32). Host code only: runs without a GPU.
-TEST(Bf16Backward, GprojDefaultsToThePair) {
+// by default; gproj by default at head dim 64 and the pair at 128 (the
+// key-outer gproj measured 0.80x the pair's time at 64 and 0.97-1.10x at 128
+// on the H200), either at both with gproj_path, and never when
+// deterministic, on the mma.sync pair or with diagnostics (bf16 only). The
+// workspace follows the choice (the key-outer gproj needs m, dQ and dK in
+// FP32). Host code only: runs without a GPU.
+TEST(Bf16Backward, GprojStructureByHeadDim) {
   gpu::Bf16BackwardParams p;
   p.shape.batch = 1;
   p.shape.q_heads = p.shape.kv_heads = 2;
   p.shape.q_len = 100;
   p.shape.kv_len = 140;
-  p.shape.head_dim = 64;
+  p.shape.head_dim = 128;
   p.set_contiguous_strides();
   p.projection = gpu::Projection::kGproj;
-  EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "gproj must default to the two-kernel pair";
+  EXPECT_EQ(gpu::Bf16BackwardParams{}.gproj_path, gpu::GprojPath::kByHeadDim);
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "gproj at head dim 128 defaults to the two-kernel pair";
+  p.shape.head_dim = 64;
+  p.set_contiguous_strides();
+  EXPECT_TRUE(gpu::bf16_uses_key_outer(p)) << "gproj at head dim 64 defaults to the key-outer kernel";
+  p.gproj_path = gpu::GprojPath::kPair;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p));
   const size_t pair_bytes = gpu::bf16_backward_workspace_bytes(p);
-  p.gproj_key_outer = true;
+  p.gproj_path = gpu::GprojPath::kKeyOuter;
   EXPECT_TRUE(gpu::bf16_uses_key_outer(p));
+  p.shape.head_dim = 128;
+  p.set_contiguous_strides();
+  EXPECT_TRUE(gpu::bf16_uses_key_outer(p));
+  p.shape.head_dim = 64;
+  p.set_contiguous_strides();
   EXPECT_GT(gpu::bf16_backward_workspace_bytes(p), pair_bytes);
   p.deterministic = true;
   EXPECT_FALSE(gpu::bf16_uses_key_outer(p));
@@ -818,12 +831,12 @@ TEST(Bf16Backward, GprojDefaultsToThePair) {
   for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot}) {
     SCOPED_TRACE(name_of(projection));
     p.projection = projection;
-    p.gproj_key_outer = false;
+    p.gproj_path = gpu::GprojPath::kPair;
     EXPECT_TRUE(gpu::bf16_uses_key_outer(p)) << "bf16 and pivot default to the key-outer kernel";
     // ... warp-specialized where its TMA maps encode (bf16_uses_key_outer_ws
     // asks the driver: GPU tests WarpSpecialized*).
     EXPECT_TRUE(gpu::Bf16BackwardParams{}.keyouter_warp_specialized);
-    p.gproj_key_outer = true;
+    p.gproj_path = gpu::GprojPath::kKeyOuter;
     EXPECT_TRUE(gpu::bf16_uses_key_outer(p));
   }
   float row_mass = 0.0f;

@@ -3,8 +3,9 @@ compute-sanitizer (memcheck, racecheck, synccheck) in scripts/device.sh:
 multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64
 and 128; bf16 and pivot both on the key-outer path (default: the
 warp-specialized key-outer kernel) and on the
-two-kernel pair (deterministic=True), gproj on the pair (its default, and
-deterministic=True); and key centring's two kernels (center_keys) on GQA
+two-kernel pair (deterministic=True), gproj on the pair (device.sh's
+default variant sets GAUGEWATCH_GPROJ_KERNEL=pair; gproj's default at head
+dim 128, and deterministic=True); and key centring's two kernels (center_keys) on GQA
 with a padded lse, head dims 64, 128 and 256, and on long keys (a share of
 many batches). Exits non-zero on any
 Python-side failure; the sanitizer's own exit code (--error-exitcode)
