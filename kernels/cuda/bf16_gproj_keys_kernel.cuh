@@ -32,7 +32,8 @@
 //                                      many per tile as the first pass's dQ:
 //                                      each warpgroup 64 columns (D = 128)
 //                                      or 32, 32 wg.. (D = 64)
-// 3 products per tile pair (the first pass 5: S, dP, dV, dK, dQ).
+// 3 products per tile pair (the first pass 5: S, dP, dV, dK, dQ); at D = 64
+// the tensor cores compute U twice, once per warpgroup.
 // Then dK = bf16(alpha (dKacc + C)) (FP32 add, then the scale, then one
 // rounding): given the first pass's dKacc and lambda, dK is bitwise
 // repeatable; dQacc's sums land in atomic order.

@@ -29,13 +29,13 @@
 //     iteration wait full[s], S = Q K_wg^T, r into the warpgroup's tile of
 //     set it % 2, C += r^T bf16(-lambda Q) and U = r K, and once those MMAs
 //     are complete every compute thread arrives on empty[s] (256 arrivals)
-//     and adds -lambda U to dQacc (gproj_keys::add_u). One barrier of
-//     both warpgroups per iteration (kComputeBarrier) between the r stores
-//     and the MMAs that read them (U reads both r tiles). The two sets of r
-//     tiles make it the only one: a set is
-//     rewritten two iterations after its MMAs, which every thread waited for
-//     before the last barrier. No block barrier after the barriers' init, no
-//     pingpong (nothing would keep one warpgroup from arriving twice on it).
+//     and adds -lambda U to dQacc (gproj_keys::add_u). One barrier of both
+//     warpgroups per iteration (kComputeBarrier) between the r stores and
+//     the MMAs that read them (U reads both r tiles). The two sets of r
+//     tiles make it the only one: a set is rewritten two iterations after
+//     its MMAs, which every thread waited for before the last barrier. No
+//     block barrier after the barriers' init, no pingpong (nothing would
+//     keep one warpgroup from arriving twice on it).
 // Stage s of iteration it: s = it % kStages, ring round it / kStages;
 // consumers wait full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).

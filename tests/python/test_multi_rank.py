@@ -20,7 +20,11 @@ from conftest import ROOT, build_dir
 from test_hooks import Agent as HooksAgent
 
 TRAINER = ROOT / "tests" / "python" / "trainers" / "ddp_tiny.py"
-TORCHRUN = pathlib.Path(sys.executable).parent / "torchrun"
+# torchrun's entry point, with SIGUSR1 printing its threads' Python stacks
+# (stop_tree's diagnosis of a launcher that does not exit).
+TORCHRUN = [sys.executable, "-c", "import faulthandler, signal, sys; "
+            "faulthandler.register(signal.SIGUSR1, all_threads=True); sys.argv[0] = 'torchrun'; "
+            "from torch.distributed.run import main; main()"]
 
 
 def wait_for(predicate, timeout, what):
@@ -74,7 +78,7 @@ def launch(workdir, socket, run_id, nproc=2, node_rank=0, nnodes=1, master_port=
                   ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", "127.0.0.1",
                    "--master-port", str(master_port)])
     command = [str(build_dir() / "bin" / "gaugewatch"), "run", "--socket", socket, "--run-id", run_id,
-               "--sample-every", "1000", "--", str(TORCHRUN), "--nproc-per-node", str(nproc), *rendezvous,
+               "--sample-every", "1000", "--", *TORCHRUN, "--nproc-per-node", str(nproc), *rendezvous,
                "--no-python", "sh", "-c",
                f'GAUGEWATCH_STATS_FILE="{stats}" exec "{sys.executable}" -X faulthandler "{TRAINER}" "$@"', "ddp_tiny",
                "--steps", "3000", "--step-sleep", "0.02", "--stop-file", str(workdir / f"stop-{run_id}"), *extra]
@@ -111,10 +115,54 @@ def acked_steps(agent, run_id):
     return out
 
 
+def descendants(pid):
+    """The pids of pid's process tree below it (from /proc)."""
+    children = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def collect(proc, timeout=60):
+    """proc's output once it exits. If it has not exited after timeout s,
+    every process below it (torchrun, the trainers: both print their
+    threads' Python stacks on SIGUSR1) is asked for its stacks, then the
+    tree is killed; the output then ends with the stacks and proc's exit
+    status is the kill's."""
+    import os
+    import signal
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        tree = descendants(proc.pid)
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        time.sleep(3)
+        for pid in [proc.pid, *tree]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        out = proc.communicate()[0]
+        return out + f"\n[test] no exit {timeout} s after the stop file: stacks above, process tree killed\n"
+
+
 def finish(proc, workdir, run_id):
     (workdir / f"stop-{run_id}").touch()
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out[-4000:]
+    out = collect(proc)
+    assert proc.returncode == 0, out[-12000:]
     return out
 
 
@@ -200,7 +248,7 @@ def test_two_agents_switch_a_run_across_nodes_at_the_same_step(workdir):
         decisions = [a.ctl_json("history", "--run", run_id).get("decisions", []) for a in agents]
     finally:
         (workdir / f"stop-{run_id}").touch()
-        outs = [p.communicate(timeout=60)[0] for p in procs]
+        outs = [collect(p) for p in procs]
         for a in agents:
             a.stop()
         prometheus.terminate()
@@ -210,7 +258,7 @@ def test_two_agents_switch_a_run_across_nodes_at_the_same_step(workdir):
     # assertion message is cut short by pytest's repr).
     failed = [(node, p.returncode) for node, p in enumerate(procs) if p.returncode != 0]
     for node, code in failed:
-        print(f"node {node} exited {code}; its output ends:\n{outs[node][-6000:]}")
+        print(f"node {node} exited {code}; its output ends:\n{outs[node][-12000:]}")
     assert not failed, failed
     assert steps[0] == steps[1], steps
     assert steps[0] > 40

@@ -10,12 +10,16 @@ Each optimizer step all-reduces the gradients, so the ranks move in lock step.
 Rank 0 prints {"step": i, "loss": x} per step; every rank prints
 {"done": true, "rank": r, "steps": n} at the end. --stop-file: stop at the
 first step after that file exists (all ranks agree through an all-reduce).
+SIGUSR1 prints every thread's Python stack on stderr (the test's diagnosis
+of a process that does not exit).
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import pathlib
+import signal
 import sys
 import time
 
@@ -24,6 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples"))
 from sink_gpt import CausalSelfAttention  # noqa: E402
 
