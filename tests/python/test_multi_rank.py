@@ -134,17 +134,17 @@ def descendants(pid):
 
 def collect(proc, timeout=60):
     """proc's output once it exits. If it has not exited after timeout s,
-    every process below it (torchrun, the trainers: both print their
-    threads' Python stacks on SIGUSR1) is asked for its stacks, then the
-    tree is killed; the output then ends with the stacks and proc's exit
-    status is the kill's."""
+    proc (`gaugewatch run` execs torchrun) and every process below it (the
+    trainers; both print their threads' Python stacks on SIGUSR1) are asked
+    for their stacks, then the tree is killed; the output then ends with the
+    stacks and proc's exit status is the kill's."""
     import os
     import signal
     try:
         return proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
         tree = descendants(proc.pid)
-        for pid in tree:
+        for pid in [proc.pid, *tree]:
             try:
                 os.kill(pid, signal.SIGUSR1)
             except OSError:
