@@ -261,13 +261,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
   const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
   const int t_begin = seen.first, tiles = seen.count;
   const int iters = tiles * a.group;
+  auto tile_row0 = [&](int it) { return (t_begin + it % tiles) * kKvRows; };
+  auto head_of = [&](int it) { return hk * a.group + it / tiles; };
 
   hopper::load_rows<kKvKeys, D>(smem + L::kK, kh.k, a.k_strides.row, j0, a.m);
 
   // Loads of iteration `it` (query head, query tile) into buffer `buf`.
   auto stage = [&](int it, int buf) {
-    const int i0 = (t_begin + it % tiles) * kKvRows;
-    const QueryHead qh = query_head(a, b, hk * a.group + it / tiles);
+    const int i0 = tile_row0(it);
+    const QueryHead qh = query_head(a, b, head_of(it));
     hopper::load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), qh.q, a.q_strides.row, i0, a.n);
     hopper::load_rows<kKvRows, D>(smem + (buf ? L::kL1 : L::kL0), a.neg_lambda_q + qh.row_base * D, D, i0, a.n);
     if (threadIdx.x < kKvRows) {
@@ -299,8 +301,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
     const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
     const uint16_t* lqs = smem + (buf ? L::kL1 : L::kL0);
     const TileRows tr = tile_rows(staged_lse(rows_base, buf), row0, g);
-    const int i0 = (t_begin + it % tiles) * kKvRows;
-    const int64_t row_base = query_head(a, b, hk * a.group + it / tiles).row_base;
+    const int i0 = tile_row0(it);
+    const int64_t row_base = query_head(a, b, head_of(it)).row_base;
 
     float s[32];  // written by scores_mma (its first step does not read them)
     if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
