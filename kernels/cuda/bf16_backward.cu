@@ -116,6 +116,10 @@ Status validate(const Bf16BackwardParams& params) {
   if (params.kernel_pair != Bf16KernelPair::kHopper && params.kernel_pair != Bf16KernelPair::kMmaSyncBaseline) {
     return invalid("unknown kernel pair");
   }
+  if (params.gproj_path != GprojPath::kByHeadDim && params.gproj_path != GprojPath::kPair &&
+      params.gproj_path != GprojPath::kKeyOuter) {
+    return invalid("unknown gproj_path (kByHeadDim, kPair or kKeyOuter)");
+  }
   if (params.diagnostics.any() && proj != Projection::kNone) {
     return invalid("row diagnostics are computed by the bf16 variant (projection kNone) only");
   }

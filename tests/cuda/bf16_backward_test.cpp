@@ -811,6 +811,8 @@ TEST(Bf16Backward, GprojStructureByHeadDim) {
   p.shape.head_dim = 64;
   p.set_contiguous_strides();
   EXPECT_TRUE(gpu::bf16_uses_key_outer(p)) << "gproj at head dim 64 defaults to the key-outer kernel";
+  p.gproj_path = static_cast<gpu::GprojPath>(7);
+  EXPECT_NE(gpu::validate(p).message.find("unknown gproj_path"), std::string::npos) << gpu::validate(p).message;
   p.gproj_path = gpu::GprojPath::kPair;
   EXPECT_FALSE(gpu::bf16_uses_key_outer(p));
   const size_t pair_bytes = gpu::bf16_backward_workspace_bytes(p);
