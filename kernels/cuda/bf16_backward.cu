@@ -9,10 +9,12 @@
 
 #include "kernels/cuda/bf16_backward.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "kernels/cuda/bf16_backward_common.cuh"
+#include "kernels/cuda/grid_order.cuh"
 #include "kernels/cuda/launch_checks.h"
 
 namespace gaugewatch::gpu {
@@ -232,9 +234,53 @@ bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) {
 
 namespace {
 
-// The kernels' argument block: operand_args and the workspace's arrays.
+// The current device's L2 size and SM count; zeros when the runtime cannot
+// say (then every grid is one section of all heads).
+grid_order::SectionInputs device_inputs() {
+  grid_order::SectionInputs in;
+  int device = 0, l2 = 0, sms = 0;
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess) {
+    in.l2_bytes = l2;
+    in.resident = sms;
+  }
+  return in;
+}
+
+// The sections of the key-block and query-tile grids (grid_order.cuh):
+// p.grid_section when set (< 0: one section; > 0: sections that many kv
+// heads wide, on the query-tile grid the query heads of as many kv heads),
+// else as wide as fill half the L2. The streams: a key block reads its kv
+// head's query rows (Q and dO in BF16, lse and delta) and on the key-outer
+// path adds into their FP32 dQ accumulator; a query tile reads its kv
+// head's K and V (shared by the group's query heads).
+void set_grid_sections(const Bf16BackwardParams& p, bf16::Args& a) {
+  const int64_t kv_heads = static_cast<int64_t>(a.batch) * a.hkv, q_heads = static_cast<int64_t>(a.batch) * a.hq;
+  auto of_width = [&](int64_t width) {
+    a.kv_sections = grid_order::sections_of_width(kv_heads, width);
+    a.q_sections = grid_order::sections_of_width(q_heads, width * a.group);
+  };
+  if (p.grid_section != 0) return of_width(p.grid_section > 0 ? p.grid_section : kv_heads);
+  grid_order::SectionInputs in = device_inputs();
+  if (in.l2_bytes <= 0) return of_width(kv_heads);
+  const int64_t d = p.shape.head_dim, n = a.n, m = a.m;
+  in.uneven = p.shape.causal != CausalMode::kNone;
+  in.heads = kv_heads;
+  in.blocks = (m + bf16::kKeyBlockKeys - 1) / bf16::kKeyBlockKeys;
+  in.bytes_per_head = a.group * n * ((bf16_uses_key_outer(p) ? 8 : 4) * d + 8);
+  a.kv_sections = grid_order::section_count(in);
+  in.heads = q_heads;
+  in.blocks = (n + bf16::kQueryTileRows - 1) / bf16::kQueryTileRows;
+  in.bytes_per_head = (4 * m * d + a.group - 1) / a.group;
+  a.q_sections = grid_order::section_count(in);
+}
+
+// The kernels' argument block: operand_args, the grids' sections and the
+// workspace's arrays.
 bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
   bf16::Args a = operand_args(p);
+  set_grid_sections(p, a);
   a.delta = reinterpret_cast<float*>(ws + w.delta);
   a.row_factor = reinterpret_cast<float*>(ws + w.row_factor);
   a.pivot_key = reinterpret_cast<int32_t*>(ws + w.pivot_key);

@@ -175,6 +175,13 @@ struct Bf16BackwardParams {
   // false: keyouter_kernel (12-19% slower on the H200 for bf16 and pivot,
   // kernels/cuda/README.md). Ignored by the pair.
   bool keyouter_warp_specialized = true;
+  // The order of the 1-D grids (grid_order.cuh): heads in sections, block
+  // index first within one. 0: sections whose query-side (key blocks) or
+  // key-side (query tiles) streams fill half the device's L2, under causal
+  // masking at least two waves of blocks; n > 0: sections at most n kv
+  // heads wide; < 0: one section of all heads (heaviest blocks of every head first: the
+  // order before sections, kept as the measured baseline).
+  int grid_section = 0;
 
   Bf16RowDiagnostics diagnostics;
 

@@ -61,6 +61,10 @@ struct Args {
   const int32_t* cu_k;
   int num_segments;
   Bf16RowDiagnostics diag;
+  // Sections of heads of the 1-D grids (grid_order.cuh): of the kv heads
+  // for the key-block grids, of the query heads for the query-tile grid;
+  // 1 to the heads' count.
+  int kv_sections, q_sections;
 };
 
 struct DeltaArgs {

@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/bf16_backward_common.cuh"
+#include "kernels/cuda/grid_order.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace gaugewatch::gpu::bf16::hopper {
@@ -178,11 +179,11 @@ __device__ __forceinline__ void accumulator_to_a(uint32_t (&frag)[4][4], const f
   }
 }
 
-// The dq kernel's grid: 1-D, block l is query tile l / (B Hq) of (batch,
-// query head) l % (B Hq), counted from the last tile under causal masking.
-// Blocks start in index order, so every head's heaviest tile (the last query
-// tiles see the most keys) starts before any head's next: the longest blocks
-// run in the first waves instead of forming the kernel's tail in the last.
+// The dq kernel's grid: 1-D, one block per (batch, query head, query tile),
+// in a.q_sections sections of heads, query tile first within a section and
+// counted from the last under causal masking (grid_order.cuh): the heaviest
+// tiles (the last query tiles see the most keys) start first, and the
+// blocks running at once share few heads' K and V in L2.
 inline int64_t query_tile_count(const Args& a) {
   return static_cast<int64_t>(a.batch) * a.hq * ((static_cast<int64_t>(a.n) + kDqRows - 1) / kDqRows);
 }
@@ -191,11 +192,9 @@ struct QueryTile {
   int tile, bh;
 };
 __device__ __forceinline__ QueryTile query_tile(const Args& a) {
-  const int heads = a.batch * a.hq;
-  const int l = static_cast<int>(blockIdx.x);
   const int tiles = (a.n + kDqRows - 1) / kDqRows;
-  const int t = l / heads;
-  return {a.causal != 0 ? tiles - 1 - t : t, l % heads};
+  const auto [t, bh] = grid_order::sectioned(static_cast<int>(blockIdx.x), a.batch * a.hq, tiles, a.q_sections);
+  return {a.causal != 0 ? tiles - 1 - t : t, bh};
 }
 
 // Shared memory of the dq kernel (BF16 elements, offsets 1024-byte aligned).
@@ -419,12 +418,13 @@ __device__ __forceinline__ RowInputs staged_row_inputs(const StagedRows& ra, int
 }
 
 // The grid of the dkdv kernel and the key-outer kernels (keyouter_kernel,
-// keyouter_ws_kernel, gproj_keys_kernel): one block per (batch, kv head, block of kKvKeys keys),
-// 1-D, block l = key block l / (B Hkv) of head l % (B Hkv). Blocks start in
-// index order, so every head's first key block starts before any head's
-// second: under causal masking (top-left or bottom-right) the first key
-// blocks see the most query tiles, so the longest blocks start in the first
-// waves instead of forming the kernel's tail in the last.
+// keyouter_ws_kernel, gproj_keys_kernel, gproj_keys_ws_kernel): 1-D, one
+// block per (batch, kv head, block of kKvKeys keys), in a.kv_sections
+// sections of kv heads, key block first within a section
+// (grid_order.cuh): under causal masking (top-left or bottom-right) the
+// first key blocks see the most query tiles and start first, and the
+// blocks running at once share few heads' query rows and dQ accumulator
+// in L2.
 inline int64_t key_block_count(const Args& a) {
   return static_cast<int64_t>(a.batch) * a.hkv * ((static_cast<int64_t>(a.m) + kKvKeys - 1) / kKvKeys);
 }
@@ -433,10 +433,9 @@ struct KeyBlock {
   int j0, b, hk;
 };
 __device__ __forceinline__ KeyBlock key_block(const Args& a) {
-  const int heads = a.batch * a.hkv;
-  const int l = static_cast<int>(blockIdx.x);
-  const int bhk = l % heads;
-  return {(l / heads) * kKvKeys, bhk / a.hkv, bhk % a.hkv};
+  const int blocks = (a.m + kKvKeys - 1) / kKvKeys;
+  const auto [kb, bhk] = grid_order::sectioned(static_cast<int>(blockIdx.x), a.batch * a.hkv, blocks, a.kv_sections);
+  return {kb * kKvKeys, bhk / a.hkv, bhk % a.hkv};
 }
 
 template <int D, Projection P>

@@ -71,6 +71,30 @@ gpu::GprojPath gproj_path_from_environment() {
 
 const gpu::GprojPath kGprojPath = gproj_path_from_environment();
 
+// GAUGEWATCH_GRID_SECTION (Bf16BackwardParams::grid_section): the fused
+// BF16 backward's grid order. Unset, empty or "auto": sections of heads
+// sized to the device's L2 (the default); "all": one section of all heads
+// (the order before sections, the measured baseline); a positive integer:
+// that many kv heads per section. Any other value keeps the default and
+// says so once, on stderr (a static initializer: it must not throw).
+int grid_section_from_environment() {
+  const char* env = std::getenv("GAUGEWATCH_GRID_SECTION");
+  if (env == nullptr || *env == '\0') return 0;
+  const std::string_view value(env);
+  if (value == "auto") return 0;
+  if (value == "all") return -1;
+  char* end = nullptr;
+  const long n = std::strtol(env, &end, 10);
+  if (end != env && *end == '\0' && n > 0 && n <= (1L << 30)) return static_cast<int>(n);
+  std::fprintf(stderr,
+               "[gaugewatch] GAUGEWATCH_GRID_SECTION=%s is not auto, all or a positive number of kv heads: the "
+               "default grid order (sections sized to the L2) runs\n",
+               env);
+  return 0;
+}
+
+const int kGridSection = grid_section_from_environment();
+
 at::Tensor checked_offsets(const at::Tensor& t, int64_t length, const char* name, const at::Tensor& q) {
   if (t.device().is_cpu()) {
     const at::Tensor l = t.to(at::kLong).contiguous();
@@ -188,6 +212,7 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   p.keyouter_warp_specialized = kBf16Kernel.warp_specialized;
   p.deterministic = deterministic;
   p.gproj_path = kGprojPath;
+  p.grid_section = kGridSection;
   p.diagnostics = diag;
   const size_t bytes = gpu::bf16_backward_workspace_bytes(p);
   const at::Tensor workspace = workspace_of(q, bytes);

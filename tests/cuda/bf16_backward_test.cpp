@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "kernels/cuda/bf16_backward.h"
+#include "kernels/cuda/grid_order.cuh"
 #include "kernels/reference/attention_problem.h"
 #include "kernels/reference/bf16.h"
 #include "kernels/reference/exact_attention.h"
@@ -149,7 +150,7 @@ std::vector<float> gather_output(const std::vector<uint16_t>& bits, const Output
 KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& saved, gpu::Projection projection,
                      gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper, Path path = Path::kPair,
                      bool warp_specialized = false, bool sdpa_strides = false,
-                     Outputs outputs = Outputs::kContiguous) {
+                     Outputs outputs = Outputs::kContiguous, int grid_section = 0) {
   const auto& sh = in.shape;
   const int64_t d = sh.head_dim;
   auto layout = [&](const std::vector<float>& x, int64_t heads, int64_t len) {
@@ -187,6 +188,7 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   p.deterministic = path == Path::kPair;
   p.gproj_path = path == Path::kKeyOuter ? gpu::GprojPath::kKeyOuter : gpu::GprojPath::kPair;
   p.keyouter_warp_specialized = warp_specialized;
+  p.grid_section = grid_section;
   p.set_contiguous_strides();
   if (sdpa_strides) {
     const gpu::OperandStrides query{sh.q_len * sh.q_heads * d, d, sh.q_heads * d};
@@ -845,6 +847,128 @@ TEST(Bf16Backward, GprojStructureByHeadDim) {
   p.projection = gpu::Projection::kNone;
   p.diagnostics.row_mass = &row_mass;
   EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "row diagnostics run the pair";
+}
+
+// The grids' order (grid_order.cuh): sections of heads of equal width (to
+// one head), block index first within one. Every block of every head once,
+// sections in head order, and one section of all heads is the
+// heaviest-first order over all heads (block l = block l / heads of head
+// l % heads). Host code only: runs without a GPU.
+TEST(GridOrder, SectionsVisitEveryBlockOnce) {
+  for (const int heads : {1, 3, 7, 64}) {
+    for (const int blocks : {1, 2, 5, 32}) {
+      for (int sections = 1; sections <= heads; ++sections) {
+        SCOPED_TRACE(std::to_string(heads) + " heads, " + std::to_string(blocks) + " blocks, " +
+                     std::to_string(sections) + " sections");
+        // The expected section of each head: widths differ by at most one,
+        // the wider first.
+        std::vector<int> section_of;
+        for (int k = 0; k < sections; ++k) {
+          const int width = heads / sections + (k < heads % sections ? 1 : 0);
+          section_of.insert(section_of.end(), static_cast<size_t>(width), k);
+        }
+        ASSERT_EQ(section_of.size(), static_cast<size_t>(heads));
+        std::vector<int> seen(static_cast<size_t>(heads * blocks), 0);
+        int last_section = 0, last_block = 0;
+        for (int l = 0; l < heads * blocks; ++l) {
+          const auto [block, head] = gpu::grid_order::sectioned(l, heads, blocks, sections);
+          ASSERT_GE(block, 0);
+          ASSERT_LT(block, blocks);
+          ASSERT_GE(head, 0);
+          ASSERT_LT(head, heads);
+          ++seen[static_cast<size_t>(head * blocks + block)];
+          const int section = section_of[static_cast<size_t>(head)];
+          ASSERT_GE(section, last_section) << "block " << l << " went back to an earlier section";
+          if (section == last_section) {
+            ASSERT_GE(block, last_block) << "block index first within a section";
+          }
+          last_section = section;
+          last_block = block;
+          if (sections == 1) {
+            EXPECT_EQ(block, l / heads);
+            EXPECT_EQ(head, l % heads);
+          }
+        }
+        for (const int n : seen) ASSERT_EQ(n, 1);
+      }
+    }
+  }
+}
+
+// How many sections: as wide as fill half the L2 with their streams, at
+// least one head, under causal masking at least two waves of resident
+// blocks, at most all heads.
+TEST(GridOrder, SectionCountFollowsTheL2AndTheWaves) {
+  gpu::grid_order::SectionInputs in;
+  in.l2_bytes = 50 << 20;
+  in.resident = 132;
+  in.heads = 32;
+  in.blocks = 64;
+  in.bytes_per_head = 8 << 20;  // B2 H16 N8192 d128, key-outer: Q, dO, dQacc
+  EXPECT_EQ(gpu::grid_order::section_count(in), 11);  // 3 heads wide (the last 2)
+  in.uneven = true;  // causal: two waves of 132 over 64 blocks per head, 5 heads
+  EXPECT_EQ(gpu::grid_order::section_count(in), 7);
+  in.heads = 64;
+  in.blocks = 32;  // B4 H16 N4096 d128 causal: 9 heads for two waves
+  in.bytes_per_head = 4 << 20;
+  EXPECT_EQ(gpu::grid_order::section_count(in), 8);  // 8 sections of 8 (9 wide would leave 1)
+  in.uneven = false;
+  in.bytes_per_head = 64 << 20;  // larger than the L2: a head per section
+  EXPECT_EQ(gpu::grid_order::section_count(in), 64);
+  in.bytes_per_head = 1024;  // small heads: all in one section
+  EXPECT_EQ(gpu::grid_order::section_count(in), 1);
+  in.bytes_per_head = 0;
+  EXPECT_EQ(gpu::grid_order::section_count(in), 1);
+  EXPECT_EQ(gpu::grid_order::sections_of_width(64, 8), 8);
+  EXPECT_EQ(gpu::grid_order::sections_of_width(64, 9), 8);
+  EXPECT_EQ(gpu::grid_order::sections_of_width(3, 2), 2);
+  EXPECT_EQ(gpu::grid_order::sections_of_width(3, 5), 1);
+}
+
+// The kernels on sectioned grids: sections at most 1 and 2 kv heads wide
+// (3 kv heads: 3 and 2 sections, the last narrower; the query-tile grid's 6
+// query heads likewise) against one section of all heads, on causal
+// inputs with several key blocks and query tiles per head. The pair (no
+// atomics) bit for bit; the warp-specialized key-outer kernel (and gproj's
+// second pass; keyouter_kernel takes its blocks from the same key_block)
+// dV (bf16: dK) bit for bit
+// and the rest to 1e-2 (the FP32 atomics land in another order); all
+// against the reference emulation. Outputs are poisoned first: a block the
+// order skipped leaves NaN.
+TEST(Bf16Backward, SectionedGridsMatchOneSection) {
+  SKIP_WITHOUT_GPU();
+  const Bf16Case c = make_case("sections", {3, 2, 1, 300, 260, 64}, ref::CausalMode::kTopLeft);
+  const ref::AttentionInputs in = make_inputs(c);
+  const ref::SavedForward saved = ref::forward_fused_bf16(in);
+  const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot, gpu::Projection::kGproj}) {
+    SCOPED_TRACE(name_of(projection));
+    for (const auto& [path, ws, label] :
+         {std::tuple{Path::kPair, false, "pair"}, std::tuple{Path::kKeyOuter, true, "key-outer ws"}}) {
+      SCOPED_TRACE(label);
+      const KernelRun all = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, path, ws, false,
+                                       Outputs::kContiguous, /*grid_section=*/-1);
+      ASSERT_TRUE(all.status.ok()) << all.status.message;
+      for (const int section : {1, 2}) {
+        SCOPED_TRACE(section);
+        const KernelRun got = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, path, ws, false,
+                                         Outputs::kContiguous, section);
+        ASSERT_TRUE(got.status.ok()) << got.status.message;
+        ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, projection, c, label));
+        if (path == Path::kPair) {
+          for (const auto& [x, y, name] : {std::tuple{&got.grads.dq, &all.grads.dq, "dq"},
+                                           std::tuple{&got.grads.dk, &all.grads.dk, "dk"},
+                                           std::tuple{&got.grads.dv, &all.grads.dv, "dv"}}) {
+            EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0) << name << " moved";
+          }
+        } else {
+          expect_same_dv_and_plain_dk(got, all, projection, "one section's");
+          EXPECT_LE(relative(got.grads.dq, all.grads.dq), 1e-2);
+          EXPECT_LE(relative(got.grads.dk, all.grads.dk), 1e-2);
+        }
+      }
+    }
+  }
 }
 
 // The mma.sync pair (Bf16KernelPair::kMmaSyncBaseline), kept as the Hopper

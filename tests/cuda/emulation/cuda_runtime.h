@@ -67,9 +67,15 @@ struct cudaDeviceProp {
   int minor = 0;
 };
 
+// The attributes the launchers read; the emulated device is an H200's
+// size (132 SMs, 50 MiB of L2).
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrL2CacheSize = 38 };
+
 const char* cudaGetErrorString(cudaError_t error);
 cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
 template <class T>
 cudaError_t cudaMalloc(T** ptr, size_t bytes) {

@@ -261,6 +261,17 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int /*device*/) {
   *prop = cudaDeviceProp{};
   return cudaSuccess;
 }
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int /*device*/) {
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = 132; return cudaSuccess;
+    case cudaDevAttrL2CacheSize: *value = 50 * 1024 * 1024; return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
+}
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   *ptr = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   return *ptr == nullptr ? cudaErrorMemoryAllocation : cudaSuccess;
