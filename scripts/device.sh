@@ -29,7 +29,8 @@
 # CTEST_JOBS (8), CMAKE_EXTRA_ARGS, PYTEST_ARGS; focused runs: GW_ONLY_PYTEST,
 # GW_ONLY_BENCH (basenames), GW_PYTEST_K (a pytest -k expression for every
 # file), GW_SKIP_CTEST=1, GW_CTEST_R (a ctest -R regex), GW_BUILD_TARGETS
-# (space-separated CMake targets instead of all), GW_SANITIZE=0, GW_SANITIZE_VARIANTS
+# (space-separated CMake targets instead of all), GW_REUSE_BUILD=1 (keep the
+# build directory a previous call left), GW_SANITIZE=0, GW_SANITIZE_VARIANTS
 # (a subset of "default gproj_key_outer key_outer"), GW_BENCH_ARGS (arguments for
 # every bench/*.py script run), GW_BENCH_ARGS_<script> (for one script, its
 # basename without .py: GW_BENCH_ARGS_bench_bf16_backward) (docs/device.md).
@@ -282,7 +283,13 @@ fi
 [[ -n "${CMAKE_PREFIX_PATH:-}" ]] && CMAKE_ARGS+=(-DCMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH//:/;}")
 # shellcheck disable=SC2206
 [[ -n "${CMAKE_EXTRA_ARGS:-}" ]] && CMAKE_ARGS+=(${CMAKE_EXTRA_ARGS})
-rm -rf "$BUILD_DIR"
+# GW_REUSE_BUILD=1: a later call on the same (warm) machine configures the
+# build directory the previous call left and builds incrementally.
+if [[ "${GW_REUSE_BUILD:-}" == 1 && -f "$BUILD_DIR/CMakeCache.txt" ]]; then
+  say "configure: reusing $BUILD_DIR (GW_REUSE_BUILD=1)"
+else
+  rm -rf "$BUILD_DIR"
+fi
 t0=$(date +%s)
 run_step configure "$OUT/build.log" "$(reserve_for 420 60)" cmake "${CMAKE_ARGS[@]}" -B "$BUILD_DIR" -DGAUGEWATCH_ENABLE_AGENT=ON
 if [[ $STEP_RC -eq 0 ]]; then
