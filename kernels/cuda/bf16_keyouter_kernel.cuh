@@ -21,18 +21,13 @@
 // iteration's buffers before their reuse (the next loads are issued after it,
 // the previous dQ tile is added to dQacc after it, and at D = 64 the dQ
 // partials alternate between two buffers):
-//   S = Q K_wg^T, dP = dO V_wg^T   ss, m64n64 (hopper::scores_mma), two
-//                                  MMA groups
-//   r = P in registers once S is   hopper::scores_to_p, while dP's MMAs run
-//     complete, -> shared [64 rows][64 keys] per warpgroup
-//   dV += r^T dO                   ss, m64nD, A and B MN-major, after a
-//                                  warpgroup barrier (kDvBesideT)
-//   t in registers once dP is      hopper::dp_to_t, while dV's MMAs run;
-//     complete, -> shared          P and t are scores_to_tr's element math,
-//                                  bit for bit, as both pair kernels
-//                                  (rounded to BF16 by the packing); then a
-//                                  block barrier (D = 64: a warpgroup barrier)
-//   dK += t^T Q                    ss, m64nD, A and B MN-major
+//   S = Q K_wg^T, dP = dO V_wg^T   ss, m64n64 (hopper::scores_mma)
+//   t, r in registers              hopper::scores_to_tr: the same element
+//                                  math, bit for bit, as both pair kernels
+//                                  (rounded to BF16 by the packing)
+//   t, r -> shared [64 rows][64 keys] per warpgroup, then a block barrier
+//                                  (D = 64: a warpgroup barrier)
+//   dV += r^T dO, dK += t^T Q      ss, m64nD, A and B MN-major
 //   dQ_tile = t K                  ss, m64n64, A = t (K-major), B = K (MN-major)
 //                                  D = 128: warpgroup wg computes columns
 //                                  64 wg.. over all 128 keys (t of both
@@ -251,11 +246,6 @@ struct KeyTile {
   static constexpr bool kStaged = D == 128;
   static_assert(!kWriter || D == 128, "the writer warp: D = 128");
   static constexpr int kTSets = kWriter ? 2 : 1;  // sets of t tiles
-  // dV's MMAs in flight while t is formed (after r's stores), or issued
-  // with dK's and dQ's: keyouter_kernel at D = 128 keeps its cp.async
-  // loads' state in registers, and with dV in flight ptxas spilled there
-  // (4 B, pivot and gproj).
-  static constexpr bool kDvBesideT = D == 64 || kWriter;
   // Pivot (rho) and gproj (rho and m): each warpgroup's row sums of its t
   // (r) tile from the tensor cores (kRowSumsByMma).
   static constexpr bool kRhoByMma = kRowSumsByMma<D, P>;
@@ -406,43 +396,34 @@ struct KeyTile {
 
     const RowInputs in = hopper::staged_row_inputs(ra, row0 + g);
     float s[32], dp[32];  // written by scores_mma (its first step does not read them)
-    // S and dP as two groups: P's element work runs while dP's MMAs do, and
-    // t's while dV's do (FlashAttention-3's order within a warpgroup).
     if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
     wgmma::fence();
     hopper::scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);
-    wgmma::commit();
     hopper::scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
     wgmma::commit();
     if (wg == 0) wgmma::pingpong_arrive(hopper::kPingpongBarrier);
-    wgmma::wait<1>();  // S
+    wgmma::wait<0>();
     wgmma::fence_operand(s);
+    wgmma::fence_operand(dp);
 
-    // P in place of S (r is P packed to BF16: the same bits as rounding
-    // first); pivot's statistics: this thread's two rows over its 16 keys of
-    // the tile, the argmax only (rho: kRhoByMma; an invisible element has
-    // p = 0).
+    // t and r are only packed to BF16 below (scores_to_tr<false>: the same
+    // bits for fewer conversions); pivot's row sums take the rounded t, the
+    // values the MMAs consume. Pivot's statistics: this thread's two rows
+    // over its 16 keys of the tile.
+    RowStats stats;
     if constexpr (P == Projection::kPivot) {
+      // The argmax only (rho: kRhoByMma; an invisible element has p = 0).
       PivotArgmax argmax;
-      hopper::scores_to_p(a, s, in, j0 + 64 * wg, [&](int hh, int i, float p) { argmax.add(hh, i, p); });
-      // This block's max P of each row and its key, added before dV and dP
-      // are in flight (at D = 128 the registers are short).
-      RowStats stats;
+      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
+                                  [&](int hh, int, bool, float p, float, float, float, int i) { argmax.add(hh, i, p); });
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         argmax.result(
             hh, [&](int i) { return hopper::element_key(j0 + 64 * wg, c, i); }, &stats.pmax[hh], &stats.parg[hh]);
       }
-      stats.reduce_quad();
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = i0 + row0 + g + 8 * hh;
-        if (c == 0 && row < a.n && stats.parg[hh] >= 0) {
-          atomicMax(a.pivot_code + row_base + row, pivot_code(stats.pmax[hh], stats.parg[hh]));
-        }
-      }
     } else {
-      hopper::scores_to_p(a, s, in, j0 + 64 * wg, [](int, int, float) {});
+      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
+                                  [](int, int, bool, float, float, float, float, int) {});
     }
     // kWriter: no barrier of all compute threads has passed since this
     // warpgroup's MMAs of the previous iteration read its r tile: its four
@@ -455,43 +436,27 @@ struct KeyTile {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
+        *reinterpret_cast<uint32_t*>(t_tile + off) = mma::pack_bf16(dp[4 * jn + 2 * hh], dp[4 * jn + 2 * hh + 1]);
         *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
       }
     }
-    // dV += r^T dO (its own r tile only).
-    auto dv_mma = [&] {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
-        wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile + step, kSubTile),
-                                  wgmma::desc_mn_major(gos + step, kSubTile));
-      }
-    };
-    if constexpr (kDvBesideT) {
-      // Once the warpgroup's r rows are stored, in flight while t is formed.
-      wgmma::fence_proxy_async();
-      wgmma::warpgroup_barrier(1 + wg);
-      wgmma::fence();
-      dv_mma();
-      wgmma::commit();
-      wgmma::wait<1>();  // dP (dV's group may still run)
-    } else {
-      wgmma::wait<0>();  // dP
-    }
-    wgmma::fence_operand(dp);
-    hopper::dp_to_t(s, dp, in, j0 + 64 * wg);
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn) {
+    if constexpr (P == Projection::kPivot) {
+      // This block's max P of each row and its key (before the dQ
+      // accumulator is live: at D = 128 the registers are short).
+      stats.reduce_quad();
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
-        *reinterpret_cast<uint32_t*>(t_tile + off) = mma::pack_bf16(dp[4 * jn + 2 * hh], dp[4 * jn + 2 * hh + 1]);
+        const int row = i0 + row0 + g + 8 * hh;
+        if (c == 0 && row < a.n && stats.parg[hh] >= 0) {
+          atomicMax(a.pivot_code + row_base + row, pivot_code(stats.pmax[hh], stats.parg[hh]));
+        }
       }
     }
+
     // D = 128: dQ reads the t of both warpgroups, a barrier of the compute
     // threads (after which the staging tile is rewritten: its reads by the
     // previous bulk reductions are done); D = 64: each warpgroup reads only
-    // its own t.
+    // its own t and r.
     wgmma::fence_proxy_async();
     if constexpr (kStaged) {
       if (issues_rows()) bulk::wait_read();  // kWriter: the writer waits, DqHandoff's empty barrier
@@ -508,10 +473,11 @@ struct KeyTile {
     [[maybe_unused]] float rho[4];
     [[maybe_unused]] float mass[kMassByMma ? 4 : 1];
     wgmma::fence();
-    if constexpr (!kDvBesideT) dv_mma();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);
+      const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
+      wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile + step, kSubTile),
+                                wgmma::desc_mn_major(gos + step, kSubTile));
       wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile + step, kSubTile),
                                 wgmma::desc_mn_major(qs + step, kSubTile));
     }
