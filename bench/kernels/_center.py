@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from _common import load_ops, time_ms
+from _common import load_ops, select_shapes, time_ms
 
 KEYS = ("random", "offset")
 
@@ -138,11 +138,8 @@ def main():
         return rc
     from bench_bf16_backward import SHAPES
 
-    wanted = set(filter(None, args.shapes.split(",")))
     cases = []
-    for name, B, Hq, Hkv, N, d, causal in SHAPES:
-        if wanted and name not in wanted:
-            continue
+    for name, B, Hq, Hkv, N, d, causal in select_shapes(SHAPES, args.shapes):
         cases.append({"shape": name, "center": time_center(ops, B, Hq, Hkv, N, d, causal, args.reps, args.rotate)})
         print(json.dumps(cases[-1]), flush=True)
     props = torch.cuda.get_device_properties(0)

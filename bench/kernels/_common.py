@@ -50,3 +50,15 @@ def time_ms(fn, inputs, reps, warmup=2):
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def select_shapes(shapes, spec):
+    """The rows of `shapes` (name first) named in `spec`, a comma-separated
+    list (empty: all), in `shapes`' order; an unknown name is an error, so
+    that a mistyped --shapes does not time less than was asked."""
+    wanted = [s for s in spec.split(",") if s]
+    names = [row[0] for row in shapes]
+    unknown = [s for s in wanted if s not in names]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(names)}")
+    return [row for row in shapes if not wanted or row[0] in wanted]

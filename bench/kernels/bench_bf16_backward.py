@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _common import load_ops, time_ms
+from _common import load_ops, select_shapes, time_ms
 import _center
 
 SHAPES = [
@@ -177,10 +177,7 @@ def main():
     except (OSError, subprocess.SubprocessError):
         pass
     cases = []
-    wanted = set(filter(None, args.shapes.split(",")))
-    for name, B, Hq, Hkv, N, d, causal in SHAPES:
-        if wanted and name not in wanted:
-            continue
+    for name, B, Hq, Hkv, N, d, causal in select_shapes(SHAPES, args.shapes):
         flops = effective_flops(B, Hq, N, d, causal)
         inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed, sink="sink" in name) for seed in range(args.rotate)]
         row = {"shape": name, "B": B, "Hq": Hq, "Hkv": Hkv, "N": N, "d": d, "causal": causal}
@@ -335,11 +332,8 @@ def variant_child(args, variant):
     ops, rc = load_ops(f"bench_bf16_backward ({variant})")
     if ops is None:
         return rc
-    wanted = set(filter(None, args.shapes.split(",")))
     result = {}
-    for name, B, Hq, Hkv, N, d, causal in SHAPES:
-        if wanted and name not in wanted:
-            continue
+    for name, B, Hq, Hkv, N, d, causal in select_shapes(SHAPES, args.shapes):
         inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed, sink="sink" in name) for seed in range(args.rotate)]
         row = {}
         for backend in backends:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _common import load_ops, time_ms
+from _common import load_ops, select_shapes, time_ms
 
 SHAPES = [
     # name, B, Hq, Hkv, N, d, causal
@@ -70,10 +70,7 @@ def main():
     results = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
                "driver": torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None,
                "reps": args.reps, "cases": []}
-    wanted = set(filter(None, args.shapes.split(",")))
-    for name, B, Hq, Hkv, N, d, causal in SHAPES:
-        if wanted and name not in wanted:
-            continue
+    for name, B, Hq, Hkv, N, d, causal in select_shapes(SHAPES, args.shapes):
         flops = 2.5 * 4 * B * Hq * N * N * d * (0.5 if causal else 1.0)
         inputs = [make_inputs(B, Hq, Hkv, N, d, seed) for seed in range(args.rotate)]
         row = {"shape": name, "B": B, "Hq": Hq, "Hkv": Hkv, "N": N, "d": d, "causal": causal}

@@ -39,17 +39,14 @@ def child(args):
     """Times every shape and backend under this process's grid order; JSON on stdout."""
     import torch
 
-    from _common import load_ops, time_ms
+    from _common import load_ops, select_shapes, time_ms
     from bench_bf16_backward import SHAPES, make_inputs
 
     ops, rc = load_ops("bench_grid_order")
     if ops is None:
         return rc
-    wanted = set(filter(None, args.shapes.split(",")))
     out = {}
-    for name, B, Hq, Hkv, N, d, causal in SHAPES:
-        if wanted and name not in wanted:
-            continue
+    for name, B, Hq, Hkv, N, d, causal in select_shapes(SHAPES, args.shapes):
         inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed, sink="sink" in name) for seed in range(3)]
         for backend, deterministic in BACKENDS:
             out[f"{name}/{label(backend, deterministic)}"] = time_ms(

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# A/B of two versions of the kernels in one device call: version A is the
+# working tree as it is, version B the same tree with a patch applied. Both
+# are built (the ops library only; B incrementally on A's build) and timed by
+# bench/kernels/bench_bf16_backward.py on the same machine in the same call,
+# then bench/kernels/compare_runs.py puts them side by side, kernel by kernel.
+# Kernel times move by about 1% between H200 machines and end-to-end times by
+# more, so a change of a few percent is only visible this way; the kernels the
+# patch does not touch are the run's own control.
+#
+# Usage, through the device tool (docs/device.md, "Two versions in one call"):
+#   git diff > ab.patch            # or git diff HEAD~1 HEAD, git diff X Y, ...
+#   run(command="GW_AB_PATCH=ab.patch bash scripts/device-ab.sh", carry=[".device"])
+# The patch must travel with the tree: leave it untracked (not ignored) or
+# commit it.
+#
+# Environment: GW_AB_PATCH (required; applied with patch -p1, as git diff
+# writes it), GW_AB_LABELS ("A,B": names in the tables), GW_AB_BENCH_ARGS
+# (bench_bf16_backward.py's arguments; default below), GW_AB_BUDGET_S (540:
+# both halves together, inside the tool's 600 s), OUT (.device/out elsewhere).
+# Writes under $OUT: a.json and b.json (device.sh's bench.json of each half),
+# compare.md, ab-logs.tgz (both halves' logs). The tree is left as it was.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/.device/out}"
+PATCH_FILE="${GW_AB_PATCH:-}"
+LABELS="${GW_AB_LABELS:-A,B}"
+BUDGET="${GW_AB_BUDGET_S:-540}"
+BENCH_ARGS="${GW_AB_BENCH_ARGS:---skip-mma-sync --skip-no-ws --skip-fp32 --reps 10}"
+PY="${GAUGEWATCH_PYTHON:-python3}"
+START=$(date +%s)
+
+die() { echo "[device-ab] ERROR: $*" >&2; exit 2; }
+[[ -n "$PATCH_FILE" ]] || die "set GW_AB_PATCH to the patch that turns version A (this tree) into B"
+[[ -f "$PATCH_FILE" ]] || die "GW_AB_PATCH=$PATCH_FILE: no such file here (an ignored file does not travel: leave it untracked or carry it)"
+PATCH_FILE="$(cd "$(dirname "$PATCH_FILE")" && pwd)/$(basename "$PATCH_FILE")"
+patch -p1 --dry-run --force -s <"$PATCH_FILE" >/dev/null \
+  || die "$PATCH_FILE does not apply to this tree with patch -p1: make it with git diff against this tree"
+mkdir -p "$OUT"
+WORK="$(mktemp -d /tmp/gw-device-ab.XXXXXX)"
+
+half() {  # half <a|b> <budget_s>: device.sh, ops library and the benchmark only
+  OUT="$WORK/$1" GW_DEVICE_BUDGET_S="$2" GW_BUILD_TARGETS=gaugewatch_ops GW_SKIP_CTEST=1 GW_ONLY_PYTEST=none \
+    GW_SANITIZE=0 GW_ONLY_BENCH=bench_bf16_backward.py GW_BENCH_ARGS_bench_bf16_backward="$BENCH_ARGS" \
+    GW_REUSE_BUILD="$3" bash scripts/device.sh >"$WORK/$1.txt" 2>&1
+  tail -4 "$WORK/$1.txt"
+  cp "$WORK/$1/bench.json" "$OUT/$1.json" 2>/dev/null || echo "[device-ab] half $1 wrote no bench.json (see ab-logs.tgz)"
+}
+
+# A builds from scratch (about 70 s of a 16-core machine) and B only what the
+# patch touches: A gets 55% of the budget, B what is left but 20 s.
+echo "[device-ab] A: the tree as it is"
+half a $(( BUDGET * 55 / 100 )) "${GW_REUSE_BUILD:-}"
+echo "[device-ab] B: with $(basename "$PATCH_FILE")"
+patch -p1 --force -s <"$PATCH_FILE" || die "the patch did not apply after the dry run passed"
+half b $(( BUDGET - ($(date +%s) - START) - 20 )) 1
+patch -p1 -R --force -s <"$PATCH_FILE" || echo "[device-ab] warning: could not take the patch back out of the tree"
+
+tar czf "$OUT/ab-logs.tgz" -C "$WORK" . 2>/dev/null
+if [[ -f "$OUT/a.json" && -f "$OUT/b.json" ]]; then
+  "$PY" bench/kernels/compare_runs.py "$OUT/a.json" "$OUT/b.json" --labels "$LABELS" --markdown "$OUT/compare.md"
+else
+  die "a half has no benchmark results; compare.md not written"
+fi
