@@ -3,7 +3,7 @@
 # working tree as it is, version B the same tree with a patch applied. Both
 # are built (the ops library only; B incrementally on A's build) and timed by
 # bench/kernels/bench_bf16_backward.py on the same machine in the same call,
-# then bench/kernels/compare_runs.py puts them side by side, kernel by kernel.
+# then scripts/compare_kernel_runs.py puts them side by side, kernel by kernel.
 # Kernel times move by about 1% between H200 machines and end-to-end times by
 # more, so a change of a few percent is only visible this way; the kernels the
 # patch does not touch are the run's own control.
@@ -60,7 +60,7 @@ patch -p1 -R --force -s <"$PATCH_FILE" || echo "[device-ab] warning: could not t
 
 tar czf "$OUT/ab-logs.tgz" -C "$WORK" . 2>/dev/null
 if [[ -f "$OUT/a.json" && -f "$OUT/b.json" ]]; then
-  "$PY" bench/kernels/compare_runs.py "$OUT/a.json" "$OUT/b.json" --labels "$LABELS" --markdown "$OUT/compare.md"
+  "$PY" scripts/compare_kernel_runs.py "$OUT/a.json" "$OUT/b.json" --labels "$LABELS" --markdown "$OUT/compare.md"
 else
   die "a half has no benchmark results; compare.md not written"
 fi

@@ -1,5 +1,7 @@
-"""The kernel benchmarks' shape selection (bench/kernels/_common.py): runs on
-the CPU, no ops library needed."""
+"""The kernel benchmarks' tools on the CPU (no GPU, no ops library): their
+shape selection (bench/kernels/_common.py), the kernel-by-kernel comparison
+of two runs (scripts/compare_kernel_runs.py, on a committed H200 run) and
+scripts/device-ab.sh's refusal of a patch that does not apply."""
 
 import sys
 from pathlib import Path
@@ -25,7 +27,7 @@ def test_an_unknown_shape_is_refused_with_the_known_names():
         select_shapes(SHAPES, f"{SHAPES[0][0]},B9_typo")
 
 
-# --- bench/kernels/compare_runs.py and scripts/device-ab.sh --------------------------------
+# --- scripts/compare_kernel_runs.py and scripts/device-ab.sh --------------------------------
 
 import subprocess  # noqa: E402
 
@@ -34,7 +36,7 @@ OVERLAP = ROOT / "bench" / "results" / "bench_bf16_backward-overlap-h200-2026-12
 
 
 def compare(*args):
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "kernels" / "compare_runs.py"), *args],
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_kernel_runs.py"), *args],
                           capture_output=True, text=True, timeout=60)
 
 

@@ -11,8 +11,8 @@ Kernel times move by about 1% between H200 machines, end-to-end times by
 more (cuDNN's by up to 15%): compare two versions inside one device call
 (scripts/device-ab.sh) and read the kernel table first.
 
-  python3 bench/kernels/compare_runs.py A.json B.json [--labels A,B] [--markdown F]
-  python3 bench/kernels/compare_runs.py R.json#overlap_91caeb2 R.json#final_949611a
+  python3 scripts/compare_kernel_runs.py A.json B.json [--labels A,B] [--markdown F]
+  python3 scripts/compare_kernel_runs.py R.json#overlap_91caeb2 R.json#final_949611a
 """
 
 import argparse
