@@ -11,7 +11,7 @@ gives a ratio per shape and backend (sections / all, medians of --reps CUDA
 event timings over inputs rotated so that L2 does not carry over between
 calls). Reported: each order's median over rounds and the median of the
 per-round ratios. Backends: bf16 and pivot (the key-outer kernel), gproj
-(its default: key-outer at head dim 64, the pair at 128) and bf16's pair
+(its default structure, GprojPath::kAuto) and bf16's pair
 (deterministic=True: the dq kernel's query-tile grid).
 
 Run (needs a GPU and the built ops library):

@@ -118,9 +118,9 @@ Status validate(const Bf16BackwardParams& params) {
   if (params.kernel_pair != Bf16KernelPair::kHopper && params.kernel_pair != Bf16KernelPair::kMmaSyncBaseline) {
     return invalid("unknown kernel pair");
   }
-  if (params.gproj_path != GprojPath::kByHeadDim && params.gproj_path != GprojPath::kPair &&
+  if (params.gproj_path != GprojPath::kAuto && params.gproj_path != GprojPath::kPair &&
       params.gproj_path != GprojPath::kKeyOuter) {
-    return invalid("unknown gproj_path (kByHeadDim, kPair or kKeyOuter)");
+    return invalid("unknown gproj_path (kAuto, kPair or kKeyOuter)");
   }
   if (params.diagnostics.any() && proj != Projection::kNone) {
     return invalid("row diagnostics are computed by the bf16 variant (projection kNone) only");
@@ -170,21 +170,6 @@ Status validate(const Bf16BackwardParams& params) {
   return {};
 }
 
-bool gproj_runs_key_outer(const Bf16BackwardParams& p) {
-  switch (p.gproj_path) {
-    case GprojPath::kPair: return false;
-    case GprojPath::kKeyOuter: return true;
-    default: return p.shape.head_dim == 64;
-  }
-}
-
-bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
-  const bool opted_in = p.projection != Projection::kGproj || gproj_runs_key_outer(p);
-  return opted_in && !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper && !p.diagnostics.any();
-}
-
-size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layout_of(p).total; }
-
 namespace {
 
 // The parameters' part of the kernels' argument block: operands, outputs,
@@ -224,13 +209,32 @@ bf16::Args operand_args(const Bf16BackwardParams& p) {
   return a;
 }
 
-}  // namespace
-
-bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) {
-  if (!p.keyouter_warp_specialized || !bf16_uses_key_outer(p)) return false;
-  if (!validate(p).ok()) return false;
+// Whether the warp-specialized key-outer kernels can run for p: asked for,
+// valid parameters, and TMA maps the driver encodes for its operands.
+bool key_outer_ws_possible(const Bf16BackwardParams& p) {
+  if (!p.keyouter_warp_specialized || !validate(p).ok()) return false;
   return bf16::keyouter_ws_maps_encodable(operand_args(p), static_cast<int>(p.shape.head_dim));
 }
+
+}  // namespace
+
+bool gproj_runs_key_outer(const Bf16BackwardParams& p) {
+  switch (p.gproj_path) {
+    case GprojPath::kPair: return false;
+    case GprojPath::kKeyOuter: return true;
+    default: return p.shape.head_dim == 64 || key_outer_ws_possible(p);
+  }
+}
+
+bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
+  const bool opted_in = p.projection != Projection::kGproj || gproj_runs_key_outer(p);
+  return opted_in && !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper && !p.diagnostics.any();
+}
+
+size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layout_of(p).total; }
+
+
+bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) { return bf16_uses_key_outer(p) && key_outer_ws_possible(p); }
 
 namespace {
 

@@ -26,8 +26,8 @@
 // * key-outer (bf16_keyouter_kernel.cuh; the default for bf16 and pivot on
 //   the Hopper pair when deterministic is false and no row diagnostics are
 //   asked for; for gproj where gproj_path chooses it, by default at head
-//   dim 64, where it takes 0.80x the pair's time on the H200 (0.97-1.10x at
-//   128; kernels/cuda/README.md)): per key tile, loop over query tiles:
+//   dim 64 and, where it runs warp-specialized, at 128 (GprojPath has the
+//   measured times)): per key tile, loop over query tiles:
 //   S, dP, t, r, dV, dK, and dQ accumulated in FP32 by atomics; pivot's rho_i
 //   and j*(i) by atomics, then an O(N d) epilogue applies both rank-one
 //   fix-ups. gproj, in two passes over the keys:
@@ -108,10 +108,16 @@ enum class Projection : int {
 // gproj's structure without bitwise determinism: the key-outer kernel and
 // its second pass over the keys (8 products per tile pair, FP32 atomics) or
 // the two-kernel pair (9, no atomics). Measured on the H200
-// (kernels/cuda/README.md), the key-outer gproj takes 0.80x the pair's time
-// at head dim 64 and 0.97-1.10x at 128.
+// (kernels/cuda/README.md), the key-outer gproj takes 0.80-0.85x the pair's
+// time at head dim 64; at 128, with grid sections and both passes
+// warp-specialized, 0.93-0.99x on the long, non-causal and GQA shapes and
+// 0.98-1.02x on B4 H16 N4096 causal (three runs on 2026-12-03); without
+// warp specialization (keyouter_warp_specialized false, or TMA maps that
+// do not encode) it was 1.2-1.4x the pair there.
 enum class GprojPath : int {
-  kByHeadDim = 0,  // the key-outer gproj at head dim 64, the pair at 128
+  // the key-outer gproj at head dim 64, and at 128 where both its passes run
+  // warp-specialized (bf16_uses_key_outer_ws); the pair otherwise
+  kAuto = 0,
   kPair = 1,
   kKeyOuter = 2,
 };
@@ -165,7 +171,7 @@ struct Bf16BackwardParams {
   bool deterministic = false;
   // gproj's structure when deterministic is false (GprojPath). Ignored by
   // bf16 and pivot.
-  GprojPath gproj_path = GprojPath::kByHeadDim;
+  GprojPath gproj_path = GprojPath::kAuto;
   // bf16 and pivot on the key-outer path, and gproj's first and second pass
   // there (bf16_gproj_keys_ws_kernel.cuh): true runs the warp-specialized
   // key-outer kernel
@@ -197,8 +203,10 @@ Status validate(const Bf16BackwardParams& params);
 // chooses it (gproj_runs_key_outer).
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
-// Whether gproj_path takes gproj's key-outer structure at params' head dim
-// (whatever the other conditions of bf16_uses_key_outer).
+// Whether gproj_path takes gproj's key-outer structure for params (its head
+// dim, and with kAuto at head dim 128 whether the warp-specialized kernels
+// would run: keyouter_warp_specialized and maps that encode), whatever the
+// other conditions of bf16_uses_key_outer.
 bool gproj_runs_key_outer(const Bf16BackwardParams& params);
 
 // Whether `params` run the warp-specialized key-outer kernel: the key-outer

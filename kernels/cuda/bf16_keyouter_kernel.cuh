@@ -3,9 +3,8 @@
 // pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h), the
 // fallback of the warp-specialized kernel (bf16 and pivot's default without
 // bitwise determinism) and its baseline; for gproj where
-// Bf16BackwardParams::gproj_path chooses it, by default at head dim 64 (on
-// the H200 0.80x the pair's time there, 0.97-1.10x at 128,
-// kernels/cuda/README.md). One
+// Bf16BackwardParams::gproj_path chooses it (GprojPath: by default at head
+// dim 64, and at 128 where it runs warp-specialized). One
 // kernel computes the five products per tile pair (S, dP, dV, dK, dQ) where
 // the two-kernel pair of bf16_backward_hopper.cuh needs seven; dQ is
 // accumulated in FP32 by atomics. gproj adds the row sums of r (m) and a
@@ -28,6 +27,9 @@
 //   t, r -> shared [64 rows][64 keys] per warpgroup, then a block barrier
 //                                  (D = 64: a warpgroup barrier)
 //   dV += r^T dO, dK += t^T Q      ss, m64nD, A and B MN-major
+//   (pivot with the writer warp, D = 128: S and dP as two MMA groups, P and
+//   the argmax while dP runs, dV issued once r is stored and in flight while
+//   t is formed; KeyTile::kSplitScores)
 //   dQ_tile = t K                  ss, m64n64, A = t (K-major), B = K (MN-major)
 //                                  D = 128: warpgroup wg computes columns
 //                                  64 wg.. over all 128 keys (t of both
@@ -246,6 +248,15 @@ struct KeyTile {
   static constexpr bool kStaged = D == 128;
   static_assert(!kWriter || D == 128, "the writer warp: D = 128");
   static constexpr int kTSets = kWriter ? 2 : 1;  // sets of t tiles
+  // S and dP as two MMA groups: P and pivot's argmax formed while dP's MMAs
+  // run, dV's MMAs issued once r is stored and in flight while t is formed
+  // (FlashAttention-3's order within a warpgroup). Only for pivot with the
+  // writer warp (D = 128): on the H200 it made that kernel 2.1-2.9% faster
+  // and bf16's 1.9-3.7% slower, pivot's at D = 64 3.3% slower
+  // (bench/results/bench_bf16_backward-overlap-h200-2026-12-03.md): the
+  // warpgroups' pingpong already overlaps one's element work with the
+  // other's MMAs, and only pivot's argmax makes the split pay.
+  static constexpr bool kSplitScores = P == Projection::kPivot && kWriter;
   // Pivot (rho) and gproj (rho and m): each warpgroup's row sums of its t
   // (r) tile from the tensor cores (kRowSumsByMma).
   static constexpr bool kRhoByMma = kRowSumsByMma<D, P>;
@@ -373,6 +384,80 @@ struct KeyTile {
     bulk::wait_all();
   }
 
+  // This thread's elements (jn, hh) of x, packed to BF16 pairs, into a
+  // [64 rows][64 keys] tile of its warpgroup.
+  __device__ __forceinline__ void store_pair(uint16_t* tile, int jn, int hh, const float (&x)[32]) const {
+    const int g = (tid() & 31) >> 2, c = tid() & 3, row0 = 16 * ((tid() >> 5) & 3);
+    const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
+    *reinterpret_cast<uint32_t*>(tile + off) = mma::pack_bf16(x[4 * jn + 2 * hh], x[4 * jn + 2 * hh + 1]);
+  }
+
+  // Pivot: this thread's two rows' max P over its 16 keys of the tile, and
+  // their keys.
+  __device__ __forceinline__ void argmax_stats(const PivotArgmax& argmax, RowStats& stats) const {
+    const int wg = (tid() >> 5) >> 2, c = (tid() & 31) & 3;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      argmax.result(
+          hh, [&](int i) { return hopper::element_key(j0 + 64 * wg, c, i); }, &stats.pmax[hh], &stats.parg[hh]);
+    }
+  }
+
+  // Pivot: the stats reduced over the quad (the row's 64 keys of this
+  // warpgroup) and added by atomics (64-bit max of pivot_code()).
+  __device__ __forceinline__ void add_argmax(RowStats& stats, int i0, int64_t row_base) const {
+    const int g = (tid() & 31) >> 2, c = tid() & 3, row0 = 16 * ((tid() >> 5) & 3);
+    stats.reduce_quad();
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = i0 + row0 + g + 8 * hh;
+      if (c == 0 && row < a.n && stats.parg[hh] >= 0) {
+        atomicMax(a.pivot_code + row_base + row, pivot_code(stats.pmax[hh], stats.parg[hh]));
+      }
+    }
+  }
+
+  // kSplitScores: S complete, dP's MMAs in flight. P in place of S and the
+  // argmax while dP runs; r stored, dV += r^T dO issued; t in place of dP
+  // while dV runs, then stored. On return dV's MMAs may still run.
+  __device__ __forceinline__ void split_scores(float (&s)[32], float (&dp)[32], const RowInputs& in,
+                                               uint16_t* t_tile, uint16_t* r_tile, const uint16_t* gos,
+                                               float (&dv)[D / 2], int i0, int64_t row_base) const {
+    static_assert(kWriter, "r's tile is reused only after a warpgroup barrier (the writer's two t sets)");
+    const int wg = tid() >> 7;
+    PivotArgmax argmax;
+    hopper::scores_to_p(a, s, in, j0 + 64 * wg, [&](int hh, int i, float p) { argmax.add(hh, i, p); });
+    RowStats stats;
+    argmax_stats(argmax, stats);
+    add_argmax(stats, i0, row_base);  // before dV and dP are live (registers)
+    // No barrier of all compute threads has passed since the previous
+    // iteration's MMAs read r: the warpgroup's four warps meet first.
+    wgmma::warpgroup_barrier(1 + wg);
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) store_pair(r_tile, jn, hh, s);
+    }
+    wgmma::fence_proxy_async();
+    wgmma::warpgroup_barrier(1 + wg);  // the warpgroup's r rows, for dV's MMAs
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
+      wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile + step, kSubTile),
+                                wgmma::desc_mn_major(gos + step, kSubTile));
+    }
+    wgmma::commit();
+    wgmma::wait<1>();  // dP (dV's group may still run)
+    wgmma::fence_operand(dp);
+    hopper::dp_to_t(s, dp, in, j0 + 64 * wg);
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) store_pair(t_tile, jn, hh, dp);
+    }
+  }
+
   // Iteration `it` on the query tile qs, gos (Q, dO; [64][D] each) with its
   // per-row inputs ra: S, dP, t, r, the statistics' atomics, dV += r^T dO,
   // dK += t^T Q, and the dQ tile into the partials / staging tile (added by
@@ -399,60 +484,50 @@ struct KeyTile {
     if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
     wgmma::fence();
     hopper::scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);
+    if constexpr (kSplitScores) wgmma::commit();
     hopper::scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
     wgmma::commit();
     if (wg == 0) wgmma::pingpong_arrive(hopper::kPingpongBarrier);
-    wgmma::wait<0>();
-    wgmma::fence_operand(s);
-    wgmma::fence_operand(dp);
-
-    // t and r are only packed to BF16 below (scores_to_tr<false>: the same
-    // bits for fewer conversions); pivot's row sums take the rounded t, the
-    // values the MMAs consume. Pivot's statistics: this thread's two rows
-    // over its 16 keys of the tile.
-    RowStats stats;
-    if constexpr (P == Projection::kPivot) {
-      // The argmax only (rho: kRhoByMma; an invisible element has p = 0).
-      PivotArgmax argmax;
-      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
-                                  [&](int hh, int, bool, float p, float, float, float, int i) { argmax.add(hh, i, p); });
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        argmax.result(
-            hh, [&](int i) { return hopper::element_key(j0 + 64 * wg, c, i); }, &stats.pmax[hh], &stats.parg[hh]);
-      }
+    if constexpr (kSplitScores) {
+      wgmma::wait<1>();  // S
+      wgmma::fence_operand(s);
+      split_scores(s, dp, in, t_tile, r_tile, gos, dv, i0, row_base);
     } else {
-      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
-                                  [](int, int, bool, float, float, float, float, int) {});
-    }
-    // kWriter: no barrier of all compute threads has passed since this
-    // warpgroup's MMAs of the previous iteration read its r tile: its four
-    // warps meet before overwriting it. (t goes to the other set, which
-    // both warpgroups' MMAs finished reading before the last compute
-    // barrier.)
-    if constexpr (kWriter) wgmma::warpgroup_barrier(1 + wg);
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
-        *reinterpret_cast<uint32_t*>(t_tile + off) = mma::pack_bf16(dp[4 * jn + 2 * hh], dp[4 * jn + 2 * hh + 1]);
-        *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
+      wgmma::wait<0>();
+      wgmma::fence_operand(s);
+      wgmma::fence_operand(dp);
+      // t and r are only packed to BF16 below (scores_to_tr<false>: the
+      // same bits for fewer conversions); pivot's row sums take the rounded
+      // t, the values the MMAs consume.
+      RowStats stats;
+      if constexpr (P == Projection::kPivot) {
+        PivotArgmax argmax;  // the argmax only (rho: kRhoByMma; an invisible element has p = 0)
+        hopper::scores_to_tr<false>(
+            a, s, dp, in, j0 + 64 * wg,
+            [&](int hh, int, bool, float p, float, float, float, int i) { argmax.add(hh, i, p); });
+        argmax_stats(argmax, stats);
+      } else {
+        hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
+                                    [](int, int, bool, float, float, float, float, int) {});
       }
-    }
-    if constexpr (P == Projection::kPivot) {
-      // This block's max P of each row and its key (before the dQ
-      // accumulator is live: at D = 128 the registers are short).
-      stats.reduce_quad();
+      // kWriter: no barrier of all compute threads has passed since this
+      // warpgroup's MMAs of the previous iteration read its r tile: its
+      // four warps meet before overwriting it. (t goes to the other set,
+      // which both warpgroups' MMAs finished reading before the last
+      // compute barrier.)
+      if constexpr (kWriter) wgmma::warpgroup_barrier(1 + wg);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = i0 + row0 + g + 8 * hh;
-        if (c == 0 && row < a.n && stats.parg[hh] >= 0) {
-          atomicMax(a.pivot_code + row_base + row, pivot_code(stats.pmax[hh], stats.parg[hh]));
+      for (int jn = 0; jn < 8; ++jn) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          store_pair(t_tile, jn, hh, dp);
+          store_pair(r_tile, jn, hh, s);
         }
       }
+      // This block's argmax, before the dQ accumulator is live (at D = 128
+      // the registers are short).
+      if constexpr (P == Projection::kPivot) add_argmax(stats, i0, row_base);
     }
-
     // D = 128: dQ reads the t of both warpgroups, a barrier of the compute
     // threads (after which the staging tile is rewritten: its reads by the
     // previous bulk reductions are done); D = 64: each warpgroup reads only
@@ -476,8 +551,10 @@ struct KeyTile {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
-      wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile + step, kSubTile),
-                                wgmma::desc_mn_major(gos + step, kSubTile));
+      if constexpr (!kSplitScores) {  // (kSplitScores: issued in split_scores)
+        wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile + step, kSubTile),
+                                  wgmma::desc_mn_major(gos + step, kSubTile));
+      }
       wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile + step, kSubTile),
                                 wgmma::desc_mn_major(qs + step, kSubTile));
     }

@@ -51,22 +51,23 @@ const Bf16KernelChoice kBf16Kernel = bf16_kernel_from_environment();
 // GAUGEWATCH_GPROJ_KERNEL (Bf16BackwardParams::gproj_path): "key_outer"
 // runs gproj on the key-outer kernel (warp-specialized as bf16's,
 // GAUGEWATCH_BF16_KERNEL above) at every head dim, "pair" on the two-kernel
-// pair; unset, empty or "auto" the default, the key-outer kernel at head
-// dim 64 and the pair at 128. Any other value keeps the default and says so
-// once, on stderr (this runs in a static initializer: it must not throw).
+// pair; unset, empty or "auto" the default (GprojPath::kAuto): the
+// key-outer kernel at head dim 64, and at 128 where it runs warp-specialized
+// (the pair otherwise). Any other value keeps the default and says so once,
+// on stderr (this runs in a static initializer: it must not throw).
 gpu::GprojPath gproj_path_from_environment() {
   const char* env = std::getenv("GAUGEWATCH_GPROJ_KERNEL");
-  if (env == nullptr || *env == '\0') return gpu::GprojPath::kByHeadDim;
+  if (env == nullptr || *env == '\0') return gpu::GprojPath::kAuto;
   const std::string_view value(env);
   if (value == "key_outer") return gpu::GprojPath::kKeyOuter;
   if (value == "pair") return gpu::GprojPath::kPair;
   if (value != "auto") {
     std::fprintf(stderr,
                  "[gaugewatch] GAUGEWATCH_GPROJ_KERNEL=%s is not one of auto, key_outer, pair: gproj runs its "
-                 "default (key-outer at head dim 64, the pair at 128)\n",
+                 "default (key-outer, at head dim 128 where it runs warp-specialized)\n",
                  env);
   }
-  return gpu::GprojPath::kByHeadDim;
+  return gpu::GprojPath::kAuto;
 }
 
 const gpu::GprojPath kGprojPath = gproj_path_from_environment();

@@ -65,8 +65,8 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // GAUGEWATCH_GPROJ_KERNEL=key_outer runs the key-outer kernel (the
 // warp-specialized one, unless GAUGEWATCH_BF16_KERNEL=key_outer) and its
 // second pass at every head dim, "pair" the two-kernel pair; unset, empty or
-// "auto" the default, the key-outer kernel at head dim 64 (0.80x the pair's
-// time on the H200) and the pair at 128 (0.97-1.10x; kernels/cuda/README.md);
+// "auto" the default, the key-outer kernel at head dim 64, and at 128 where
+// it runs warp-specialized (gpu::GprojPath::kAuto has the measured times);
 // another value warns once on stderr and keeps the default. The metrics run
 // deterministic (the pair): their backends' runs are bit-repeatable.
 Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection, const at::Tensor& grad_out,

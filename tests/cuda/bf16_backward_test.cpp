@@ -793,12 +793,13 @@ TEST(Bf16Backward, DeterministicPairIsBitwiseRepeatable) {
 }
 
 // Which structure each backend runs. bf16 and pivot take the key-outer kernel
-// by default; gproj by default at head dim 64 and the pair at 128 (the
-// key-outer gproj measured 0.80x the pair's time at 64 and 0.97-1.10x at 128
-// on the H200), either at both with gproj_path, and never when
-// deterministic, on the mma.sync pair or with diagnostics (bf16 only). The
-// workspace follows the choice (the key-outer gproj needs m, dQ and dK in
-// FP32). Host code only: runs without a GPU.
+// by default; gproj by default at head dim 64, and at 128 where its passes
+// run warp-specialized (the pair otherwise: GprojPath::kAuto), either at
+// both with gproj_path, and never when deterministic, on the mma.sync pair
+// or with diagnostics (bf16 only). The workspace follows the choice (the
+// key-outer gproj needs m, dQ and dK in FP32). Host code only: runs without
+// a GPU (where no TMA map encodes, so head dim 128 takes the pair) and on
+// one (where it takes the key-outer gproj).
 TEST(Bf16Backward, GprojStructureByHeadDim) {
   gpu::Bf16BackwardParams p;
   p.shape.batch = 1;
@@ -808,8 +809,16 @@ TEST(Bf16Backward, GprojStructureByHeadDim) {
   p.shape.head_dim = 128;
   p.set_contiguous_strides();
   p.projection = gpu::Projection::kGproj;
-  EXPECT_EQ(gpu::Bf16BackwardParams{}.gproj_path, gpu::GprojPath::kByHeadDim);
-  EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "gproj at head dim 128 defaults to the two-kernel pair";
+  EXPECT_EQ(gpu::Bf16BackwardParams{}.gproj_path, gpu::GprojPath::kAuto);
+  gpu::Bf16BackwardParams forced = p;
+  forced.gproj_path = gpu::GprojPath::kKeyOuter;
+  const bool ws = gpu::bf16_uses_key_outer_ws(forced);
+  EXPECT_EQ(gpu::bf16_uses_key_outer(p), ws)
+      << "gproj at head dim 128 defaults to the key-outer gproj exactly where it runs warp-specialized";
+  EXPECT_EQ(gpu::bf16_uses_key_outer_ws(p), ws);
+  p.keyouter_warp_specialized = false;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "without warp specialization gproj at 128 takes the pair";
+  p.keyouter_warp_specialized = true;
   p.shape.head_dim = 64;
   p.set_contiguous_strides();
   EXPECT_TRUE(gpu::bf16_uses_key_outer(p)) << "gproj at head dim 64 defaults to the key-outer kernel";

@@ -1,7 +1,8 @@
 """The kernel benchmarks' tools on the CPU (no GPU, no ops library): their
 shape selection (bench/kernels/_common.py), the kernel-by-kernel comparison
-of two runs (scripts/compare_kernel_runs.py, on a committed H200 run) and
-scripts/device-ab.sh's refusal of a patch that does not apply."""
+of two runs (scripts/compare_kernel_runs.py, on a committed H200 run),
+scripts/device-ab.sh's refusal of a patch that does not apply, and the
+SASS comparison of two builds (scripts/sass_compare.py, on nvcc's output)."""
 
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ def test_an_unknown_shape_is_refused_with_the_known_names():
 
 # --- scripts/compare_kernel_runs.py and scripts/device-ab.sh --------------------------------
 
+import os  # noqa: E402
 import subprocess  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,3 +70,51 @@ def test_device_ab_refuses_a_patch_that_does_not_apply(tmp_path):
     assert out.returncode == 2
     assert "does not apply to this tree" in out.stderr
     assert not (tmp_path / "o").exists()  # refused before anything ran
+
+
+# --- scripts/sass_compare.py on real nvcc output ----------------------------------------------
+
+NVCC = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
+KERNEL = """
+// {comment}
+__global__ void axpy(float a, const float* x, float* y, int n) {{
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = {expr};
+}}
+template <int K> __global__ void scale(float* y) {{ y[threadIdx.x] *= K; }}
+template __global__ void scale<2>(float*);
+template __global__ void scale<3>(float*);
+"""
+
+
+def cubin(tmp_path, name, comment, expr):
+    src = tmp_path / f"{name}.cu"
+    src.write_text(KERNEL.format(comment=comment, expr=expr))
+    out = tmp_path / f"{name}.cubin"
+    subprocess.run([str(NVCC), "-cubin", "-arch=sm_90a", "-O3", "-o", str(out), str(src)], check=True,
+                   capture_output=True, timeout=120)
+    return out
+
+
+def sass_compare(*args):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "sass_compare.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(not NVCC.exists(), reason="needs nvcc (the CUDA toolkit)")
+def test_sass_compare_tells_a_comment_change_from_a_code_change(tmp_path):
+    base = cubin(tmp_path, "base", "one comment", "a * x[i] + y[i]")
+    recommented = cubin(tmp_path, "recommented", "another comment, same code", "a * x[i] + y[i]")
+    changed = cubin(tmp_path, "changed", "one comment", "a * x[i] - y[i]")
+    same = sass_compare(base, recommented)
+    if "cuobjdump not found" in same.stderr:
+        pytest.skip("no cuobjdump here (CUDA toolkit without it and no triton wheel)")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert same.stdout.count("same ") == 3  # axpy, scale<2>, scale<3>
+    diff = sass_compare(base, changed, "--diff", "axpy")
+    assert diff.returncode == 1
+    assert [line.split()[0] for line in diff.stdout.splitlines() if "scale" in line] == ["same", "same"]
+    assert any(line.startswith("DIFF") and "axpy" in line for line in diff.stdout.splitlines())
+    assert "FADD" in diff.stdout or "FFMA" in diff.stdout  # the unified diff of axpy's instructions
+    only = sass_compare(base, changed, "--filter", "scale")
+    assert only.returncode == 0 and "axpy" not in only.stdout
