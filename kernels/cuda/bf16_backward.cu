@@ -233,7 +233,6 @@ bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
 
 size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layout_of(p).total; }
 
-
 bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) { return bf16_uses_key_outer(p) && key_outer_ws_possible(p); }
 
 namespace {
