@@ -43,14 +43,16 @@ def bench_cases(spec):
     raise SystemExit(f"{path}: neither bench_bf16_backward.py's JSON nor device.sh's bench.json")
 
 
+def paired_cases(cases_a, cases_b):
+    """(A's case, B's case) for every shape both runs timed, in A's order."""
+    by_shape_b = {c["shape"]: c for c in cases_b}
+    return [(a, by_shape_b[a["shape"]]) for a in cases_a if a["shape"] in by_shape_b]
+
+
 def kernel_rows(cases_a, cases_b):
     """(shape, backend, kernel, us A, us B) for every kernel both runs timed."""
-    by_shape_b = {c["shape"]: c for c in cases_b}
     rows = []
-    for a in cases_a:
-        b = by_shape_b.get(a["shape"])
-        if b is None:
-            continue
+    for a, b in paired_cases(cases_a, cases_b):
         for table, suffix in (("kernels_us", ""), ("kernels_us_key_outer", " (key_outer)")):
             for backend, kernels_a in (a.get(table) or {}).items():
                 kernels_b = (b.get(table) or {}).get(backend) or {}
@@ -62,16 +64,12 @@ def kernel_rows(cases_a, cases_b):
 
 def op_rows(cases_a, cases_b):
     """(shape, backend, ms A, ms B, A / cuDNN, B / cuDNN) for each gw backend both runs timed."""
-    by_shape_b = {c["shape"]: c for c in cases_b}
     rows = []
-    for a in cases_a:
-        b = by_shape_b.get(a["shape"])
-        if b is None:
-            continue
+    for a, b in paired_cases(cases_a, cases_b):
+        cudnn_a, cudnn_b = a.get("sdpa_cudnn_ms"), b.get("sdpa_cudnn_ms")
         for key in a:
             if key.startswith("gw_") and key.endswith("_ms") and isinstance(a[key], (int, float)) \
                     and isinstance(b.get(key), (int, float)):
-                cudnn_a, cudnn_b = a.get("sdpa_cudnn_ms"), b.get("sdpa_cudnn_ms")
                 rows.append((a["shape"], key[3:-3], a[key], b[key],
                              a[key] / cudnn_a if cudnn_a else None, b[key] / cudnn_b if cudnn_b else None))
     return rows

@@ -47,6 +47,9 @@ using checks::kMaxGridY;
 using checks::round_up;
 
 struct Layout {
+  // The structure the layout is for (bf16_uses_key_outer, decided once per
+  // call: with gproj at head dim 128 it encodes the ws kernels' TMA maps).
+  bool key_outer = false;
   size_t delta = 0, row_factor = 0, pivot_key = 0, neg_lambda_q = 0, total = 0;
   // Key-outer kernel only (sizes 0 otherwise).
   size_t dq_accum = 0, dq_accum_bytes = 0, pivot_code = 0, pivot_code_bytes = 0, dk_accum = 0;
@@ -65,7 +68,7 @@ Layout layout_of(const Bf16BackwardParams& p) {
   const size_t lq_bytes =
       p.projection == Projection::kGproj ? rows * static_cast<size_t>(p.shape.head_dim) * 2 : 0;
   w.dq_accum = w.neg_lambda_q + round_up(lq_bytes);
-  const bool key_outer = bf16_uses_key_outer(p);
+  const bool key_outer = w.key_outer = bf16_uses_key_outer(p);
   const bool pivot = key_outer && p.projection == Projection::kPivot;
   const bool gproj = key_outer && p.projection == Projection::kGproj;
   const size_t d = static_cast<size_t>(p.shape.head_dim);
@@ -258,7 +261,7 @@ grid_order::SectionInputs device_inputs() {
 // head's query rows (Q and dO in BF16, lse and delta) and on the key-outer
 // path adds into their FP32 dQ accumulator; a query tile reads its kv
 // head's K and V (shared by the group's query heads).
-void set_grid_sections(const Bf16BackwardParams& p, bf16::Args& a) {
+void set_grid_sections(const Bf16BackwardParams& p, bool key_outer, bf16::Args& a) {
   const int64_t kv_heads = static_cast<int64_t>(a.batch) * a.hkv, q_heads = static_cast<int64_t>(a.batch) * a.hq;
   auto of_width = [&](int64_t width) {
     a.kv_sections = grid_order::sections_of_width(kv_heads, width);
@@ -271,7 +274,7 @@ void set_grid_sections(const Bf16BackwardParams& p, bf16::Args& a) {
   in.uneven = p.shape.causal != CausalMode::kNone;
   in.heads = kv_heads;
   in.blocks = (m + bf16::kKeyBlockKeys - 1) / bf16::kKeyBlockKeys;
-  in.bytes_per_head = a.group * n * ((bf16_uses_key_outer(p) ? 8 : 4) * d + 8);
+  in.bytes_per_head = a.group * n * ((key_outer ? 8 : 4) * d + 8);
   a.kv_sections = grid_order::section_count(in);
   in.heads = q_heads;
   in.blocks = (n + bf16::kQueryTileRows - 1) / bf16::kQueryTileRows;
@@ -283,7 +286,7 @@ void set_grid_sections(const Bf16BackwardParams& p, bf16::Args& a) {
 // workspace's arrays.
 bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
   bf16::Args a = operand_args(p);
-  set_grid_sections(p, a);
+  set_grid_sections(p, w.key_outer, a);
   a.delta = reinterpret_cast<float*>(ws + w.delta);
   a.row_factor = reinterpret_cast<float*>(ws + w.row_factor);
   a.pivot_key = reinterpret_cast<int32_t*>(ws + w.pivot_key);
@@ -367,7 +370,7 @@ Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, siz
   }
 
   cudaError_t err = cudaSuccess;
-  if (bf16_uses_key_outer(p)) {
+  if (w.key_outer) {
     err = zero_key_outer_accumulators(p, ws, w, stream);
     if (err != cudaSuccess) return checks::cuda_failure("key-outer accumulators", err);
     const bool specialized = p.keyouter_warp_specialized;
