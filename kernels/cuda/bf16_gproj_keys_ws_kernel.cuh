@@ -21,15 +21,22 @@
 //     the block's K once (TMA, barrier k_full), then per iteration (query
 //     head, query tile; the first pass's order) waits for a free stage
 //     (empty[s]), lane 0 announces and issues the Q and bf16(-lambda Q)
-//     tiles' loads, and the 32 lanes write the tile's lse, lambda and
-//     visible key ranges (two rows each) and arrive on full[s] (1 + 32
-//     arrivals and the bytes). The other warps only give their registers
-//     back.
+//     tiles' loads (with the last tile's, an L2 prefetch of the block's
+//     dKacc rows, which write_dk reads in the block's tail), and the 32
+//     lanes write the tile's lse, lambda and visible key ranges (two rows
+//     each) and arrive on full[s] (1 + 32 arrivals and the bytes). At
+//     D = 128 its warp 1 is the writer (kUWriter): per iteration it waits
+//     for the staged -lambda U tile, adds its rows to dQacc by bulk
+//     reductions and hands the tile back (keyouter::DqHandoff, as the first
+//     pass's dQ writer). The other warps only give their registers back.
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): per
 //     iteration wait full[s], S = Q K_wg^T, r into the warpgroup's tile of
 //     set it % 2, C += r^T bf16(-lambda Q) and U = r K, and once those MMAs
 //     are complete every compute thread arrives on empty[s] (256 arrivals)
-//     and adds -lambda U to dQacc (gproj_keys::add_u). One barrier of both
+//     and at D = 128 stores -lambda U into the staging tile for the writer
+//     (gproj_keys::stage_u; it waits first for the writer to have read the
+//     previous one), at D = 64 adds it to dQacc itself by float4 atomics
+//     (gproj_keys::add_u). One barrier of both
 //     warpgroups per iteration (kComputeBarrier) between the r stores and
 //     the MMAs that read them (U reads both r tiles). The two sets of r
 //     tiles make it the only one: a set is rewritten two iterations after
@@ -69,23 +76,36 @@ inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 inline constexpr uint32_t kFullArrivals = 1 + 32;  // lane 0's expect_tx + every producer lane's rows
-// Named barrier of the 256 compute threads.
+// Named barrier of the 256 compute threads (then keyouter::DqHandoff's, 5 ..).
 inline constexpr int kComputeBarrier = 3;
+static_assert(keyouter::DqHandoff::kFull > kComputeBarrier, "barrier ids");
 // Blocks per SM as gproj_keys_kernel (its accumulators are C, D / 2
 // registers, and S, 32).
 template <int D>
 inline constexpr int kBlocksPerSm = gproj_keys::kBlocksPerSm<D>;
+// Whether -lambda U goes to dQacc through a staging tile and the writer warp
+// (D = 128: keyouter::DqHandoff, the first pass's dQ hand-over) rather than
+// by the compute threads' float4 atomics (gproj_keys::add_u). On the H200
+// (ncu, B4 H16 N4096 d128 causal) the atomics' register reads held the
+// compute threads for 31% of the pass's stall samples. D = 64 runs two
+// blocks per SM, whose register pool has no room for the writer.
+template <int D>
+inline constexpr bool kUWriter = D == 128;
+template <int D>
+inline constexpr int kStagingStride = D + 8;  // floats per staged row (keyouter::kDqStride)
 // The block's register pool is what it launches with (65,536 / (384 x
 // blocks per SM), rounded down to a multiple of 8: 168 at D = 128, 80 at
 // D = 64), shared as producer + 2 x compute <= 3 x launch (setmaxnreg.cuh;
 // more and setmaxnreg.inc waits forever).
 template <int D>
 inline constexpr int kLaunchRegs = (65536 / (kThreads * kBlocksPerSm<D>)) / 8 * 8;
-inline constexpr int kProducerRegs = 24;
+// The writer warp's loop and bulk reductions spill at 32 (keyouter_ws).
 template <int D>
-inline constexpr int kComputeRegs = ((3 * kLaunchRegs<D> - kProducerRegs) / 2) / 8 * 8;
-static_assert(kProducerRegs + 2 * kComputeRegs<64> <= 3 * kLaunchRegs<64> &&
-                  kProducerRegs + 2 * kComputeRegs<128> <= 3 * kLaunchRegs<128>,
+inline constexpr int kProducerRegs = kUWriter<D> ? 48 : 24;
+template <int D>
+inline constexpr int kComputeRegs = ((3 * kLaunchRegs<D> - kProducerRegs<D>) / 2) / 8 * 8;
+static_assert(kProducerRegs<64> + 2 * kComputeRegs<64> <= 3 * kLaunchRegs<64> &&
+                  kProducerRegs<128> + 2 * kComputeRegs<128> <= 3 * kLaunchRegs<128>,
               "the block's register pool");
 
 struct Maps {
@@ -94,8 +114,10 @@ struct Maps {
 
 // Shared memory (BF16 elements, offsets 1024-byte aligned): K (128 keys), per
 // stage Q and bf16(-lambda Q) (64 rows each), two sets of r of each
-// warpgroup ([64 rows][64 keys]), per stage the rows' lse, first and end key
-// and lambda, then the mbarriers full[kStages], empty[kStages], k_full.
+// warpgroup ([64 rows][64 keys]), with the writer (kUWriter) the FP32
+// staging tile of -lambda U ([64 rows][kStagingStride]), per stage the
+// rows' lse, first and end key and lambda, then the mbarriers full[kStages],
+// empty[kStages], k_full.
 template <int D>
 struct Layout {
   static constexpr int kRowTile = kKvRows * D;
@@ -103,7 +125,9 @@ struct Layout {
   static constexpr int kStage0 = kKvKeys * D;  // Q of stage s at kStage0 + 2 s kRowTile, then its bf16(-lambda Q)
   static constexpr int kScoreTile = kKvRows * 64;
   static constexpr int kR = kStage0 + 2 * kStages * kRowTile;  // r of set e, warpgroup w: kR + (2 e + w) kScoreTile
-  static constexpr int kRows = kR + 4 * kScoreTile;
+  static constexpr int kStaging = kR + 4 * kScoreTile;
+  static constexpr int kStagingElements = kUWriter<D> ? kKvRows * kStagingStride<D> * 2 : 0;  // BF16 elements
+  static constexpr int kRows = kStaging + kStagingElements;
   static constexpr size_t kBarriers = static_cast<size_t>(kRows) * 2 + kStages * gproj_keys::kRowArrays * kKvRows * 4;
   static constexpr int kBarrierCount = 2 * kStages + 1;
   static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t) + 1024;  // + alignment slack
@@ -142,10 +166,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
   uint64_t* empty = full + kStages;
   uint64_t* k_full = empty + kStages;
   float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
+  [[maybe_unused]] float* staging = reinterpret_cast<float*>(smem + L::kStaging);
   const auto [j0, b, hk] = hopper::key_block(a);
   const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
   const int t_begin = seen.first, tiles = seen.count;
   const int iters = tiles * a.group;
+  // The block's rows of dKacc (keys j0.. of (b, hk), those below M).
+  const int64_t dk_rows_offset = ((static_cast<int64_t>(b) * a.hkv + hk) * a.m + j0) * D;
+  const uint32_t dk_rows_bytes = static_cast<uint32_t>(a.m - j0 < kKvKeys ? a.m - j0 : kKvKeys) * D * 4;
   auto tile_row0 = [&](int it) { return (t_begin + it % tiles) * kKvRows; };
   auto head_of = [&](int it) { return hk * a.group + it / tiles; };
 
@@ -153,8 +181,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
   __syncthreads();  // the barriers' init, before the roles part (the only block-wide barrier)
 
   if (threadIdx.x < kProducerThreads) {
-    regs::setmaxnreg_dec<kProducerRegs>();
+    regs::setmaxnreg_dec<kProducerRegs<D>>();
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    if constexpr (kUWriter<D>) {
+      if (warp == keyouter::DqHandoff::kWriterWarp) {
+        keyouter::DqHandoff::writer_loop(iters, [&](int it) {
+          keyouter::DqHandoff::add_rows<D, kStagingStride<D>, 32>(
+              a.dq_accum, query_head(a, b, head_of(it)).row_base, tile_row0(it), a.n, staging, lane);
+        });
+        return;
+      }
+    }
     if (warp != 0 || iters == 0) return;  // no iteration: nothing loaded, nothing in flight at exit
     if (lane == 0) {
       tma::prefetch(&maps.q);
@@ -171,6 +208,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
         mbarrier::arrive_expect_tx(&full[s], 2 * tma::tile_bytes<kKvRows, D>());
         tma::load_rows_tile<kKvRows, D>(smem + L::q(s), &maps.q, i0, h, b, &full[s]);
         tma::load_rows_tile<kKvRows, D>(smem + L::neg_lambda_q(s), &maps.neg_lambda_q, i0, h, b, &full[s]);
+        // The last tile: write_dk's dKacc rows, into L2 while the compute
+        // threads finish (the block's tail has nothing else to hide them).
+        if (it + 1 == iters) bulk::prefetch_l2(a.dk_accum + dk_rows_offset, dk_rows_bytes);
       }
       // The rows' inputs as gproj_keys_kernel stages them (rows past N: lse 0,
       // lambda 0 and an empty key range).
@@ -227,7 +267,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     wgmma::fence_operand(acc);
     wgmma::fence_operand(u);
     mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
-    gproj_keys::add_u<D>(a, u, tr, row_base, i0, row0, g, c, wg);
+    if constexpr (kUWriter<D>) {
+      keyouter::DqHandoff::acquire(it, wg);
+      gproj_keys::stage_u(u, tr, staging, kStagingStride<D>, row0, g, c, wg);
+      keyouter::DqHandoff::release();
+    } else {
+      gproj_keys::add_u<D>(a, u, tr, row_base, i0, row0, g, c, wg);
+    }
   }
   gproj_keys::write_dk<D>(a, acc, j0, b, hk, wg, row0, g, c);
 }

@@ -161,12 +161,57 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
 // it: each waits at the other's barrier in between. The pingpong (id 3)
 // needs no return barrier: the compute barrier before dQ keeps the two
 // warpgroups within one iteration of each other.
+// The same hand-over serves gproj's second pass at D = 128 (its -lambda U
+// tiles, bf16_gproj_keys_ws_kernel.cuh).
 struct DqHandoff {
   static constexpr int kWriterWarp = 1;
   static constexpr int kFull = 5;
   static constexpr int kEmpty = 6;  // + wg
   static constexpr int kFullCount = 2 * wgmma::kWarpgroupThreads + 32;
   static constexpr int kEmptyCount = wgmma::kWarpgroupThreads + 32;
+
+  // Compute side, before warpgroup wg stores iteration it's rows: the
+  // writer's reductions have read iteration it - 1's tile.
+  __device__ __forceinline__ static void acquire(int it, int wg) {
+    if (it > 0) wgmma::named_barrier<kEmptyCount>(kEmpty + wg);
+  }
+  // Compute side, once this thread's rows of the tile are stored.
+  __device__ __forceinline__ static void release() {
+    wgmma::fence_proxy_async();  // the tile is read by the bulk copies
+    wgmma::named_barrier_arrive<kFullCount>(kFull);
+  }
+  // Rows i0.. of one head of an FP32 accumulator (rows of D floats; its
+  // first row at index row_base, N rows) += the staging tile's rows (row
+  // stride kStride floats) that lie below N, one bulk reduction per row:
+  // rows t, t + kAdders, .. of the tile by this thread.
+  template <int D, int kStride, int kAdders>
+  __device__ __forceinline__ static void add_rows(float* accum, int64_t row_base, int i0, int n,
+                                                  const float* staging, int t) {
+#pragma unroll
+    for (int r = t; r < kKvRows; r += kAdders) {
+      if (i0 + r >= n) return;
+      bulk::reduce_add_f32(accum + (row_base + i0 + r) * D, staging + r * kStride, D * 4);
+      bulk::commit();
+    }
+  }
+  // The writer warp: per iteration wait for the tile (kFull), add it
+  // (add_tile(it): add_rows), and once the reductions have read it hand it
+  // back to both warpgroups (kEmpty + wg) when a later iteration will store
+  // it again; then wait for the last reductions (before the block's shared
+  // memory goes).
+  template <class AddTile>
+  __device__ __forceinline__ static void writer_loop(int iters, AddTile&& add_tile) {
+    for (int it = 0; it < iters; ++it) {
+      wgmma::named_barrier<kFullCount>(kFull);
+      add_tile(it);
+      bulk::wait_read();
+      if (it + 1 < iters) {
+        wgmma::named_barrier_arrive<kEmptyCount>(kEmpty);
+        wgmma::named_barrier_arrive<kEmptyCount>(kEmpty + 1);
+      }
+    }
+    bulk::wait_all();
+  }
 };
 
 // (P, j) as one 64-bit value whose unsigned order is "larger P, then lower
@@ -355,12 +400,7 @@ struct KeyTile {
                   make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
       }
     } else {
-#pragma unroll
-      for (int r = t; r < kKvRows; r += kAdders) {
-        if (i0 + r >= a.n) return;
-        bulk::reduce_add_f32(a.dq_accum + (row_base + i0 + r) * D, part + r * kStride, D * 4);
-        bulk::commit();
-      }
+      DqHandoff::add_rows<D, kStride, kAdders>(a.dq_accum, row_base, i0, a.n, part, t);
     }
   }
 
@@ -371,17 +411,7 @@ struct KeyTile {
   // shared memory goes).
   __device__ __forceinline__ void writer_loop(int lane) const {
     static_assert(kWriter, "the writer warp belongs to the warp-specialized kernel");
-    const int iters = iterations();
-    for (int it = 0; it < iters; ++it) {
-      wgmma::named_barrier<DqHandoff::kFullCount>(DqHandoff::kFull);
-      add_dq_tile<32>(it, lane);
-      bulk::wait_read();
-      if (it + 1 < iters) {
-        wgmma::named_barrier_arrive<DqHandoff::kEmptyCount>(DqHandoff::kEmpty);
-        wgmma::named_barrier_arrive<DqHandoff::kEmptyCount>(DqHandoff::kEmpty + 1);
-      }
-    }
-    bulk::wait_all();
+    DqHandoff::writer_loop(iterations(), [&](int it) { add_dq_tile<32>(it, lane); });
   }
 
   // This thread's elements (jn, hh) of x, packed to BF16 pairs, into a
@@ -606,7 +636,7 @@ struct KeyTile {
     }
     // kWriter: the staging tile is free once the writer's reductions of
     // iteration it - 1 have read it; without: see below.
-    if (kWriter && it > 0) wgmma::named_barrier<DqHandoff::kEmptyCount>(DqHandoff::kEmpty + wg);
+    if constexpr (kWriter) DqHandoff::acquire(it, wg);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       // D = 64: this warpgroup's partial in set it % 2 (free: iteration
@@ -620,8 +650,11 @@ struct KeyTile {
         *reinterpret_cast<float2*>(mine + 8 * jn) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
       }
     }
-    if constexpr (kStaged) wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
-    if constexpr (kWriter) wgmma::named_barrier_arrive<DqHandoff::kFullCount>(DqHandoff::kFull);
+    if constexpr (kWriter) {
+      DqHandoff::release();
+    } else if constexpr (kStaged) {
+      wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
+    }
   }
 
   // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot and gproj dKacc in

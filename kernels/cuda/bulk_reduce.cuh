@@ -4,7 +4,8 @@
 // the copy engine in the order it chooses (the adds land in L2 like atomics).
 // Used by the key-outer kernel (bf16_keyouter_kernel.cuh) to add a staged dQ
 // tile row to the FP32 accumulator with one instruction instead of a register
-// atomic per element pair.
+// atomic per element pair (and by gproj's second pass for its -lambda U
+// tiles), and the bulk L2 prefetch.
 //
 // Rules (PTX ISA, "cp.reduce.async.bulk"): src and dst 16-byte aligned,
 // bytes a multiple of 16; the shared source written by ordinary stores must
@@ -34,6 +35,11 @@ __device__ __forceinline__ void commit() { asm volatile("cp.async.bulk.commit_gr
 __device__ __forceinline__ void wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // This thread's committed groups are complete.
 __device__ __forceinline__ void wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// A hint: bring `bytes` of global memory from src into L2
+// (cp.async.bulk.prefetch.L2; src 16-byte aligned, bytes a multiple of 16).
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 
 }  // namespace gaugewatch::gpu::bulk
 #endif
