@@ -247,7 +247,8 @@ struct PivotArgmax {
   }
 
   // Row half hh's largest P and its key (key of element i: key_of(i)), or
-  // key -1 where no element has P > 0.
+  // key -1 where no element has P > 0 (KeyTile::kSplitScores; otherwise
+  // code()).
   template <class KeyOf>
   __device__ __forceinline__ void result(int hh, KeyOf&& key_of, float* p, int* key) const {
     uint32_t top = best[hh][0];
@@ -269,7 +270,37 @@ struct PivotArgmax {
     *key = key_of(8 * group + 4 * (place >> 1) + 2 * hh + (place & 1));
     *p = __int_as_float(static_cast<int>(top >> 2));
   }
+
+  // Row half hh's candidate as pivot_code() of its largest P and that key,
+  // or 0 where no element has P > 0, for a thread whose group gi, place p
+  // is key key0 + 16 gi + 8 (p >> 1) + (p & 1) (key0 = j_base + 2 c; the
+  // place enters best as q = 3 - p, so the key is key0 + 16 gi + 9 -
+  // (8 (q >> 1) + (q & 1))). The four groups' codes are compared as 64-bit
+  // integers: the largest P, then the lowest key, with no branch (a group
+  // with P bits 0 codes as a key alone and loses to any P > 0).
+  __device__ __forceinline__ unsigned long long code(int hh, int key0) const {
+    unsigned long long top = 0;
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) {
+      const uint32_t x = best[hh][gi];
+      const uint32_t q = x & 3u;
+      const uint32_t key = static_cast<uint32_t>(key0 + 16 * gi + 9) - ((q & 1u) | ((q & 2u) << 2));
+      const unsigned long long candidate = (static_cast<unsigned long long>(x >> 2) << 32) | (0xffffffffu - key);
+      top = candidate > top ? candidate : top;
+    }
+    return (top >> 32) == 0 ? 0ull : top;
+  }
 };
+
+// The largest of the 4 lanes' codes of each row (pivot_code() order).
+__device__ __forceinline__ unsigned long long quad_max(unsigned long long x) {
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    const unsigned long long y = __shfl_xor_sync(0xffffffffu, x, off);
+    x = y > x ? y : x;
+  }
+  return x;
+}
 
 // The per-tile work of one block, shared by keyouter_kernel (below) and the
 // warp-specialized keyouter_ws_kernel (bf16_keyouter_ws_kernel.cuh): both run
@@ -422,8 +453,10 @@ struct KeyTile {
     *reinterpret_cast<uint32_t*>(tile + off) = mma::pack_bf16(x[4 * jn + 2 * hh], x[4 * jn + 2 * hh + 1]);
   }
 
-  // Pivot: this thread's two rows' max P over its 16 keys of the tile, and
-  // their keys.
+  // Pivot with kSplitScores (D = 128): this thread's two rows' max P over
+  // its 16 keys of the tile, and their keys. (The 64-bit codes below made
+  // that kernel 1.1-2.6% slower on the H200 and the D = 64 kernel 5.5%
+  // faster: bench/results/bench_bf16_backward-argmax-h200-2026-12-03.md.)
   __device__ __forceinline__ void argmax_stats(const PivotArgmax& argmax, RowStats& stats) const {
     const int wg = (tid() >> 5) >> 2, c = (tid() & 31) & 3;
 #pragma unroll
@@ -433,8 +466,9 @@ struct KeyTile {
     }
   }
 
-  // Pivot: the stats reduced over the quad (the row's 64 keys of this
-  // warpgroup) and added by atomics (64-bit max of pivot_code()).
+  // Pivot with kSplitScores: the stats reduced over the quad (the row's 64
+  // keys of this warpgroup) and added by atomics (64-bit max of
+  // pivot_code()).
   __device__ __forceinline__ void add_argmax(RowStats& stats, int i0, int64_t row_base) const {
     const int g = (tid() & 31) >> 2, c = tid() & 3, row0 = 16 * ((tid() >> 5) & 3);
     stats.reduce_quad();
@@ -444,6 +478,28 @@ struct KeyTile {
       if (c == 0 && row < a.n && stats.parg[hh] >= 0) {
         atomicMax(a.pivot_code + row_base + row, pivot_code(stats.pmax[hh], stats.parg[hh]));
       }
+    }
+  }
+
+  // Pivot without kSplitScores: this thread's two rows' candidates over its
+  // 16 keys of the tile (PivotArgmax::code).
+  __device__ __forceinline__ void argmax_codes(const PivotArgmax& argmax, unsigned long long (&code)[2]) const {
+    const int wg = (tid() >> 5) >> 2, c = (tid() & 31) & 3;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      code[hh] = argmax.code(hh, hopper::element_key(j0 + 64 * wg, c, 0));
+    }
+  }
+
+  // Pivot: the codes reduced over the quad (the row's 64 keys of this
+  // warpgroup) and added by atomics (64-bit max).
+  __device__ __forceinline__ void add_argmax(const unsigned long long (&code)[2], int i0, int64_t row_base) const {
+    const int g = (tid() & 31) >> 2, c = tid() & 3, row0 = 16 * ((tid() >> 5) & 3);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const unsigned long long best = quad_max(code[hh]);
+      const int row = i0 + row0 + g + 8 * hh;
+      if (c == 0 && row < a.n && best != 0) atomicMax(a.pivot_code + row_base + row, best);
     }
   }
 
@@ -529,13 +585,13 @@ struct KeyTile {
       // t and r are only packed to BF16 below (scores_to_tr<false>: the
       // same bits for fewer conversions); pivot's row sums take the rounded
       // t, the values the MMAs consume.
-      RowStats stats;
+      [[maybe_unused]] unsigned long long code[2];  // pivot: the rows' candidates
       if constexpr (P == Projection::kPivot) {
         PivotArgmax argmax;  // the argmax only (rho: kRhoByMma; an invisible element has p = 0)
         hopper::scores_to_tr<false>(
             a, s, dp, in, j0 + 64 * wg,
             [&](int hh, int, bool, float p, float, float, float, int i) { argmax.add(hh, i, p); });
-        argmax_stats(argmax, stats);
+        argmax_codes(argmax, code);
       } else {
         hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
                                     [](int, int, bool, float, float, float, float, int) {});
@@ -556,7 +612,7 @@ struct KeyTile {
       }
       // This block's argmax, before the dQ accumulator is live (at D = 128
       // the registers are short).
-      if constexpr (P == Projection::kPivot) add_argmax(stats, i0, row_base);
+      if constexpr (P == Projection::kPivot) add_argmax(code, i0, row_base);
     }
     // D = 128: dQ reads the t of both warpgroups, a barrier of the compute
     // threads (after which the staging tile is rewritten: its reads by the

@@ -161,6 +161,16 @@ double __shfl_xor_sync(unsigned /*mask*/, double value, int lane_mask) {
   return result;
 }
 
+unsigned long long __shfl_xor_sync(unsigned /*mask*/, unsigned long long value, int lane_mask) {
+  auto* lanes = static_cast<unsigned long long*>(gaugewatch_emulation::warp_scratch());
+  const int lane = static_cast<int>(threadIdx.x % gaugewatch_emulation::kWarp);
+  lanes[lane] = value;
+  gaugewatch_emulation::warp_barrier();
+  const unsigned long long result = lanes[lane ^ lane_mask];
+  gaugewatch_emulation::warp_barrier();
+  return result;
+}
+
 unsigned __ballot_sync(unsigned /*mask*/, int predicate) {
   auto* votes = static_cast<uint64_t*>(gaugewatch_emulation::warp_scratch());
   const int lane = static_cast<int>(threadIdx.x % gaugewatch_emulation::kWarp);
