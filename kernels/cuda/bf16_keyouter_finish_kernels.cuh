@@ -92,38 +92,87 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
     __syncthreads();
   }
 
-  const KeyHead kh = key_head(a, b, hk);
   constexpr int kQuads = D / 4;
-  for (int idx = tid; idx < kFinishRows * kQuads; idx += kFinishThreads) {
-    const int r = idx / kQuads, col = 4 * (idx % kQuads);
-    const int row = i0 + r;
-    if (row >= a.n) continue;
-    if constexpr (P == Projection::kGproj) {
-      // bf16(-lambda_i q_i), the B operand of the second pass (the sign folded
-      // in: negation is exact in BF16).
-      const float lam = rho[r];
-      const uint16_t* qr = head_ptr(a.q, a.q_strides, b, h) + static_cast<int64_t>(row) * a.q_strides.row + col;
-      uint32_t* lq = reinterpret_cast<uint32_t*>(a.neg_lambda_q + (row_base + row) * D + col);
-      lq[0] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[0]), -lam * mma::bf16_bits_to_float(qr[1]));
-      lq[1] = mma::pack_bf16(-lam * mma::bf16_bits_to_float(qr[2]), -lam * mma::bf16_bits_to_float(qr[3]));
-      continue;
-    }
-    const float4 acc = *reinterpret_cast<const float4*>(a.dq_accum + (row_base + row) * D + col);
-    float x[4] = {acc.x, acc.y, acc.z, acc.w};
-    if constexpr (P == Projection::kPivot) {
-      if (pivot[r] >= 0) {
-        // Four BF16 of k_{j*} in one 8-byte load (rows 16-byte aligned, col % 4 == 0).
-        const uint2 kq = *reinterpret_cast<const uint2*>(kh.k + static_cast<int64_t>(pivot[r]) * a.k_strides.row + col);
-        const uint32_t words[2] = {kq.x, kq.y};
+  if constexpr (P == Projection::kGproj) {
+    // bf16(-lambda_i q_i), the B operand of the second pass (the sign folded
+    // in: negation is exact in BF16), four columns per 8-byte load (rows
+    // 16-byte aligned). Every load of the thread first, then the products
+    // and stores: the compiler cannot move a load of q past a store to
+    // neg_lambda_q (same element type), so one at a time they would each
+    // wait a round trip to memory.
+    constexpr int kPerThread = kFinishRows * kQuads / kFinishThreads;
+    static_assert(kFinishRows * kQuads % kFinishThreads == 0, "every thread converts the same number of quads");
+    const uint16_t* qh = head_ptr(a.q, a.q_strides, b, h);
+    uint2 qq[kPerThread];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          x[e] -= rho[r] * mma::bf16_bits_to_float(static_cast<uint16_t>(words[e >> 1] >> (16 * (e & 1))));
-        }
+    for (int k = 0; k < kPerThread; ++k) {
+      const int idx = tid + k * kFinishThreads;
+      const int row = i0 + idx / kQuads, col = 4 * (idx % kQuads);
+      qq[k] = row < a.n ? *reinterpret_cast<const uint2*>(qh + static_cast<int64_t>(row) * a.q_strides.row + col)
+                        : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int idx = tid + k * kFinishThreads;
+      const int r = idx / kQuads, col = 4 * (idx % kQuads);
+      if (i0 + r >= a.n) continue;
+      const float lam = rho[r];
+      auto scaled = [&](uint32_t word, int half) {
+        return -lam * mma::bf16_bits_to_float(static_cast<uint16_t>(word >> (16 * half)));
+      };
+      *reinterpret_cast<uint2*>(a.neg_lambda_q + (row_base + i0 + r) * D + col) =
+          make_uint2(mma::pack_bf16(scaled(qq[k].x, 0), scaled(qq[k].x, 1)),
+                     mma::pack_bf16(scaled(qq[k].y, 0), scaled(qq[k].y, 1)));
+    }
+    return;
+  }
+
+  // dQ, kBatch quads of the thread at a time: their loads (dQacc, and for
+  // pivot k_{j*}) first, then the arithmetic and the stores, so that the
+  // loads overlap (a load of K cannot pass a store to dQ for the compiler:
+  // same element type).
+  const KeyHead kh = key_head(a, b, hk);
+  constexpr int kPerThread = kFinishRows * kQuads / kFinishThreads;
+  constexpr int kBatch = kPerThread < 8 ? kPerThread : 8;
+  static_assert(kFinishRows * kQuads % kFinishThreads == 0 && kPerThread % kBatch == 0, "whole batches per thread");
+#pragma unroll
+  for (int k0 = 0; k0 < kPerThread; k0 += kBatch) {
+    float4 acc[kBatch];
+    [[maybe_unused]] uint2 kq[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int idx = tid + (k0 + k) * kFinishThreads;
+      const int r = idx / kQuads, col = 4 * (idx % kQuads);
+      const bool ok = i0 + r < a.n;
+      acc[k] = ok ? *reinterpret_cast<const float4*>(a.dq_accum + (row_base + i0 + r) * D + col)
+                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if constexpr (P == Projection::kPivot) {
+        // Four BF16 of k_{j*} in one 8-byte load (rows 16-byte aligned, col % 4 == 0).
+        kq[k] = ok && pivot[r] >= 0
+                    ? *reinterpret_cast<const uint2*>(kh.k + static_cast<int64_t>(pivot[r]) * a.k_strides.row + col)
+                    : make_uint2(0u, 0u);
       }
     }
-    uint32_t* out = reinterpret_cast<uint32_t*>(output_row(a.dq, a.dq_strides, b, h, row) + col);
-    out[0] = mma::pack_bf16(a.scale * x[0], a.scale * x[1]);
-    out[1] = mma::pack_bf16(a.scale * x[2], a.scale * x[3]);
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int idx = tid + (k0 + k) * kFinishThreads;
+      const int r = idx / kQuads, col = 4 * (idx % kQuads);
+      const int row = i0 + r;
+      if (row >= a.n) continue;
+      float x[4] = {acc[k].x, acc[k].y, acc[k].z, acc[k].w};
+      if constexpr (P == Projection::kPivot) {
+        if (pivot[r] >= 0) {
+          const uint32_t words[2] = {kq[k].x, kq[k].y};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            x[e] -= rho[r] * mma::bf16_bits_to_float(static_cast<uint16_t>(words[e >> 1] >> (16 * (e & 1))));
+          }
+        }
+      }
+      uint32_t* out = reinterpret_cast<uint32_t*>(output_row(a.dq, a.dq_strides, b, h, row) + col);
+      out[0] = mma::pack_bf16(a.scale * x[0], a.scale * x[1]);
+      out[1] = mma::pack_bf16(a.scale * x[2], a.scale * x[3]);
+    }
   }
 
   if constexpr (P == Projection::kPivot) {

@@ -46,6 +46,7 @@ inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct alignas(8) uint2 {
   unsigned x, y;
 };
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
 };
