@@ -455,8 +455,8 @@ struct KeyTile {
 
   // Pivot with kSplitScores (D = 128): this thread's two rows' max P over
   // its 16 keys of the tile, and their keys. (The 64-bit codes below made
-  // that kernel 1.1-2.6% slower on the H200 and the D = 64 kernel 5.5%
-  // faster: bench/results/bench_bf16_backward-argmax-h200-2026-12-03.md.)
+  // that kernel 0.6-2.6% slower on the H200 and the D = 64 kernel 5.5%
+  // faster: bench/results/bench_bf16_backward-pass2-h200-2026-12-03.md.)
   __device__ __forceinline__ void argmax_stats(const PivotArgmax& argmax, RowStats& stats) const {
     const int wg = (tid() >> 5) >> 2, c = (tid() & 31) & 3;
 #pragma unroll
