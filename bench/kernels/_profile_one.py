@@ -6,8 +6,10 @@
   ncu --kernel-name regex:centring -c 2 --section SpeedOfLight ... \
       python3 bench/kernels/_profile_one.py --backend center_keys --offset
 (bf16 and pivot run the key-outer kernel unless --deterministic: then the pair;
-gproj runs the pair unless GAUGEWATCH_GPROJ_KERNEL=key_outer is set, e.g.
-  GAUGEWATCH_GPROJ_KERNEL=key_outer ncu --kernel-name regex:gaugewatch -c 4 ... \
+gproj runs its key-outer passes by default (at head dim 128 where they run
+warp-specialized), the pair with GAUGEWATCH_GPROJ_KERNEL=pair, e.g. its
+second pass alone:
+  ncu --kernel-name regex:gproj_keys_ws -c 1 ... \
       python3 bench/kernels/_profile_one.py --backend gproj --d 128
 center_keys runs the key centring alone on the forward's lse.)
 (The leading underscore keeps scripts/device.sh from running it as a benchmark.)
