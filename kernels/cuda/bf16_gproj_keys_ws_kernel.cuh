@@ -91,15 +91,13 @@ inline constexpr int kBlocksPerSm = gproj_keys::kBlocksPerSm<D>;
 // blocks per SM, whose register pool has no room for the writer.
 template <int D>
 inline constexpr bool kUWriter = D == 128;
-template <int D>
-inline constexpr int kStagingStride = D + 8;  // floats per staged row (keyouter::kDqStride)
 // The block's register pool is what it launches with (65,536 / (384 x
 // blocks per SM), rounded down to a multiple of 8: 168 at D = 128, 80 at
 // D = 64), shared as producer + 2 x compute <= 3 x launch (setmaxnreg.cuh;
 // more and setmaxnreg.inc waits forever).
 template <int D>
 inline constexpr int kLaunchRegs = (65536 / (kThreads * kBlocksPerSm<D>)) / 8 * 8;
-// The writer warp's loop and bulk reductions spill at 32 (keyouter_ws).
+// The writer warp's loop and bulk reductions spill at 40 here (ptxas -v).
 template <int D>
 inline constexpr int kProducerRegs = kUWriter<D> ? 48 : 24;
 template <int D>
@@ -115,7 +113,8 @@ struct Maps {
 // Shared memory (BF16 elements, offsets 1024-byte aligned): K (128 keys), per
 // stage Q and bf16(-lambda Q) (64 rows each), two sets of r of each
 // warpgroup ([64 rows][64 keys]), with the writer (kUWriter) the FP32
-// staging tile of -lambda U ([64 rows][kStagingStride]), per stage the
+// staging tile of -lambda U ([64 rows][keyouter::kDqStride], the first
+// pass's dQ staging rows), per stage the
 // rows' lse, first and end key and lambda, then the mbarriers full[kStages],
 // empty[kStages], k_full.
 template <int D>
@@ -126,7 +125,7 @@ struct Layout {
   static constexpr int kScoreTile = kKvRows * 64;
   static constexpr int kR = kStage0 + 2 * kStages * kRowTile;  // r of set e, warpgroup w: kR + (2 e + w) kScoreTile
   static constexpr int kStaging = kR + 4 * kScoreTile;
-  static constexpr int kStagingElements = kUWriter<D> ? kKvRows * kStagingStride<D> * 2 : 0;  // BF16 elements
+  static constexpr int kStagingElements = kUWriter<D> ? kKvRows * keyouter::kDqStride<D> * 2 : 0;  // BF16 elements
   static constexpr int kRows = kStaging + kStagingElements;
   static constexpr size_t kBarriers = static_cast<size_t>(kRows) * 2 + kStages * gproj_keys::kRowArrays * kKvRows * 4;
   static constexpr int kBarrierCount = 2 * kStages + 1;
@@ -186,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     if constexpr (kUWriter<D>) {
       if (warp == keyouter::DqHandoff::kWriterWarp) {
         keyouter::DqHandoff::writer_loop(iters, [&](int it) {
-          keyouter::DqHandoff::add_rows<D, kStagingStride<D>, 32>(
+          keyouter::DqHandoff::add_rows<D, keyouter::kDqStride<D>, 32>(
               a.dq_accum, query_head(a, b, head_of(it)).row_base, tile_row0(it), a.n, staging, lane);
         });
         return;
@@ -269,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
     if constexpr (kUWriter<D>) {
       keyouter::DqHandoff::acquire(it, wg);
-      gproj_keys::stage_u(u, tr, staging, kStagingStride<D>, row0, g, c, wg);
+      gproj_keys::stage_u(u, tr, staging, keyouter::kDqStride<D>, row0, g, c, wg);
       keyouter::DqHandoff::release();
     } else {
       gproj_keys::add_u<D>(a, u, tr, row_base, i0, row0, g, c, wg);

@@ -93,6 +93,8 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
   }
 
   constexpr int kQuads = D / 4;
+  constexpr int kPerThread = kFinishRows * kQuads / kFinishThreads;  // quads of the tile per thread
+  static_assert(kFinishRows * kQuads % kFinishThreads == 0, "every thread takes the same number of quads");
   if constexpr (P == Projection::kGproj) {
     // bf16(-lambda_i q_i), the B operand of the second pass (the sign folded
     // in: negation is exact in BF16), four columns per 8-byte load (rows
@@ -100,8 +102,6 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
     // and stores: the compiler cannot move a load of q past a store to
     // neg_lambda_q (same element type), so one at a time they would each
     // wait a round trip to memory.
-    constexpr int kPerThread = kFinishRows * kQuads / kFinishThreads;
-    static_assert(kFinishRows * kQuads % kFinishThreads == 0, "every thread converts the same number of quads");
     const uint16_t* qh = head_ptr(a.q, a.q_strides, b, h);
     uint2 qq[kPerThread];
 #pragma unroll
@@ -132,9 +132,8 @@ __global__ void __launch_bounds__(kFinishThreads) finish_rows_kernel(const Args 
   // loads overlap (a load of K cannot pass a store to dQ for the compiler:
   // same element type).
   const KeyHead kh = key_head(a, b, hk);
-  constexpr int kPerThread = kFinishRows * kQuads / kFinishThreads;
   constexpr int kBatch = kPerThread < 8 ? kPerThread : 8;
-  static_assert(kFinishRows * kQuads % kFinishThreads == 0 && kPerThread % kBatch == 0, "whole batches per thread");
+  static_assert(kPerThread % kBatch == 0, "whole batches per thread");
 #pragma unroll
   for (int k0 = 0; k0 < kPerThread; k0 += kBatch) {
     float4 acc[kBatch];
