@@ -551,11 +551,13 @@ struct KeyTile {
   // writer warp, DqHandoff). cross_sync(): the barrier of
   // the 256 compute threads where D = 128 reads both warpgroups' t;
   // released(): called once the MMAs that read qs, gos and ra are done
-  // (the tile's buffers may be refilled after it).
-  template <class CrossSync, class Released>
+  // (the tile's buffers may be refilled after it); during_scores(): work
+  // of the caller's that runs while S and dP's MMAs are in flight.
+  template <class CrossSync, class Released, class DuringScores>
   __device__ __forceinline__ void compute(int it, const uint16_t* qs, const uint16_t* gos,
                                           const hopper::StagedRows& ra, float (&dk)[D / 2], float (&dv)[D / 2],
-                                          CrossSync&& cross_sync, Released&& released) const {
+                                          CrossSync&& cross_sync, Released&& released,
+                                          DuringScores&& during_scores) const {
     const int warp = tid() >> 5, lane = tid() & 31;
     const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
     const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
@@ -574,6 +576,7 @@ struct KeyTile {
     hopper::scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
     wgmma::commit();
     if (wg == 0) wgmma::pingpong_arrive(hopper::kPingpongBarrier);
+    during_scores();
     if constexpr (kSplitScores) {
       wgmma::wait<1>();  // S
       wgmma::fence_operand(s);
@@ -583,19 +586,11 @@ struct KeyTile {
       wgmma::fence_operand(s);
       wgmma::fence_operand(dp);
       // t and r are only packed to BF16 below (scores_to_tr<false>: the
-      // same bits for fewer conversions); pivot's row sums take the rounded
-      // t, the values the MMAs consume.
-      [[maybe_unused]] unsigned long long code[2];  // pivot: the rows' candidates
-      if constexpr (P == Projection::kPivot) {
-        PivotArgmax argmax;  // the argmax only (rho: kRhoByMma; an invisible element has p = 0)
-        hopper::scores_to_tr<false>(
-            a, s, dp, in, j0 + 64 * wg,
-            [&](int hh, int, bool, float p, float, float, float, int i) { argmax.add(hh, i, p); });
-        argmax_codes(argmax, code);
-      } else {
-        hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
-                                    [](int, int, bool, float, float, float, float, int) {});
-      }
+      // same bits for fewer conversions, and s keeps P in FP32, 0 where
+      // masked: pivot's argmax reads it once the MMAs are issued); pivot's
+      // row sums take the rounded t, the values the MMAs consume.
+      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
+                                  [](int, int, bool, float, float, float, float, int) {});
       // kWriter: no barrier of all compute threads has passed since this
       // warpgroup's MMAs of the previous iteration read its r tile: its
       // four warps meet before overwriting it. (t goes to the other set,
@@ -610,9 +605,6 @@ struct KeyTile {
           store_pair(r_tile, jn, hh, s);
         }
       }
-      // This block's argmax, before the dQ accumulator is live (at D = 128
-      // the registers are short).
-      if constexpr (P == Projection::kPivot) add_argmax(code, i0, row_base);
     }
     // D = 128: dQ reads the t of both warpgroups, a barrier of the compute
     // threads (after which the staging tile is rewritten: its reads by the
@@ -662,6 +654,17 @@ struct KeyTile {
       if constexpr (kMassByMma) row_sums_mma(mass, r_tile, ones);
     }
     wgmma::commit();
+    if constexpr (P == Projection::kPivot && !kSplitScores) {
+      // Pivot's argmax from P (in s) while the tile's MMAs run: integer
+      // work off the path between the MMAs (formed in the element loop, it
+      // delays their issue).
+      PivotArgmax argmax;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) argmax.add((i >> 1) & 1, i, s[i]);
+      unsigned long long code[2];
+      argmax_codes(argmax, code);
+      add_argmax(code, i0, row_base);
+    }
 
     wgmma::wait<0>();
     wgmma::fence_operand(dk);
@@ -795,7 +798,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     }
     kt.compute(
         it, smem + (buf ? L::kQ1 : L::kQ0), smem + (buf ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), buf),
-        dk, dv, [] { __syncthreads(); }, [] {});
+        dk, dv, [] { __syncthreads(); }, [] {}, [] {});
   }
   if (iters > 0) {
     __syncthreads();
