@@ -33,7 +33,9 @@
 //                                      each warpgroup 64 columns (D = 128)
 //                                      or 32, 32 wg.. (D = 64)
 // 3 products per tile pair (the first pass 5: S, dP, dV, dK, dQ); at D = 64
-// the tensor cores compute U twice, once per warpgroup.
+// the tensor cores compute U twice, once per warpgroup (the
+// warp-specialized pass instead sums two partials over half the keys each
+// through shared memory, gproj_keys_ws::kUSplitsKeys).
 // Then dK = bf16(alpha (dKacc + C)) (FP32 add, then the scale, then one
 // rounding): given the first pass's dKacc and lambda, dK is bitwise
 // repeatable; dQacc's sums land in atomic order.
@@ -157,7 +159,8 @@ __device__ __forceinline__ void c_mma(float (&acc)[D / 2], const uint16_t* r_til
 // 64 (D = 64) and each adds half. At D = 64 the alternatives cost more, on
 // the H200: each warpgroup its own keys' partial doubles the atomics, which
 // then bound the pass (1.13 ms against 0.46 ms without U, B4 H16 N4096
-// causal); U in alternate iterations by one warpgroup puts wgmma behind a
+// causal), unless the partials are summed in shared memory first (the
+// warp-specialized pass, gproj_keys_ws::kUSplitsKeys: 0.934x); U in alternate iterations by one warpgroup puts wgmma behind a
 // branch, and ptxas serializes every wgmma of the kernel (C7520); an
 // m64n32 split would start the MN-major, 128-byte swizzled K operand in
 // the middle of its rows.
@@ -168,18 +171,22 @@ inline constexpr bool kUSplitsColumns = D == 128;
 // block's 128 keys: r of warpgroup w at r_tiles + w [64 rows][64 keys]
 // (K-major A), K the block's [128 keys][D] tile (MN-major B); 8 steps
 // (issued, committed and waited for by the caller; the first step's scale-d
-// 0 needs no zeroing).
-template <int D>
+// 0 needs no zeroing). kOwnKeys (D = 64, the warp-specialized pass): all 64
+// columns over this warpgroup's 64 keys only, 4 steps, a partial that the
+// caller sums with the other warpgroup's (gproj_keys_ws::kUSplitsKeys).
+template <int D, bool kOwnKeys = false>
 __device__ __forceinline__ void u_mma(float (&u)[32], const uint16_t* r_tiles, const uint16_t* k_tile, int wg) {
+  static_assert(!kOwnKeys || D == 64, "own keys: all of U's 64 columns");
   constexpr int kScoreTile = kKvRows * 64;
   constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // bytes between the K tile's 64-column blocks
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {  // keys 16 k.. of the block
+  for (int kk = 0; kk < (kOwnKeys ? 4 : 8); ++kk) {
+    const int k = kOwnKeys ? 4 * wg + kk : kk;  // keys 16 k.. of the block
     const uint64_t r_desc =
         wgmma::desc_k_major(r_tiles + (k >> 2) * kScoreTile + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3)));
     const uint64_t k_desc = wgmma::desc_mn_major(
         k_tile + wgmma::chunk_offset<kKvKeys>(16 * k, kUSplitsColumns<D> ? 8 * wg : 0), kKeySubTile);
-    if (k == 0) {
+    if (kk == 0) {
       wgmma::mma_ss_first<false, true>(u, r_desc, k_desc);
     } else {
       wgmma::mma_ss<false, true>(u, r_desc, k_desc);

@@ -31,16 +31,22 @@
 //     pass's dQ writer). The other warps only give their registers back.
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): per
 //     iteration wait full[s], S = Q K_wg^T, r into the warpgroup's tile of
-//     set it % 2, C += r^T bf16(-lambda Q) and U = r K, and once those MMAs
+//     set it % 2, C += r^T bf16(-lambda Q) and U = r K (D = 64: over the
+//     warpgroup's keys, the two partials summed in shared memory,
+//     kUSplitsKeys), and once those MMAs
 //     are complete every compute thread arrives on empty[s] (256 arrivals)
 //     and at D = 128 stores -lambda U into the staging tile for the writer
 //     (gproj_keys::stage_u; it waits first for the writer to have read the
 //     previous one), at D = 64 adds it to dQacc itself by float4 atomics
-//     (gproj_keys::add_u). One barrier of both
+//     (gproj_keys::add_u). At D = 128 one barrier of both
 //     warpgroups per iteration (kComputeBarrier) between the r stores and
 //     the MMAs that read them (U reads both r tiles). The two sets of r
 //     tiles make it the only one: a set is rewritten two iterations after
-//     its MMAs, which every thread waited for before the last barrier. No
+//     its MMAs, which every thread waited for before the last barrier. At
+//     D = 64 (kUSplitsKeys) each warpgroup's U covers its own keys, so its
+//     MMAs read only its own r tile (a barrier of its four warps before
+//     them), and the barrier of both comes after the MMAs, between the
+//     partials' exchange through the r tiles and its reads. No
 //     block barrier after the barriers' init, no pingpong (nothing would
 //     keep one warpgroup from arriving twice on it).
 // Stage s of iteration it: s = it % kStages, ring round it / kStages;
@@ -91,6 +97,59 @@ inline constexpr int kBlocksPerSm = gproj_keys::kBlocksPerSm<D>;
 // blocks per SM, whose register pool has no room for the writer.
 template <int D>
 inline constexpr bool kUWriter = D == 128;
+// D = 64: whether each warpgroup computes U over its own 64 keys only (4
+// steps, not gproj_keys_kernel's 8 over all 128 keys in both warpgroups)
+// and the two partials are summed through shared memory before the atomics
+// (put_u_partial, add_u_partial): its r tile, free once its MMAs are done,
+// holds the partial of the other warpgroup's 32 columns. The atomics stay
+// as many as before (each warpgroup adds its 32 columns).
+template <int D>
+inline constexpr bool kUSplitsKeys = D == 64;
+
+// The exchange tile of kUSplitsKeys: a warpgroup's [64 rows][64 keys] BF16 r
+// tile read as FP32 [64 rows][32 columns], the 8-column groups of row r
+// XOR-swizzled by r % 4 so that a warp's float2 stores and loads (rows g,
+// columns 8 group + 2 c) hit distinct banks per half-warp.
+__device__ __forceinline__ int u_partial_offset(int r, int group, int c) {
+  return r * 32 + 8 * (group ^ (r & 3)) + 2 * c;
+}
+
+// This thread's partial U (all 64 columns, this warpgroup's keys) of the
+// other warpgroup's columns (32 (1 - wg)..) into this warpgroup's exchange
+// tile; the element choice by selects (registers indexed by constants).
+__device__ __forceinline__ void put_u_partial(const float (&u)[32], float* mine, int row0, int g, int c, int wg) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = row0 + g + 8 * hh;
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) {
+      const int other = 4 * (gi + 4) + 2 * hh, own = 4 * gi + 2 * hh;  // wg 0 gives columns 32.., wg 1 0..
+      *reinterpret_cast<float2*>(mine + u_partial_offset(r, gi, c)) =
+          wg == 0 ? make_float2(u[other], u[other + 1]) : make_float2(u[own], u[own + 1]);
+    }
+  }
+}
+
+// U of this warpgroup's 32 columns (32 wg..): its partial plus the other
+// warpgroup's from that one's exchange tile (the same thread of the other
+// warpgroup wrote this thread's elements), in u's places that
+// gproj_keys::add_u reads at D = 64. A sum of two FP32 terms, so the same
+// value in whichever order.
+__device__ __forceinline__ void add_u_partial(float (&u)[32], const float* theirs, int row0, int g, int c, int wg) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = row0 + g + 8 * hh;
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) {
+      const float2 x = *reinterpret_cast<const float2*>(theirs + u_partial_offset(r, gi, c));
+      const int lo = 4 * gi + 2 * hh, hi = 4 * (gi + 4) + 2 * hh;
+      u[lo] += wg == 0 ? x.x : 0.0f;
+      u[lo + 1] += wg == 0 ? x.y : 0.0f;
+      u[hi] += wg == 0 ? 0.0f : x.x;
+      u[hi + 1] += wg == 0 ? 0.0f : x.y;
+    }
+  }
+}
 // The block's register pool is what it launches with (65,536 / (384 x
 // blocks per SM), rounded down to a multiple of 8: 168 at D = 128, 80 at
 // D = 64), shared as producer + 2 x compute <= 3 x launch (setmaxnreg.cuh;
@@ -255,12 +314,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
 
     gproj_keys::store_r(a, sc, tr, j0 + 64 * wg, row0, g, c, r_tile);
     wgmma::fence_proxy_async();
-    wgmma::named_barrier<kComputeThreads>(kComputeBarrier);  // U reads both warpgroups' r
+    if constexpr (kUSplitsKeys<D>) {
+      wgmma::warpgroup_barrier(1 + wg);  // the warpgroup's r rows, which its MMAs alone read
+    } else {
+      wgmma::named_barrier<kComputeThreads>(kComputeBarrier);  // U reads both warpgroups' r
+    }
 
     float (&u)[32] = sc;  // S is dead once r is stored
     wgmma::fence();
     gproj_keys::c_mma<D>(acc, r_tile, smem + L::neg_lambda_q(s));
-    gproj_keys::u_mma<D>(u, r_set, smem + L::kK, wg);
+    gproj_keys::u_mma<D, kUSplitsKeys<D>>(u, r_set, smem + L::kK, wg);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operand(acc);
@@ -271,6 +334,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
       gproj_keys::stage_u(u, tr, staging, keyouter::kDqStride<D>, row0, g, c, wg);
       keyouter::DqHandoff::release();
     } else {
+      if constexpr (kUSplitsKeys<D>) {
+        // The r tile is free: this warpgroup's MMAs, its only readers, are
+        // done. The other warpgroup rewrites its own tile of this set two
+        // iterations on, after the next compute barrier, which this
+        // warpgroup reaches only once its reads below are done.
+        wgmma::warpgroup_reads_done();
+        put_u_partial(u, reinterpret_cast<float*>(r_tile), row0, g, c, wg);
+        wgmma::named_barrier<kComputeThreads>(kComputeBarrier);
+        add_u_partial(u, reinterpret_cast<const float*>(r_set + (1 - wg) * L::kScoreTile), row0, g, c, wg);
+      }
       gproj_keys::add_u<D>(a, u, tr, row_base, i0, row0, g, c, wg);
     }
   }

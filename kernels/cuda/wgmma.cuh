@@ -112,6 +112,12 @@ __device__ __forceinline__ void fence_operand(float (&d)[F]) {
   for (int i = 0; i < F; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// After wait<0>(), before this thread rewrites a shared tile that its
+// warpgroup's MMAs read, with no barrier between: nothing on the GPU, where
+// the wait covers the whole warpgroup's MMAs (a collective operation, done
+// for all four warps); the emulation, which runs each thread's share of an
+// MMA at that thread's call, waits here for the warpgroup's other threads.
+__device__ __forceinline__ void warpgroup_reads_done() {}
 // Barrier of one warpgroup (ids 1.. ; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_barrier(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kWarpgroupThreads) : "memory");

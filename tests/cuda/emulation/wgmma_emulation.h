@@ -13,8 +13,9 @@
 // Each MMA runs synchronously inside the call: fence, commit and wait are
 // no-ops, so a missing fence or wait, or a tile overwritten while an MMA that
 // reads it is still in flight, goes unnoticed here (only a GPU run can show
-// it). Every thread computes its own accumulator elements (layout in
-// wgmma.cuh), summing the 16 products in k order in FP32 on top of the
+// it). Every thread computes its own accumulator elements at its own call
+// (so a thread that rewrites an operand tile right after its wait calls
+// warpgroup_reads_done() first; layout in wgmma.cuh), summing the 16 products in k order in FP32 on top of the
 // accumulator like mma_bf16's emulation (each BF16 x BF16 product is exact;
 // the hardware's internal order may differ in the last bit). An A operand in
 // registers (rs) is exchanged between the lanes of a warp through its scratch,
@@ -182,6 +183,9 @@ inline void wait() {}
 template <int F>
 inline void fence_operand(float (&)[F]) {}
 inline void fence_proxy_async() {}
+// The warpgroup's other threads have run their shares of its MMAs (on the
+// GPU, wait<0>() already means so: wgmma.cuh).
+inline void warpgroup_reads_done() { gaugewatch_emulation::warpgroup_barrier(); }
 // The emulation has one barrier per warpgroup; the id only matters on the GPU.
 inline void warpgroup_barrier(int /*id*/) { gaugewatch_emulation::warpgroup_barrier(); }
 // A barrier of kCount threads, one per id, whoever reaches it (as bar.sync).
