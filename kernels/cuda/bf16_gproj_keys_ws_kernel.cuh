@@ -102,7 +102,9 @@ inline constexpr bool kUWriter = D == 128;
 // and the two partials are summed through shared memory before the atomics
 // (put_u_partial, add_u_partial): its r tile, free once its MMAs are done,
 // holds the partial of the other warpgroup's 32 columns. The atomics stay
-// as many as before (each warpgroup adds its 32 columns).
+// as many as before (each warpgroup adds its 32 columns). On the H200 the
+// pass took 0.934x its time with both warpgroups computing all of U (B4 H16
+// N4096 d64 causal, 2026-12-03).
 template <int D>
 inline constexpr bool kUSplitsKeys = D == 64;
 
