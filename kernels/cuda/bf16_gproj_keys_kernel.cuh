@@ -160,8 +160,9 @@ __device__ __forceinline__ void c_mma(float (&acc)[D / 2], const uint16_t* r_til
 // the H200: each warpgroup its own keys' partial doubles the atomics, which
 // then bound the pass (1.13 ms against 0.46 ms without U, B4 H16 N4096
 // causal), unless the partials are summed in shared memory first (the
-// warp-specialized pass, gproj_keys_ws::kUSplitsKeys: 0.934x); U in alternate iterations by one warpgroup puts wgmma behind a
-// branch, and ptxas serializes every wgmma of the kernel (C7520); an
+// warp-specialized pass, gproj_keys_ws::kUSplitsKeys: 0.934x); U in
+// alternate iterations by one warpgroup puts wgmma behind a branch, and
+// ptxas serializes every wgmma of the kernel (C7520); an
 // m64n32 split would start the MN-major, 128-byte swizzled K operand in
 // the middle of its rows.
 template <int D>

@@ -258,19 +258,19 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
       // Every compute thread is done with iteration it - 1: its dQ tile is
       // written, its t/r tiles and dQ partials read.
       compute_sync();
-      if constexpr (!kDqAddDuringScores<D, P>) {
-        if (it > 0) kt.add_dq_tile(it - 1, kt.tid());
-      }
     }
+    // Iteration it - 1's dQ partials into dQacc, before this iteration's S
+    // and dP are issued or while they run (the set it reads is rewritten
+    // only after the next compute_sync).
+    auto add_previous_dq = [&] {
+      if (it > 0) kt.add_dq_tile(it - 1, kt.tid());
+    };
+    if constexpr (!kDqWriter<D, P> && !kDqAddDuringScores<D, P>) add_previous_dq();
     kt.compute(
         it, smem + (s ? L::kQ1 : L::kQ0), smem + (s ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), s), dk,
         dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); },
         [&] {
-          // The set of partials read here is rewritten only after the next
-          // compute_sync.
-          if constexpr (kDqAddDuringScores<D, P>) {
-            if (it > 0) kt.add_dq_tile(it - 1, kt.tid());
-          }
+          if constexpr (kDqAddDuringScores<D, P>) add_previous_dq();
         });
   }
   if constexpr (!kDqWriter<D, P>) {

@@ -15,8 +15,8 @@
 // reads it is still in flight, goes unnoticed here (only a GPU run can show
 // it). Every thread computes its own accumulator elements at its own call
 // (so a thread that rewrites an operand tile right after its wait calls
-// warpgroup_reads_done() first; layout in wgmma.cuh), summing the 16 products in k order in FP32 on top of the
-// accumulator like mma_bf16's emulation (each BF16 x BF16 product is exact;
+// warpgroup_reads_done() first; layout in wgmma.cuh), summing the 16
+// products in k order in FP32 on top of the accumulator like mma_bf16's emulation (each BF16 x BF16 product is exact;
 // the hardware's internal order may differ in the last bit). An A operand in
 // registers (rs) is exchanged between the lanes of a warp through its scratch,
 // bracketed by warp barriers; the ss form needs no exchange and no barrier.
