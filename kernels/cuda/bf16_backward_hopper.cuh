@@ -93,12 +93,31 @@ __device__ __forceinline__ void zero(float (&acc)[F]) {
 template <int D, int XR, int YR>
 __device__ __forceinline__ void scores_mma(float (&s)[32], const uint16_t* x, int x_row0, const uint16_t* y,
                                            int y_row0) {
-  wgmma::mma_ss_first<false, false>(s, wgmma::desc_k_major(x + wgmma::chunk_offset<XR>(x_row0, 0)),
-                                    wgmma::desc_k_major(y + wgmma::chunk_offset<YR>(y_row0, 0)));
+  wgmma::mma_ss_first<false, false>(s, wgmma::desc_k_major(x, wgmma::chunk_offset<XR>(x_row0, 0)),
+                                    wgmma::desc_k_major(y, wgmma::chunk_offset<YR>(y_row0, 0)));
 #pragma unroll
   for (int kk = 1; kk < D / 16; ++kk) {
-    wgmma::mma_ss<false, false>(s, wgmma::desc_k_major(x + wgmma::chunk_offset<XR>(x_row0, 2 * kk)),
-                                wgmma::desc_k_major(y + wgmma::chunk_offset<YR>(y_row0, 2 * kk)));
+    wgmma::mma_ss<false, false>(s, wgmma::desc_k_major(x, wgmma::chunk_offset<XR>(x_row0, 2 * kk)),
+                                wgmma::desc_k_major(y, wgmma::chunk_offset<YR>(y_row0, 2 * kk)));
+  }
+}
+
+// An m64n64 accumulator x (this thread: warp v of its warpgroup, lane l)
+// packed to BF16 pairs into the warpgroup's [64 rows][64 keys] tile
+// (wgmma::tile_offset layout), the A operand of dV, dK, dQ and gproj's C and
+// U: four stmatrix.x4, each the 8 x 8 blocks (key block jn, row half hh) of
+// a pair of key blocks, (2p, 0), (2p, 1), (2p + 1, 0), (2p + 1, 1), whose
+// registers are the accumulator's pairs x[4 jn + 2 hh], +1 (wgmma.cuh's
+// fragment layout); lane l gives the address of row l % 8 of block l / 8.
+// One instruction per four 32-bit stores, and the four addresses are the
+// same for every tile the thread stores.
+__device__ __forceinline__ void store_tile(uint16_t* tile, const float (&x)[32], int v, int lane) {
+  const int block = lane >> 3, row = 16 * v + 8 * (block & 1) + (lane & 7);
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const uint32_t r[4] = {mma::pack_bf16(x[8 * p], x[8 * p + 1]), mma::pack_bf16(x[8 * p + 2], x[8 * p + 3]),
+                           mma::pack_bf16(x[8 * p + 4], x[8 * p + 5]), mma::pack_bf16(x[8 * p + 6], x[8 * p + 7])};
+    mma::stmatrix_x4(tile + wgmma::tile_offset<64>(row, 8 * (2 * p + (block >> 1))), r);
   }
 }
 
@@ -327,14 +346,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
       accumulator_to_a(rf, s);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const uint64_t kd = wgmma::desc_mn_major(ks + wgmma::chunk_offset<kDqKeys>(16 * k, 0), kSubTile);
+        const uint64_t kd = wgmma::desc_mn_major(ks, wgmma::chunk_offset<kDqKeys>(16 * k, 0), kSubTile);
         wgmma::mma_rs<true>(dq, tf[k], kd);
         wgmma::mma_rs<true>(u, rf[k], kd);
       }
     } else {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        wgmma::mma_rs<true>(dq, tf[k], wgmma::desc_mn_major(ks + wgmma::chunk_offset<kDqKeys>(16 * k, 0), kSubTile));
+        wgmma::mma_rs<true>(dq, tf[k], wgmma::desc_mn_major(ks, wgmma::chunk_offset<kDqKeys>(16 * k, 0), kSubTile));
       }
     }
     wgmma::commit();
@@ -588,12 +607,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dkdv_kernel(const Args
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
-      const uint64_t rd = wgmma::desc_mn_major(r_tile + step, kSubTile);
-      wgmma::mma_ss<true, true>(dv, rd, wgmma::desc_mn_major(gos + step, kSubTile));
-      wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile + step, kSubTile),
-                                wgmma::desc_mn_major(qs + step, kSubTile));
+      const uint64_t rd = wgmma::desc_mn_major(r_tile, step, kSubTile);
+      wgmma::mma_ss<true, true>(dv, rd, wgmma::desc_mn_major(gos, step, kSubTile));
+      wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile, step, kSubTile),
+                                wgmma::desc_mn_major(qs, step, kSubTile));
       if constexpr (P == Projection::kGproj) {
-        wgmma::mma_ss<true, true>(dk, rd, wgmma::desc_mn_major(lqs + step, kSubTile));
+        wgmma::mma_ss<true, true>(dk, rd, wgmma::desc_mn_major(lqs, step, kSubTile));
       }
     }
     wgmma::commit();

@@ -131,14 +131,8 @@ __device__ __forceinline__ void store_r(const Args& a, float (&s)[32], const Til
     s[i] = hopper::probability(a, s[i], tr.lse_log2[half], visible);
   };
   hopper::for_each_tile_element(tr.kb, tr.ke, j_base, element);
-#pragma unroll
-  for (int jn = 0; jn < 8; ++jn) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
-      *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
-    }
-  }
+  static_assert(kKvRows == 64, "hopper::store_tile writes [64 rows][64 keys] tiles");
+  hopper::store_tile(r_tile, s, row0 / 16, 4 * g + c);
 }
 
 // C += r^T bf16(-lambda Q): the warpgroup's r tile (MN-major A: keys x rows)
@@ -150,8 +144,8 @@ __device__ __forceinline__ void c_mma(float (&acc)[D / 2], const uint16_t* r_til
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
-    wgmma::mma_ss<true, true>(acc, wgmma::desc_mn_major(r_tile + step, kSubTile),
-                              wgmma::desc_mn_major(lqs + step, kSubTile));
+    wgmma::mma_ss<true, true>(acc, wgmma::desc_mn_major(r_tile, step, kSubTile),
+                              wgmma::desc_mn_major(lqs, step, kSubTile));
   }
 }
 
@@ -184,9 +178,9 @@ __device__ __forceinline__ void u_mma(float (&u)[32], const uint16_t* r_tiles, c
   for (int kk = 0; kk < (kOwnKeys ? 4 : 8); ++kk) {
     const int k = kOwnKeys ? 4 * wg + kk : kk;  // keys 16 k.. of the block
     const uint64_t r_desc =
-        wgmma::desc_k_major(r_tiles + (k >> 2) * kScoreTile + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3)));
+        wgmma::desc_k_major(r_tiles, (k >> 2) * kScoreTile + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3)));
     const uint64_t k_desc = wgmma::desc_mn_major(
-        k_tile + wgmma::chunk_offset<kKvKeys>(16 * k, kUSplitsColumns<D> ? 8 * wg : 0), kKeySubTile);
+        k_tile, wgmma::chunk_offset<kKvKeys>(16 * k, kUSplitsColumns<D> ? 8 * wg : 0), kKeySubTile);
     if (kk == 0) {
       wgmma::mma_ss_first<false, true>(u, r_desc, k_desc);
     } else {

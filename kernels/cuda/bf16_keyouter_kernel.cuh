@@ -346,6 +346,10 @@ struct KeyTile {
   uint16_t* smem;  // 1024-byte aligned, Layout<D, P>
   int j0, b, hk;
   int t_begin, tiles;  // the query tiles that see the block's keys (tiles_seeing_keys)
+  // This thread's warpgroup (0 or 1), broadcast from lane 0 once, where the
+  // block constructs the tile: ptxas then knows it is warp-uniform and keeps
+  // what depends on it (the operands' descriptors) in uniform registers.
+  int wg_uniform = __shfl_sync(0xffffffffu, tid() >> 7, 0);
 
   // 0 .. 255 over the two compute warpgroups (from threadIdx: the compiler
   // knows its range from the launch bounds).
@@ -383,7 +387,7 @@ struct KeyTile {
   __device__ __forceinline__ static void row_sums_mma(float (&sum)[4], const uint16_t* tile, uint64_t ones) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const uint64_t tk = wgmma::desc_k_major(tile + wgmma::chunk_offset<kKvRows>(0, 2 * k));
+      const uint64_t tk = wgmma::desc_k_major(tile, wgmma::chunk_offset<kKvRows>(0, 2 * k));
       if (k == 0) {
         wgmma::mma_ss_first<false, false>(sum, tk, ones);
       } else {
@@ -417,17 +421,35 @@ struct KeyTile {
       constexpr unsigned kQuads = 64 / 4;
       constexpr int kPerThread = kKvRows * kQuads / kThreads;
       static_assert(kKvRows * kQuads % kThreads == 0, "every compute thread adds the same number of quads");
-      const float* set = part + (it & 1) * 2 * kPartialFloats;
-      float* dq_rows = a.dq_accum + (row_base + i0) * D;
-      const int rows = a.n - i0;
+      constexpr int kRowStep = kThreads / kQuads;  // rows between a thread's quads
+      // Thread t adds quad t % 16 of rows t / 16 + 16 k: one shared and one
+      // global base, the k-th quad at a constant offset from each.
+      const int r0 = t / static_cast<int>(kQuads), col = 4 * (t % static_cast<int>(kQuads));
+      const float* src = part + (it & 1) * 2 * kPartialFloats + r0 * kStride + col;
+      float* dst = a.dq_accum + (row_base + i0 + r0) * D + col;
+      const int rows = a.n - i0 - r0;  // this thread's rows in the tile
+      if (rows > (kPerThread - 1) * kRowStep) {
+        // Every row in the tile: all loads first, so that their latencies
+        // overlap, then the sums and the atomics.
+        float4 x[kPerThread], y[kPerThread];
+#pragma unroll
+        for (int k = 0; k < kPerThread; ++k) {
+          x[k] = *reinterpret_cast<const float4*>(src + k * kRowStep * kStride);
+          y[k] = *reinterpret_cast<const float4*>(src + kPartialFloats + k * kRowStep * kStride);
+        }
+#pragma unroll
+        for (int k = 0; k < kPerThread; ++k) {
+          atomicAdd(reinterpret_cast<float4*>(dst + k * kRowStep * D),
+                    make_float4(x[k].x + y[k].x, x[k].y + y[k].y, x[k].z + y[k].z, x[k].w + y[k].w));
+        }
+        return;
+      }
 #pragma unroll
       for (int k = 0; k < kPerThread; ++k) {
-        const unsigned idx = static_cast<unsigned>(t) + k * kThreads;
-        const int r = static_cast<int>(idx / kQuads), col = static_cast<int>(4 * (idx % kQuads));
-        if (r >= rows) continue;
-        const float4 x = *reinterpret_cast<const float4*>(set + r * kStride + col);
-        const float4 y = *reinterpret_cast<const float4*>(set + kPartialFloats + r * kStride + col);
-        atomicAdd(reinterpret_cast<float4*>(dq_rows + r * D + col),
+        if (k * kRowStep >= rows) break;
+        const float4 x = *reinterpret_cast<const float4*>(src + k * kRowStep * kStride);
+        const float4 y = *reinterpret_cast<const float4*>(src + kPartialFloats + k * kRowStep * kStride);
+        atomicAdd(reinterpret_cast<float4*>(dst + k * kRowStep * D),
                   make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
       }
     } else {
@@ -445,12 +467,10 @@ struct KeyTile {
     DqHandoff::writer_loop(iterations(), [&](int it) { add_dq_tile<32>(it, lane); });
   }
 
-  // This thread's elements (jn, hh) of x, packed to BF16 pairs, into a
-  // [64 rows][64 keys] tile of its warpgroup.
-  __device__ __forceinline__ void store_pair(uint16_t* tile, int jn, int hh, const float (&x)[32]) const {
-    const int g = (tid() & 31) >> 2, c = tid() & 3, row0 = 16 * ((tid() >> 5) & 3);
-    const int off = wgmma::tile_offset<kKvRows>(row0 + g + 8 * hh, 8 * jn + 2 * c);
-    *reinterpret_cast<uint32_t*>(tile + off) = mma::pack_bf16(x[4 * jn + 2 * hh], x[4 * jn + 2 * hh + 1]);
+  // x packed to BF16 into this warpgroup's [64 rows][64 keys] tile.
+  __device__ __forceinline__ void store_tile(uint16_t* tile, const float (&x)[32]) const {
+    static_assert(kKvRows == 64, "hopper::store_tile writes [64 rows][64 keys] tiles");
+    hopper::store_tile(tile, x, (tid() >> 5) & 3, tid() & 31);
   }
 
   // Pivot with kSplitScores (D = 128): this thread's two rows' max P over
@@ -519,29 +539,21 @@ struct KeyTile {
     // No barrier of all compute threads has passed since the previous
     // iteration's MMAs read r: the warpgroup's four warps meet first.
     wgmma::warpgroup_barrier(1 + wg);
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) store_pair(r_tile, jn, hh, s);
-    }
+    store_tile(r_tile, s);
     wgmma::fence_proxy_async();
     wgmma::warpgroup_barrier(1 + wg);  // the warpgroup's r rows, for dV's MMAs
     wgmma::fence();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
-      wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile + step, kSubTile),
-                                wgmma::desc_mn_major(gos + step, kSubTile));
+      wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile, step, kSubTile),
+                                wgmma::desc_mn_major(gos, step, kSubTile));
     }
     wgmma::commit();
     wgmma::wait<1>();  // dP (dV's group may still run)
     wgmma::fence_operand(dp);
     hopper::dp_to_t(s, dp, in, j0 + 64 * wg);
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) store_pair(t_tile, jn, hh, dp);
-    }
+    store_tile(t_tile, dp);
   }
 
   // Iteration `it` on the query tile qs, gos (Q, dO; [64][D] each) with its
@@ -551,15 +563,16 @@ struct KeyTile {
   // writer warp, DqHandoff). cross_sync(): the barrier of
   // the 256 compute threads where D = 128 reads both warpgroups' t;
   // released(): called once the MMAs that read qs, gos and ra are done
-  // (the tile's buffers may be refilled after it); during_scores(): work
-  // of the caller's that runs while S and dP's MMAs are in flight.
-  template <class CrossSync, class Released, class DuringScores>
+  // (the tile's buffers may be refilled after it); during_scores(),
+  // during_tile(): work of the caller's that runs while S and dP's MMAs, or
+  // the tile's dV/dK/dQ MMAs, are in flight.
+  template <class CrossSync, class Released, class DuringScores, class DuringTile>
   __device__ __forceinline__ void compute(int it, const uint16_t* qs, const uint16_t* gos,
                                           const hopper::StagedRows& ra, float (&dk)[D / 2], float (&dv)[D / 2],
-                                          CrossSync&& cross_sync, Released&& released,
-                                          DuringScores&& during_scores) const {
+                                          CrossSync&& cross_sync, Released&& released, DuringScores&& during_scores,
+                                          DuringTile&& during_tile) const {
     const int warp = tid() >> 5, lane = tid() & 31;
-    const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
+    const int wg = wg_uniform, v = warp & 3, g = lane >> 2, c = lane & 3;
     const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
     uint16_t* t_tile = t_of(it, wg);
     uint16_t* r_tile = smem + L::kTr + wg * 2 * L::kScoreTile + L::kScoreTile;  // t0, r0, t1, r1
@@ -597,14 +610,8 @@ struct KeyTile {
       // which both warpgroups' MMAs finished reading before the last
       // compute barrier.)
       if constexpr (kWriter) wgmma::warpgroup_barrier(1 + wg);
-#pragma unroll
-      for (int jn = 0; jn < 8; ++jn) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          store_pair(t_tile, jn, hh, dp);
-          store_pair(r_tile, jn, hh, s);
-        }
-      }
+      store_tile(t_tile, dp);
+      store_tile(r_tile, s);
     }
     // D = 128: dQ reads the t of both warpgroups, a barrier of the compute
     // threads (after which the staging tile is rewritten: its reads by the
@@ -630,11 +637,11 @@ struct KeyTile {
     for (int k = 0; k < 4; ++k) {
       const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
       if constexpr (!kSplitScores) {  // (kSplitScores: issued in split_scores)
-        wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile + step, kSubTile),
-                                  wgmma::desc_mn_major(gos + step, kSubTile));
+        wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile, step, kSubTile),
+                                  wgmma::desc_mn_major(gos, step, kSubTile));
       }
-      wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile + step, kSubTile),
-                                wgmma::desc_mn_major(qs + step, kSubTile));
+      wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile, step, kSubTile),
+                                wgmma::desc_mn_major(qs, step, kSubTile));
     }
     // dQ: keys 16 k.. are t of warpgroup k / 4 (its keys 16 (k % 4)..) and K
     // rows 16 k..; D = 128: all 128 keys, columns 64 wg..; D = 64: own keys.
@@ -644,9 +651,9 @@ struct KeyTile {
       const int k = kStaged ? kq : 4 * wg + kq;
       const uint16_t* tw = t_of(it, k >> 2);
       const int column_block = D == 128 ? wg : 0;
-      const uint16_t* kk = smem + L::kK + wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block);
-      wgmma::mma_ss<false, true>(dq, wgmma::desc_k_major(tw + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
-                                 wgmma::desc_mn_major(kk, kKeySubTile));
+      wgmma::mma_ss<false, true>(
+          dq, wgmma::desc_k_major(tw, wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
+          wgmma::desc_mn_major(smem + L::kK, wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block), kKeySubTile));
     }
     if constexpr (kRhoByMma) {
       const uint64_t ones = wgmma::desc_k_major(reinterpret_cast<const unsigned char*>(smem) + L::kOnes);
@@ -654,6 +661,7 @@ struct KeyTile {
       if constexpr (kMassByMma) row_sums_mma(mass, r_tile, ones);
     }
     wgmma::commit();
+    during_tile();
     if constexpr (P == Projection::kPivot && !kSplitScores) {
       // Pivot's argmax from P (in s) while the tile's MMAs run: integer
       // work off the path between the MMAs (formed in the element loop, it
@@ -798,7 +806,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     }
     kt.compute(
         it, smem + (buf ? L::kQ1 : L::kQ0), smem + (buf ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), buf),
-        dk, dv, [] { __syncthreads(); }, [] {}, [] {});
+        dk, dv, [] { __syncthreads(); }, [] {}, [] {}, [] {});
   }
   if (iters > 0) {
     __syncthreads();

@@ -34,8 +34,7 @@
 //     the staging tile) and the pingpong. Without (D = 64): as
 //     keyouter_kernel, a barrier of the compute threads where it has its
 //     block barrier, then the compute threads add the previous iteration's
-//     dQ partials (KeyTile::add_dq_tile), bf16 and pivot while their S and
-//     dP MMAs run (kDqAddDuringScores).
+//     dQ partials (KeyTile::add_dq_tile) where kDqAddAt says.
 // Stage s of iteration it: s = it % 2, ring round it / 2, consumers wait
 // full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
@@ -80,13 +79,14 @@ static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute thre
 // there: KeyTile).
 template <int D, Projection P>
 inline constexpr bool kDqWriter = D == 128;
-// Without the writer: whether the compute threads add iteration it - 1's dQ
-// partials while iteration it's S and dP MMAs run (after issuing them)
-// rather than before issuing them. On the H200 (B4 H16 N4096 d64 causal,
-// 2026-12-03): bf16 0.986x, pivot 0.970x (with its argmax after the tile's
-// MMAs are issued), gproj's first pass 1.028x, which keeps the order before.
+// Without the writer: where the compute threads add iteration it - 1's dQ
+// partials into dQacc (KeyTile::add_dq_tile): before issuing iteration it's
+// S and dP, while those run, or while its dV/dK/dQ MMAs run (the longest
+// wait of the iteration: 11-12% of the warp samples of all three kernels sat
+// on it, ncu source counters on the H200, 2026-12-03).
+enum class DqAddAt { kBeforeScores, kDuringScores, kDuringTile };
 template <int D, Projection P>
-inline constexpr bool kDqAddDuringScores = !kDqWriter<D, P> && P != Projection::kGproj;
+inline constexpr DqAddAt kDqAddAt = P == Projection::kGproj ? DqAddAt::kDuringTile : DqAddAt::kDuringScores;
 // 384 threads at 1 block per SM start at 168 registers each (65,536 / 384
 // rounded down to a multiple of 8), and that is the block's pool: the
 // producer warpgroup gives some back, the compute warpgroups take them, and
@@ -259,19 +259,18 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
       // written, its t/r tiles and dQ partials read.
       compute_sync();
     }
-    // Iteration it - 1's dQ partials into dQacc, before this iteration's S
-    // and dP are issued or while they run (the set it reads is rewritten
-    // only after the next compute_sync).
-    auto add_previous_dq = [&] {
-      if (it > 0) kt.add_dq_tile(it - 1, kt.tid());
+    // Iteration it - 1's dQ partials into dQacc where kDqAddAt says (the
+    // set it reads is rewritten only after the next compute_sync).
+    auto add_previous_dq = [&](DqAddAt at) {
+      if constexpr (!kDqWriter<D, P>) {
+        if (at == kDqAddAt<D, P> && it > 0) kt.add_dq_tile(it - 1, kt.tid());
+      }
     };
-    if constexpr (!kDqWriter<D, P> && !kDqAddDuringScores<D, P>) add_previous_dq();
+    add_previous_dq(DqAddAt::kBeforeScores);
     kt.compute(
         it, smem + (s ? L::kQ1 : L::kQ0), smem + (s ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), s), dk,
-        dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); },
-        [&] {
-          if constexpr (kDqAddDuringScores<D, P>) add_previous_dq();
-        });
+        dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); }, [&] { add_previous_dq(DqAddAt::kDuringScores); },
+        [&] { add_previous_dq(DqAddAt::kDuringTile); });
   }
   if constexpr (!kDqWriter<D, P>) {
     if (iters > 0) {

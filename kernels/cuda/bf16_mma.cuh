@@ -11,6 +11,11 @@
 // ldmatrix.x4 loads four 8x8 b16 matrices; lane l gives the row address of
 // matrix l / 8, row l % 8, and register i receives matrix i with lane holding
 // (row l / 4, cols 2 (l % 4)..+1); .trans delivers the transpose.
+// stmatrix.x4 is its inverse: lane l gives the row address of matrix l / 8,
+// row l % 8, and register i of every lane holds matrix i in the same layout,
+// which is the layout of an accumulator's 8 x 8 blocks (C above, and the
+// warpgroup MMAs' accumulators, wgmma.cuh): one instruction stores four
+// blocks of BF16 pairs where 32-bit stores need four.
 //
 // Shared tiles are row-major [rows][W] BF16 with the 16-byte chunks of each
 // row XOR-swizzled by (row % 8): an ldmatrix of 8 rows at one logical chunk
@@ -56,6 +61,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void stmatrix_x4(void* p, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(p)), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
 }
 
 // c += a b (BF16 inputs, FP32 accumulate; the hardware rounds nothing but the

@@ -63,6 +63,17 @@ __host__ __device__ constexpr uint64_t desc_bits(uint32_t lbo_bytes, uint32_t sb
 }
 inline constexpr uint32_t kGroupBytes = 1024;  // 8 rows x 128 bytes
 
+// The descriptor of the operand `bytes` (a multiple of 16) past the one
+// `desc` describes. The start address field is bits 0-13 of the low word and
+// a shared-memory address (below 228 KiB) shifted right by 4 stays below
+// 2^14, so the sum is a 32-bit add to the low word that never carries into
+// LBO: with the operand's base descriptor formed once, each k16 step's
+// descriptor is one add of a constant (ptxas: one uniform-register add),
+// not an address conversion, shift, mask and two moves.
+__host__ __device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xffffffff00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(desc) + (bytes >> 4));
+}
+
 // The first 1024-byte aligned address at or after p: kernels round their
 // dynamic shared memory up with it (and allocate 1024 bytes more), so every
 // tile is aligned whatever the runtime's base alignment. The emulation's
@@ -235,3 +246,17 @@ __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], u
 
 }  // namespace gaugewatch::gpu::wgmma
 #endif  // GAUGEWATCH_CUDA_EMULATION
+
+namespace gaugewatch::gpu::wgmma {
+
+// The descriptors of BF16 element `offset` of the tile at `base` (the
+// operand's base descriptor, which the compiler forms once for every k16
+// step of the same base, plus the offset: desc_plus).
+__device__ __forceinline__ uint64_t desc_k_major(const uint16_t* base, int offset) {
+  return desc_plus(desc_k_major(base), 2u * static_cast<uint32_t>(offset));
+}
+__device__ __forceinline__ uint64_t desc_mn_major(const uint16_t* base, int offset, uint32_t lbo_bytes) {
+  return desc_plus(desc_mn_major(base, lbo_bytes), 2u * static_cast<uint32_t>(offset));
+}
+
+}  // namespace gaugewatch::gpu::wgmma

@@ -59,6 +59,22 @@ inline void ldmatrix(uint32_t (&r)[4], const void* p, bool trans) {
   gaugewatch_emulation::warp_barrier();
 }
 
+// stmatrix.x4: lane l writes row l % 8 of matrix l / 8 at its own address,
+// the row's column pairs taken from register l / 8 of lanes 4 (l % 8) ..
+// 4 (l % 8) + 3.
+inline void stmatrix(void* p, const uint32_t (&r)[4]) {
+  auto* slots = static_cast<uint64_t*>(gaugewatch_emulation::warp_scratch());
+  const int lane = lane_id();
+  slots[lane] = reinterpret_cast<uint64_t>(p);
+  for (int i = 0; i < 4; ++i) slots[32 + 4 * lane + i] = r[i];
+  gaugewatch_emulation::warp_barrier();
+  const int matrix = lane >> 3, row = lane & 7;
+  uint32_t words[4];
+  for (int c = 0; c < 4; ++c) words[c] = static_cast<uint32_t>(slots[32 + 4 * (4 * row + c) + matrix]);
+  std::memcpy(p, words, sizeof words);
+  gaugewatch_emulation::warp_barrier();
+}
+
 inline float half_of(uint32_t word, int k) {
   return bf16_bits_to_float(static_cast<uint16_t>((k & 1) ? (word >> 16) : (word & 0xffffu)));
 }
@@ -67,6 +83,7 @@ inline float half_of(uint32_t word, int k) {
 
 inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) { emulated::ldmatrix(r, p, false); }
 inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) { emulated::ldmatrix(r, p, true); }
+inline void stmatrix_x4(void* p, const uint32_t (&r)[4]) { emulated::stmatrix(p, r); }
 
 inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   auto* slots = static_cast<uint32_t*>(gaugewatch_emulation::warp_scratch());

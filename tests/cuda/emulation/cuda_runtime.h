@@ -95,6 +95,7 @@ float __shfl_xor_sync(unsigned mask, float value, int lane_mask);
 int __shfl_xor_sync(unsigned mask, int value, int lane_mask);
 double __shfl_xor_sync(unsigned mask, double value, int lane_mask);
 unsigned long long __shfl_xor_sync(unsigned mask, unsigned long long value, int lane_mask);
+int __shfl_sync(unsigned mask, int value, int src_lane);
 unsigned __ballot_sync(unsigned mask, int predicate);
 inline int __ffsll(long long x) { return __builtin_ffsll(x); }
 float __int_as_float(int x);

@@ -171,6 +171,16 @@ unsigned long long __shfl_xor_sync(unsigned /*mask*/, unsigned long long value, 
   return result;
 }
 
+int __shfl_sync(unsigned /*mask*/, int value, int src_lane) {
+  auto* lanes = static_cast<int*>(gaugewatch_emulation::warp_scratch());
+  const int lane = static_cast<int>(threadIdx.x % gaugewatch_emulation::kWarp);
+  lanes[lane] = value;
+  gaugewatch_emulation::warp_barrier();
+  const int result = lanes[src_lane % gaugewatch_emulation::kWarp];
+  gaugewatch_emulation::warp_barrier();
+  return result;
+}
+
 unsigned __ballot_sync(unsigned /*mask*/, int predicate) {
   auto* votes = static_cast<uint64_t*>(gaugewatch_emulation::warp_scratch());
   const int lane = static_cast<int>(threadIdx.x % gaugewatch_emulation::kWarp);
