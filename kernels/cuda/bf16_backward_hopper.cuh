@@ -189,43 +189,6 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], floa
   for_each_tile_element(in.kb, in.ke, j_base, element);
 }
 
-// scores_to_tr<false> in two halves, for a kernel that runs the first while
-// dP's MMAs are in flight and the second while dV's are (pivot's
-// warp-specialized key-outer kernel at D = 128, KeyTile::kSplitScores):
-// scores_to_p turns S into P in place (r = bf16(P) is P packed),
-// visiting visit(half, i, p) per element; dp_to_t then turns dP into
-// t = P (dP - delta) in place from that P. The same FFMA, ex2 and products
-// on the same operands as scores_to_tr<false>, so the same bits; the
-// element's key, visibility and P are written out as there (not through
-// probability()), the form whose SASS was measured.
-template <class Visit>
-__device__ __forceinline__ void scores_to_p(const Args& a, float (&s)[32], const RowInputs& in, int j_base,
-                                            Visit&& visit) {
-  const int c = threadIdx.x & 3;
-  const float scale_log2 = a.scale_log2;
-  auto element = [&](int i, auto test) {
-    const int half = (i >> 1) & 1;
-    const int j = element_key(j_base, c, i);
-    const bool visible = !decltype(test)::value || (j >= in.kb[half] && j < in.ke[half]);
-    const float p = visible ? mma::exp2_approx(fmaf(s[i], scale_log2, -in.lse_log2[half])) : 0.0f;
-    visit(half, i, p);
-    s[i] = p;
-  };
-  for_each_tile_element(in.kb, in.ke, j_base, element);
-}
-
-// p: scores_to_p's output (0 where the key is masked).
-__device__ __forceinline__ void dp_to_t(const float (&p)[32], float (&dp)[32], const RowInputs& in, int j_base) {
-  const int c = threadIdx.x & 3;
-  auto element = [&](int i, auto test) {
-    const int half = (i >> 1) & 1;
-    const int j = element_key(j_base, c, i);
-    const bool visible = !decltype(test)::value || (j >= in.kb[half] && j < in.ke[half]);
-    dp[i] = visible ? p[i] * (dp[i] - in.delta[half]) : 0.0f;
-  };
-  for_each_tile_element(in.kb, in.ke, j_base, element);
-}
-
 // Accumulator columns 16 k .. 16 k + 15 as the A operand of step k.
 __device__ __forceinline__ void accumulator_to_a(uint32_t (&frag)[4][4], const float (&x)[32]) {
 #pragma unroll

@@ -27,9 +27,6 @@
 //   t, r -> shared [64 rows][64 keys] per warpgroup, then a block barrier
 //                                  (D = 64: a warpgroup barrier)
 //   dV += r^T dO, dK += t^T Q      ss, m64nD, A and B MN-major
-//   (pivot with the writer warp, D = 128: S and dP as two MMA groups, P and
-//   the argmax while dP runs, dV issued once r is stored and in flight while
-//   t is formed; KeyTile::kSplitScores)
 //   dQ_tile = t K                  ss, m64n64, A = t (K-major), B = K (MN-major)
 //                                  D = 128: warpgroup wg computes columns
 //                                  64 wg.. over all 128 keys (t of both
@@ -246,31 +243,6 @@ struct PivotArgmax {
     best[hh][i >> 3] = best[hh][i >> 3] > code ? best[hh][i >> 3] : code;
   }
 
-  // Row half hh's largest P and its key (key of element i: key_of(i)), or
-  // key -1 where no element has P > 0 (KeyTile::kSplitScores; otherwise
-  // code()).
-  template <class KeyOf>
-  __device__ __forceinline__ void result(int hh, KeyOf&& key_of, float* p, int* key) const {
-    uint32_t top = best[hh][0];
-    int group = 0;
-#pragma unroll
-    for (int gi = 1; gi < 4; ++gi) {
-      if ((best[hh][gi] >> 2) > (top >> 2)) {
-        top = best[hh][gi];
-        group = gi;
-      }
-    }
-    if (top < 4) {  // P bits 0
-      *p = -1.0f;
-      *key = -1;
-      return;
-    }
-    const int place = 3 - static_cast<int>(top & 3u);
-    // Element of (group, place) in row half hh: i = 8 group + 4 (place >> 1) + 2 hh + (place & 1).
-    *key = key_of(8 * group + 4 * (place >> 1) + 2 * hh + (place & 1));
-    *p = __int_as_float(static_cast<int>(top >> 2));
-  }
-
   // Row half hh's candidate as pivot_code() of its largest P and that key,
   // or 0 where no element has P > 0, for a thread whose group gi, place p
   // is key key0 + 16 gi + 8 (p >> 1) + (p & 1) (key0 = j_base + 2 c; the
@@ -324,15 +296,6 @@ struct KeyTile {
   static constexpr bool kStaged = D == 128;
   static_assert(!kWriter || D == 128, "the writer warp: D = 128");
   static constexpr int kTSets = kWriter ? 2 : 1;  // sets of t tiles
-  // S and dP as two MMA groups: P and pivot's argmax formed while dP's MMAs
-  // run, dV's MMAs issued once r is stored and in flight while t is formed
-  // (FlashAttention-3's order within a warpgroup). Only for pivot with the
-  // writer warp (D = 128): on the H200 it made that kernel 2.1-2.9% faster
-  // and bf16's 1.9-3.7% slower, pivot's at D = 64 3.3% slower
-  // (bench/results/bench_bf16_backward-overlap-h200-2026-12-03.md): the
-  // warpgroups' pingpong already overlaps one's element work with the
-  // other's MMAs, and only pivot's argmax makes the split pay.
-  static constexpr bool kSplitScores = P == Projection::kPivot && kWriter;
   // Pivot (rho) and gproj (rho and m): each warpgroup's row sums of its t
   // (r) tile from the tensor cores (kRowSumsByMma).
   static constexpr bool kRhoByMma = kRowSumsByMma<D, P>;
@@ -473,36 +436,8 @@ struct KeyTile {
     hopper::store_tile(tile, x, (tid() >> 5) & 3, tid() & 31);
   }
 
-  // Pivot with kSplitScores (D = 128): this thread's two rows' max P over
-  // its 16 keys of the tile, and their keys. (The 64-bit codes below made
-  // that kernel 0.6-2.6% slower on the H200 and the D = 64 kernel 5.5%
-  // faster: bench/results/bench_bf16_backward-pass2-h200-2026-12-03.md.)
-  __device__ __forceinline__ void argmax_stats(const PivotArgmax& argmax, RowStats& stats) const {
-    const int wg = (tid() >> 5) >> 2, c = (tid() & 31) & 3;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      argmax.result(
-          hh, [&](int i) { return hopper::element_key(j0 + 64 * wg, c, i); }, &stats.pmax[hh], &stats.parg[hh]);
-    }
-  }
-
-  // Pivot with kSplitScores: the stats reduced over the quad (the row's 64
-  // keys of this warpgroup) and added by atomics (64-bit max of
-  // pivot_code()).
-  __device__ __forceinline__ void add_argmax(RowStats& stats, int i0, int64_t row_base) const {
-    const int g = (tid() & 31) >> 2, c = tid() & 3, row0 = 16 * ((tid() >> 5) & 3);
-    stats.reduce_quad();
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = i0 + row0 + g + 8 * hh;
-      if (c == 0 && row < a.n && stats.parg[hh] >= 0) {
-        atomicMax(a.pivot_code + row_base + row, pivot_code(stats.pmax[hh], stats.parg[hh]));
-      }
-    }
-  }
-
-  // Pivot without kSplitScores: this thread's two rows' candidates over its
-  // 16 keys of the tile (PivotArgmax::code).
+  // Pivot: this thread's two rows' candidates over its 16 keys of the tile
+  // (PivotArgmax::code).
   __device__ __forceinline__ void argmax_codes(const PivotArgmax& argmax, unsigned long long (&code)[2]) const {
     const int wg = (tid() >> 5) >> 2, c = (tid() & 31) & 3;
 #pragma unroll
@@ -521,39 +456,6 @@ struct KeyTile {
       const int row = i0 + row0 + g + 8 * hh;
       if (c == 0 && row < a.n && best != 0) atomicMax(a.pivot_code + row_base + row, best);
     }
-  }
-
-  // kSplitScores: S complete, dP's MMAs in flight. P in place of S and the
-  // argmax while dP runs; r stored, dV += r^T dO issued; t in place of dP
-  // while dV runs, then stored. On return dV's MMAs may still run.
-  __device__ __forceinline__ void split_scores(float (&s)[32], float (&dp)[32], const RowInputs& in,
-                                               uint16_t* t_tile, uint16_t* r_tile, const uint16_t* gos,
-                                               float (&dv)[D / 2], int i0, int64_t row_base) const {
-    static_assert(kWriter, "r's tile is reused only after a warpgroup barrier (the writer's two t sets)");
-    const int wg = tid() >> 7;
-    PivotArgmax argmax;
-    hopper::scores_to_p(a, s, in, j0 + 64 * wg, [&](int hh, int i, float p) { argmax.add(hh, i, p); });
-    RowStats stats;
-    argmax_stats(argmax, stats);
-    add_argmax(stats, i0, row_base);  // before dV and dP are live (registers)
-    // No barrier of all compute threads has passed since the previous
-    // iteration's MMAs read r: the warpgroup's four warps meet first.
-    wgmma::warpgroup_barrier(1 + wg);
-    store_tile(r_tile, s);
-    wgmma::fence_proxy_async();
-    wgmma::warpgroup_barrier(1 + wg);  // the warpgroup's r rows, for dV's MMAs
-    wgmma::fence();
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
-      wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile, step, kSubTile),
-                                wgmma::desc_mn_major(gos, step, kSubTile));
-    }
-    wgmma::commit();
-    wgmma::wait<1>();  // dP (dV's group may still run)
-    wgmma::fence_operand(dp);
-    hopper::dp_to_t(s, dp, in, j0 + 64 * wg);
-    store_tile(t_tile, dp);
   }
 
   // Iteration `it` on the query tile qs, gos (Q, dO; [64][D] each) with its
@@ -585,34 +487,27 @@ struct KeyTile {
     if (wg == 1) wgmma::pingpong_wait(hopper::kPingpongBarrier);
     wgmma::fence();
     hopper::scores_mma<D, kKvRows, kKvKeys>(s, qs, 0, smem + L::kK, 64 * wg);
-    if constexpr (kSplitScores) wgmma::commit();
     hopper::scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
     wgmma::commit();
     if (wg == 0) wgmma::pingpong_arrive(hopper::kPingpongBarrier);
     during_scores();
-    if constexpr (kSplitScores) {
-      wgmma::wait<1>();  // S
-      wgmma::fence_operand(s);
-      split_scores(s, dp, in, t_tile, r_tile, gos, dv, i0, row_base);
-    } else {
-      wgmma::wait<0>();
-      wgmma::fence_operand(s);
-      wgmma::fence_operand(dp);
-      // t and r are only packed to BF16 below (scores_to_tr<false>: the
-      // same bits for fewer conversions, and s keeps P in FP32, 0 where
-      // masked: pivot's argmax reads it once the MMAs are issued); pivot's
-      // row sums take the rounded t, the values the MMAs consume.
-      hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
-                                  [](int, int, bool, float, float, float, float, int) {});
-      // kWriter: no barrier of all compute threads has passed since this
-      // warpgroup's MMAs of the previous iteration read its r tile: its
-      // four warps meet before overwriting it. (t goes to the other set,
-      // which both warpgroups' MMAs finished reading before the last
-      // compute barrier.)
-      if constexpr (kWriter) wgmma::warpgroup_barrier(1 + wg);
-      store_tile(t_tile, dp);
-      store_tile(r_tile, s);
-    }
+    wgmma::wait<0>();
+    wgmma::fence_operand(s);
+    wgmma::fence_operand(dp);
+    // t and r are only packed to BF16 below (scores_to_tr<false>: the
+    // same bits for fewer conversions, and s keeps P in FP32, 0 where
+    // masked: pivot's argmax reads it once the MMAs are issued); pivot's
+    // row sums take the rounded t, the values the MMAs consume.
+    hopper::scores_to_tr<false>(a, s, dp, in, j0 + 64 * wg,
+                                [](int, int, bool, float, float, float, float, int) {});
+    // kWriter: no barrier of all compute threads has passed since this
+    // warpgroup's MMAs of the previous iteration read its r tile: its
+    // four warps meet before overwriting it. (t goes to the other set,
+    // which both warpgroups' MMAs finished reading before the last
+    // compute barrier.)
+    if constexpr (kWriter) wgmma::warpgroup_barrier(1 + wg);
+    store_tile(t_tile, dp);
+    store_tile(r_tile, s);
     // D = 128: dQ reads the t of both warpgroups, a barrier of the compute
     // threads (after which the staging tile is rewritten: its reads by the
     // previous bulk reductions are done); D = 64: each warpgroup reads only
@@ -636,10 +531,8 @@ struct KeyTile {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
-      if constexpr (!kSplitScores) {  // (kSplitScores: issued in split_scores)
-        wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile, step, kSubTile),
-                                  wgmma::desc_mn_major(gos, step, kSubTile));
-      }
+      wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile, step, kSubTile),
+                                wgmma::desc_mn_major(gos, step, kSubTile));
       wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile, step, kSubTile),
                                 wgmma::desc_mn_major(qs, step, kSubTile));
     }
@@ -662,7 +555,7 @@ struct KeyTile {
     }
     wgmma::commit();
     during_tile();
-    if constexpr (P == Projection::kPivot && !kSplitScores) {
+    if constexpr (P == Projection::kPivot) {
       // Pivot's argmax from P (in s) while the tile's MMAs run: integer
       // work off the path between the MMAs (formed in the element loop, it
       // delays their issue).

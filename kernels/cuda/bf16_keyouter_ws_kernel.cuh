@@ -81,12 +81,16 @@ template <int D, Projection P>
 inline constexpr bool kDqWriter = D == 128;
 // Without the writer: where the compute threads add iteration it - 1's dQ
 // partials into dQacc (KeyTile::add_dq_tile): before issuing iteration it's
-// S and dP, while those run, or while its dV/dK/dQ MMAs run (the longest
-// wait of the iteration: 11-12% of the warp samples of all three kernels sat
-// on it, ncu source counters on the H200, 2026-12-03).
+// S and dP, while those run, or while its dV/dK/dQ MMAs run. ncu's source
+// counters (H200, 2026-12-03) had 11-12% of the warp samples of all three
+// kernels on the wait for the tile's MMAs and the S/dP wait covered, yet
+// adding during the tile's MMAs measured 1.036x for pivot and 1.001x for
+// bf16 against during S and dP, and gproj's first pass 1.019x (B4 H16
+// N4096 d64 causal, bench_bf16_backward-sass-h200-2026-12-04.md): all three
+// add while S and dP run.
 enum class DqAddAt { kBeforeScores, kDuringScores, kDuringTile };
 template <int D, Projection P>
-inline constexpr DqAddAt kDqAddAt = P == Projection::kGproj ? DqAddAt::kDuringTile : DqAddAt::kDuringScores;
+inline constexpr DqAddAt kDqAddAt = DqAddAt::kDuringScores;
 // 384 threads at 1 block per SM start at 168 registers each (65,536 / 384
 // rounded down to a multiple of 8), and that is the block's pool: the
 // producer warpgroup gives some back, the compute warpgroups take them, and
