@@ -102,25 +102,6 @@ __device__ __forceinline__ void scores_mma(float (&s)[32], const uint16_t* x, in
   }
 }
 
-// An m64n64 accumulator x (this thread: warp v of its warpgroup, lane l)
-// packed to BF16 pairs into the warpgroup's [64 rows][64 keys] tile
-// (wgmma::tile_offset layout), the A operand of dV, dK, dQ and gproj's C and
-// U: four stmatrix.x4, each the 8 x 8 blocks (key block jn, row half hh) of
-// a pair of key blocks, (2p, 0), (2p, 1), (2p + 1, 0), (2p + 1, 1), whose
-// registers are the accumulator's pairs x[4 jn + 2 hh], +1 (wgmma.cuh's
-// fragment layout); lane l gives the address of row l % 8 of block l / 8.
-// One instruction per four 32-bit stores, and the four addresses are the
-// same for every tile the thread stores.
-__device__ __forceinline__ void store_tile(uint16_t* tile, const float (&x)[32], int v, int lane) {
-  const int block = lane >> 3, row = 16 * v + 8 * (block & 1) + (lane & 7);
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    const uint32_t r[4] = {mma::pack_bf16(x[8 * p], x[8 * p + 1]), mma::pack_bf16(x[8 * p + 2], x[8 * p + 3]),
-                           mma::pack_bf16(x[8 * p + 4], x[8 * p + 5]), mma::pack_bf16(x[8 * p + 6], x[8 * p + 7])};
-    mma::stmatrix_x4(tile + wgmma::tile_offset<64>(row, 8 * (2 * p + (block >> 1))), r);
-  }
-}
-
 // P_ij = exp2(s_ij alpha log2e - lse_i log2e), the expression of scores_to_tr
 // below, for kernels that need r only (the key-outer gproj's second pass,
 // which must reproduce its first pass's r bit for bit: the same FFMA and

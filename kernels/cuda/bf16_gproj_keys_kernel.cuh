@@ -131,8 +131,8 @@ __device__ __forceinline__ void store_r(const Args& a, float (&s)[32], const Til
     s[i] = hopper::probability(a, s[i], tr.lse_log2[half], visible);
   };
   hopper::for_each_tile_element(tr.kb, tr.ke, j_base, element);
-  static_assert(kKvRows == 64, "hopper::store_tile writes [64 rows][64 keys] tiles");
-  hopper::store_tile(r_tile, s, row0 / 16, 4 * g + c);
+  static_assert(kKvRows == 64, "wgmma::store_accumulator_tile writes [64 rows][64 keys] tiles");
+  wgmma::store_accumulator_tile(r_tile, s, row0 / 16, 4 * g + c);
 }
 
 // C += r^T bf16(-lambda Q): the warpgroup's r tile (MN-major A: keys x rows)

@@ -432,8 +432,8 @@ struct KeyTile {
 
   // x packed to BF16 into this warpgroup's [64 rows][64 keys] tile.
   __device__ __forceinline__ void store_tile(uint16_t* tile, const float (&x)[32]) const {
-    static_assert(kKvRows == 64, "hopper::store_tile writes [64 rows][64 keys] tiles");
-    hopper::store_tile(tile, x, (tid() >> 5) & 3, tid() & 31);
+    static_assert(kKvRows == 64, "wgmma::store_accumulator_tile writes [64 rows][64 keys] tiles");
+    wgmma::store_accumulator_tile(tile, x, (tid() >> 5) & 3, tid() & 31);
   }
 
   // Pivot: this thread's two rows' candidates over its 16 keys of the tile

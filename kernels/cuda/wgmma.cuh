@@ -3,7 +3,8 @@
 // shared-memory matrix descriptors for the 128-byte swizzle, the m64n64k16
 // and m64n128k16 BF16 -> FP32 instructions (and m64n8k16, both in shared
 // memory, for row sums against a tile of ones) (both operands in shared memory,
-// "ss", or A in registers, "rs"), and the fences and barriers around them.
+// "ss", or A in registers, "rs"), the fences and barriers around them, and
+// the store of an accumulator to an operand tile (store_accumulator_tile).
 //
 // Tile layout (tile_offset): a [R][W] BF16 tile is stored as W / 64 sub-tiles
 // [R][64], each row 128 bytes, the 16-byte chunk c of row r stored at chunk
@@ -39,6 +40,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/bf16_mma.cuh"
 
 namespace gaugewatch::gpu::wgmma {
 
@@ -257,6 +260,25 @@ __device__ __forceinline__ uint64_t desc_k_major(const uint16_t* base, int offse
 }
 __device__ __forceinline__ uint64_t desc_mn_major(const uint16_t* base, int offset, uint32_t lbo_bytes) {
   return desc_plus(desc_mn_major(base, lbo_bytes), 2u * static_cast<uint32_t>(offset));
+}
+
+// An m64n64 accumulator x (this thread: warp v of its warpgroup, lane l)
+// packed to BF16 pairs into a [64 rows][64 columns] tile (tile_offset
+// layout), where it is an MMA operand read either way: four stmatrix.x4,
+// each the 8 x 8 blocks (column block jn, row half hh) of a pair of column
+// blocks, (2p, 0), (2p, 1), (2p + 1, 0), (2p + 1, 1), whose registers are the
+// accumulator's pairs x[4 jn + 2 hh], +1 (the fragment layout above); lane l
+// gives the address of row l % 8 of block l / 8. One instruction per four
+// 32-bit stores, and the four addresses are the same for every tile the
+// thread stores.
+__device__ __forceinline__ void store_accumulator_tile(uint16_t* tile, const float (&x)[32], int v, int lane) {
+  const int block = lane >> 3, row = 16 * v + 8 * (block & 1) + (lane & 7);
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const uint32_t r[4] = {mma::pack_bf16(x[8 * p], x[8 * p + 1]), mma::pack_bf16(x[8 * p + 2], x[8 * p + 3]),
+                           mma::pack_bf16(x[8 * p + 4], x[8 * p + 5]), mma::pack_bf16(x[8 * p + 6], x[8 * p + 7])};
+    mma::stmatrix_x4(tile + tile_offset<64>(row, 8 * (2 * p + (block >> 1))), r);
+  }
 }
 
 }  // namespace gaugewatch::gpu::wgmma

@@ -2,9 +2,11 @@
 // modes the fused BF16 backward uses: ss with both operands K-major, rs with B
 // MN-major, ss with both operands MN-major, and an accumulator rounded to BF16
 // fed back as the rs A operand, ss with A K-major and B MN-major (the
-// key-outer kernel's dQ), and m64n8k16 with both K-major (pivot's row sums
-// against a tile of ones). Descriptors, the 128-byte swizzle of the tile
-// layout, k16 stepping and the fragment layouts all show in the result.
+// key-outer kernel's dQ), m64n8k16 with both K-major (pivot's row sums
+// against a tile of ones), and an accumulator stored to a tile by stmatrix
+// (store_accumulator_tile) read back as the MN-major A operand. Descriptors,
+// the 128-byte swizzle of the tile layout, k16 stepping and the fragment
+// layouts all show in the result.
 //
 // Operands are multiples of 1/4 in [-2, 2]: BF16-exact, and every partial sum
 // of their products is exact in FP32 (at most 2^21 steps of 1/64), so the
@@ -200,6 +202,19 @@ TEST(Wgmma, SsN8AndRowSums) {
       for (int c = 0; c < 8; ++c) sums.values[static_cast<size_t>(r) * 8 + c] = sum;
     }
     EXPECT_TRUE(same_matrix(sums, run_case(Case::kSsN8, k, ones, 8)));
+  }
+}
+
+// S = A B^T stored to a tile by store_accumulator_tile (stmatrix.x4), then
+// C = bf16(S)^T V with the tile as the MN-major A operand: the store's
+// fragment-to-tile layout, swizzle and BF16 rounding, as dV and dK read it.
+TEST(Wgmma, StoredAccumulatorTileAsMnMajorOperand) {
+  SKIP_WITHOUT_GPU();
+  for (const int n : kSizes) {
+    SCOPED_TRACE("N = " + std::to_string(n));
+    const Inputs in{random_matrix(kM, 64, 71 + n), random_matrix(64, 64, 72 + n), random_matrix(64, n, 73 + n)};
+    const Matrix s_bf16 = rounded_to_bf16(product(in.a, false, in.b, true));
+    EXPECT_TRUE(same_matrix(product(s_bf16, true, in.v, false), run_case(Case::kStoredTile, n, in, n)));
   }
 }
 

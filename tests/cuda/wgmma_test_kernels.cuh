@@ -245,6 +245,38 @@ __global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
   store_accumulator(c, d);
 }
 
+// S = A B^T (ss, K-major, K = 64) stored to a [64][64] tile by
+// store_accumulator_tile (stmatrix), then C = bf16(S)^T V with that tile as
+// the MN-major A operand: the key-outer kernels' dV += r^T dO.
+template <int N>
+__global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
+    stored_tile_kernel(const uint16_t* a, const uint16_t* b, const uint16_t* v, float* c) {
+  GAUGEWATCH_WGMMA_TEST_SMEM(raw);
+  uint16_t* sa = wg::align_1024(raw);
+  uint16_t* sb = sa + kM * 64;
+  uint16_t* sv = sb + 64 * 64;
+  uint16_t* ss = sv + 64 * N;  // bf16(S), [64 rows][64 columns]
+  load_tile<kM, 64>(sa, a);
+  load_tile<64, 64>(sb, b);
+  load_tile<64, N>(sv, v);
+  publish_tiles();
+  float s[32] = {};
+  wg::fence();
+  mma_k_major<64>(s, sa, sb);
+  finish(s);
+  wg::store_accumulator_tile(ss, s, (threadIdx.x / 32) % 4, threadIdx.x % 32);
+  publish_tiles();
+  float d[N / 2] = {};
+  wg::fence();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    wg::mma_ss<true, true>(d, wg::desc_mn_major(ss + wg::tile_offset<64>(16 * k, 0), kSubTileBytes),
+                           wg::desc_mn_major(sv + wg::tile_offset<64>(16 * k, 0), kSubTileBytes));
+  }
+  finish(d);
+  store_accumulator(c, d);
+}
+
 // Bytes of dynamic shared memory of `tiles` [64][64] sub-tiles.
 constexpr size_t smem_bytes(int tiles) { return static_cast<size_t>(tiles) * kSubTileBytes + kAlignSlack; }
 
@@ -274,6 +306,9 @@ cudaError_t run_case(Case which, int size, const Operands& o) {
     case Case::kSsN8:  // A's sub-tiles and B's [8][size] (at most one more sub-tile's bytes)
       return wide ? Launcher::run(ss_n8_kernel<128>, smem_bytes(tiles + 1), o.a, o.b, o.c)
                   : Launcher::run(ss_n8_kernel<64>, smem_bytes(tiles + 1), o.a, o.b, o.c);
+    case Case::kStoredTile:
+      return wide ? Launcher::run(stored_tile_kernel<128>, smem_bytes(3 + tiles), o.a, o.b, o.v, o.c)
+                  : Launcher::run(stored_tile_kernel<64>, smem_bytes(3 + tiles), o.a, o.b, o.v, o.c);
   }
   return cudaErrorInvalidValue;
 }

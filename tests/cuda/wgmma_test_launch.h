@@ -22,6 +22,10 @@ enum class Case {
                        // (the key-outer kernel's dQ = t K at D = 128)
   kSsN8,  // C[64][8] = A[64][size] B[8][size]^T: m64n8k16, ss, both K-major
           // (pivot's row sums of t against a tile of ones in the key-outer kernels)
+  kStoredTile,  // C[64][size] = bf16(A[64][64] B[64][64]^T)^T V[64][size]: the
+                // kSsKMajor accumulator stored by store_accumulator_tile, then
+                // read as the MN-major A operand (the key-outer kernels' r and
+                // t tiles in dV and dK)
 };
 
 struct Operands {
