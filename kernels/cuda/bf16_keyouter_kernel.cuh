@@ -465,14 +465,13 @@ struct KeyTile {
   // writer warp, DqHandoff). cross_sync(): the barrier of
   // the 256 compute threads where D = 128 reads both warpgroups' t;
   // released(): called once the MMAs that read qs, gos and ra are done
-  // (the tile's buffers may be refilled after it); during_scores(),
-  // during_tile(): work of the caller's that runs while S and dP's MMAs, or
-  // the tile's dV/dK/dQ MMAs, are in flight.
-  template <class CrossSync, class Released, class DuringScores, class DuringTile>
+  // (the tile's buffers may be refilled after it); during_scores(): work
+  // of the caller's that runs while S and dP's MMAs are in flight.
+  template <class CrossSync, class Released, class DuringScores>
   __device__ __forceinline__ void compute(int it, const uint16_t* qs, const uint16_t* gos,
                                           const hopper::StagedRows& ra, float (&dk)[D / 2], float (&dv)[D / 2],
-                                          CrossSync&& cross_sync, Released&& released, DuringScores&& during_scores,
-                                          DuringTile&& during_tile) const {
+                                          CrossSync&& cross_sync, Released&& released,
+                                          DuringScores&& during_scores) const {
     const int warp = tid() >> 5, lane = tid() & 31;
     const int wg = wg_uniform, v = warp & 3, g = lane >> 2, c = lane & 3;
     const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
@@ -554,7 +553,6 @@ struct KeyTile {
       if constexpr (kMassByMma) row_sums_mma(mass, r_tile, ones);
     }
     wgmma::commit();
-    during_tile();
     if constexpr (P == Projection::kPivot) {
       // Pivot's argmax from P (in s) while the tile's MMAs run: integer
       // work off the path between the MMAs (formed in the element loop, it
@@ -699,7 +697,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     }
     kt.compute(
         it, smem + (buf ? L::kQ1 : L::kQ0), smem + (buf ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), buf),
-        dk, dv, [] { __syncthreads(); }, [] {}, [] {}, [] {});
+        dk, dv, [] { __syncthreads(); }, [] {}, [] {});
   }
   if (iters > 0) {
     __syncthreads();

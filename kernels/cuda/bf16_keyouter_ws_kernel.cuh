@@ -34,7 +34,7 @@
 //     the staging tile) and the pingpong. Without (D = 64): as
 //     keyouter_kernel, a barrier of the compute threads where it has its
 //     block barrier, then the compute threads add the previous iteration's
-//     dQ partials (KeyTile::add_dq_tile) where kDqAddAt says.
+//     dQ partials (KeyTile::add_dq_tile) while S and dP run.
 // Stage s of iteration it: s = it % 2, ring round it / 2, consumers wait
 // full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
@@ -79,18 +79,16 @@ static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute thre
 // there: KeyTile).
 template <int D, Projection P>
 inline constexpr bool kDqWriter = D == 128;
-// Without the writer: where the compute threads add iteration it - 1's dQ
-// partials into dQacc (KeyTile::add_dq_tile): before issuing iteration it's
-// S and dP, while those run, or while its dV/dK/dQ MMAs run. ncu's source
-// counters (H200, 2026-12-03) had 11-12% of the warp samples of all three
-// kernels on the wait for the tile's MMAs and the S/dP wait covered, yet
-// adding during the tile's MMAs measured 1.036x for pivot and 1.001x for
-// bf16 against during S and dP, and gproj's first pass 1.019x (B4 H16
-// N4096 d64 causal, bench_bf16_backward-sass-h200-2026-12-04.md): all three
-// add while S and dP run.
-enum class DqAddAt { kBeforeScores, kDuringScores, kDuringTile };
-template <int D, Projection P>
-inline constexpr DqAddAt kDqAddAt = DqAddAt::kDuringScores;
+// Without the writer the compute threads add iteration it - 1's dQ partials
+// into dQacc while iteration it's S and dP MMAs run (KeyTile::add_dq_tile in
+// compute's during_scores). ncu's source counters (H200, 2026-12-03) had
+// 11-12% of the warp samples of all three kernels on the wait for the
+// tile's dV/dK/dQ MMAs, yet adding during those measured 1.036x for pivot
+// and 1.001x for bf16 against during S and dP, and gproj's first pass
+// 1.019x (B4 H16 N4096 d64 causal, bench_bf16_backward-sass-h200-2026-12-04.md).
+// Before issuing S and dP: bf16 1.014x, pivot 1.031x (before the instruction
+// cut, bench_bf16_backward-d64-h200-2026-12-03.md; gproj's first pass, then
+// 0.973x, was not measured that way after it).
 // 384 threads at 1 block per SM start at 168 registers each (65,536 / 384
 // rounded down to a multiple of 8), and that is the block's pool: the
 // producer warpgroup gives some back, the compute warpgroups take them, and
@@ -263,18 +261,16 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
       // written, its t/r tiles and dQ partials read.
       compute_sync();
     }
-    // Iteration it - 1's dQ partials into dQacc where kDqAddAt says (the
-    // set it reads is rewritten only after the next compute_sync).
-    auto add_previous_dq = [&](DqAddAt at) {
-      if constexpr (!kDqWriter<D, P>) {
-        if (at == kDqAddAt<D, P> && it > 0) kt.add_dq_tile(it - 1, kt.tid());
-      }
-    };
-    add_previous_dq(DqAddAt::kBeforeScores);
     kt.compute(
         it, smem + (s ? L::kQ1 : L::kQ0), smem + (s ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), s), dk,
-        dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); }, [&] { add_previous_dq(DqAddAt::kDuringScores); },
-        [&] { add_previous_dq(DqAddAt::kDuringTile); });
+        dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); },
+        [&] {
+          // Iteration it - 1's dQ partials (the set it reads is rewritten
+          // only after the next compute_sync).
+          if constexpr (!kDqWriter<D, P>) {
+            if (it > 0) kt.add_dq_tile(it - 1, kt.tid());
+          }
+        });
   }
   if constexpr (!kDqWriter<D, P>) {
     if (iters > 0) {

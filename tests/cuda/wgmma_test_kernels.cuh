@@ -173,23 +173,33 @@ __global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
   store_accumulator(c, d);
 }
 
-// S = A B^T (ss, K-major, K = 64), then C = bf16(S) V with S's registers as
-// the rs A operand: the backward's P -> dV and dS -> dQ/dK pattern.
+// The chains' first product: A [64][64], B [64][64] and V [64][N] into
+// shared tiles (sv returned; sa, sb, sv, then free space at sv + 64 N),
+// S = A B^T (ss, K-major, K = 64) waited for.
 template <int N>
-__global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
-    chain_kernel(const uint16_t* a, const uint16_t* b, const uint16_t* v, float* c) {
-  GAUGEWATCH_WGMMA_TEST_SMEM(raw);
-  uint16_t* sa = wg::align_1024(raw);
+__device__ __forceinline__ uint16_t* chain_scores(float (&s)[32], uint16_t* smem, const uint16_t* a,
+                                                  const uint16_t* b, const uint16_t* v) {
+  uint16_t* sa = smem;
   uint16_t* sb = sa + kM * 64;
   uint16_t* sv = sb + 64 * 64;
   load_tile<kM, 64>(sa, a);
   load_tile<64, 64>(sb, b);
   load_tile<64, N>(sv, v);
   publish_tiles();
-  float s[32] = {};
   wg::fence();
   mma_k_major<64>(s, sa, sb);
   finish(s);
+  return sv;
+}
+
+// S = A B^T (ss, K-major, K = 64), then C = bf16(S) V with S's registers as
+// the rs A operand: the backward's P -> dV and dS -> dQ/dK pattern.
+template <int N>
+__global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
+    chain_kernel(const uint16_t* a, const uint16_t* b, const uint16_t* v, float* c) {
+  GAUGEWATCH_WGMMA_TEST_SMEM(raw);
+  float s[32] = {};
+  const uint16_t* sv = chain_scores<N>(s, wg::align_1024(raw), a, b, v);
   uint32_t af[4][4];
   accumulator_to_a(af, s);
   float d[N / 2] = {};
@@ -252,18 +262,9 @@ template <int N>
 __global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
     stored_tile_kernel(const uint16_t* a, const uint16_t* b, const uint16_t* v, float* c) {
   GAUGEWATCH_WGMMA_TEST_SMEM(raw);
-  uint16_t* sa = wg::align_1024(raw);
-  uint16_t* sb = sa + kM * 64;
-  uint16_t* sv = sb + 64 * 64;
-  uint16_t* ss = sv + 64 * N;  // bf16(S), [64 rows][64 columns]
-  load_tile<kM, 64>(sa, a);
-  load_tile<64, 64>(sb, b);
-  load_tile<64, N>(sv, v);
-  publish_tiles();
   float s[32] = {};
-  wg::fence();
-  mma_k_major<64>(s, sa, sb);
-  finish(s);
+  uint16_t* sv = chain_scores<N>(s, wg::align_1024(raw), a, b, v);
+  uint16_t* ss = sv + 64 * N;  // bf16(S), [64 rows][64 columns]
   wg::store_accumulator_tile(ss, s, (threadIdx.x / 32) % 4, threadIdx.x % 32);
   publish_tiles();
   float d[N / 2] = {};
