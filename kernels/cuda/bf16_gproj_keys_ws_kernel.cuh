@@ -97,6 +97,17 @@ inline constexpr int kBlocksPerSm = gproj_keys::kBlocksPerSm<D>;
 // blocks per SM, whose register pool has no room for the writer.
 template <int D>
 inline constexpr bool kUWriter = D == 128;
+// The row stride (floats) of the writer's staging tile of -lambda U: dense
+// (D), so that the writer adds the tile to dQacc by one bulk reduction
+// (keyouter::DqHandoff::add_rows) instead of one per row as the first pass
+// does from its padded tile (keyouter::kDqStride). The compute threads'
+// float2 stores then meet 4-way bank conflicts (a half-warp's four rows on
+// the same banks), and still, on the H200 (B4
+// H16 N4096 d128, 2026-12-04), the pass took 0.86-0.88x its time with
+// per-row reductions from the padded tile on all five D = 128 shapes; the
+// first pass with the same change took 1.03-1.13x.
+template <int D>
+inline constexpr int kUStride = D;
 // D = 64: whether each warpgroup computes U over its own 64 keys only (4
 // steps, not gproj_keys_kernel's 8 over all 128 keys in both warpgroups)
 // and the two partials are summed through shared memory before the atomics
@@ -174,8 +185,7 @@ struct Maps {
 // Shared memory (BF16 elements, offsets 1024-byte aligned): K (128 keys), per
 // stage Q and bf16(-lambda Q) (64 rows each), two sets of r of each
 // warpgroup ([64 rows][64 keys]), with the writer (kUWriter) the FP32
-// staging tile of -lambda U ([64 rows][keyouter::kDqStride], the first
-// pass's dQ staging rows), per stage the
+// staging tile of -lambda U ([64 rows][kUStride]), per stage the
 // rows' lse, first and end key and lambda, then the mbarriers full[kStages],
 // empty[kStages], k_full.
 template <int D>
@@ -186,7 +196,7 @@ struct Layout {
   static constexpr int kScoreTile = kKvRows * 64;
   static constexpr int kR = kStage0 + 2 * kStages * kRowTile;  // r of set e, warpgroup w: kR + (2 e + w) kScoreTile
   static constexpr int kStaging = kR + 4 * kScoreTile;
-  static constexpr int kStagingElements = kUWriter<D> ? kKvRows * keyouter::kDqStride<D> * 2 : 0;  // BF16 elements
+  static constexpr int kStagingElements = kUWriter<D> ? kKvRows * kUStride<D> * 2 : 0;  // BF16 elements
   static constexpr int kRows = kStaging + kStagingElements;
   static constexpr size_t kBarriers = static_cast<size_t>(kRows) * 2 + kStages * gproj_keys::kRowArrays * kKvRows * 4;
   static constexpr int kBarrierCount = 2 * kStages + 1;
@@ -246,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     if constexpr (kUWriter<D>) {
       if (warp == keyouter::DqHandoff::kWriterWarp) {
         keyouter::DqHandoff::writer_loop(iters, [&](int it) {
-          keyouter::DqHandoff::add_rows<D, keyouter::kDqStride<D>, 32>(
+          keyouter::DqHandoff::add_rows<D, kUStride<D>, 32>(
               a.dq_accum, query_head(a, b, head_of(it)).row_base, tile_row0(it), a.n, staging, lane);
         });
         return;
@@ -333,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
     if constexpr (kUWriter<D>) {
       keyouter::DqHandoff::acquire(it, wg);
-      gproj_keys::stage_u(u, tr, staging, keyouter::kDqStride<D>, row0, g, c, wg);
+      gproj_keys::stage_u(u, tr, staging, kUStride<D>, row0, g, c, wg);
       keyouter::DqHandoff::release();
     } else {
       if constexpr (kUSplitsKeys<D>) {

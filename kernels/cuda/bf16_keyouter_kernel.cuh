@@ -179,16 +179,26 @@ struct DqHandoff {
   }
   // Rows i0.. of one head of an FP32 accumulator (rows of D floats; its
   // first row at index row_base, N rows) += the staging tile's rows (row
-  // stride kStride floats) that lie below N, one bulk reduction per row:
-  // rows t, t + kAdders, .. of the tile by this thread.
+  // stride kStride floats) that lie below N: one bulk reduction per row,
+  // rows t, t + kAdders, .. of the tile by this thread; or with a dense tile
+  // (kStride == D: the rows lie in shared memory as in the accumulator) one
+  // reduction of all of them by thread 0.
   template <int D, int kStride, int kAdders>
   __device__ __forceinline__ static void add_rows(float* accum, int64_t row_base, int i0, int n,
                                                   const float* staging, int t) {
+    if constexpr (kStride == D) {
+      if (t == 0 && i0 < n) {
+        const int rows = n - i0 < kKvRows ? n - i0 : kKvRows;
+        bulk::reduce_add_f32(accum + (row_base + i0) * D, staging, static_cast<uint32_t>(rows) * D * 4);
+        bulk::commit();
+      }
+    } else {
 #pragma unroll
-    for (int r = t; r < kKvRows; r += kAdders) {
-      if (i0 + r >= n) return;
-      bulk::reduce_add_f32(accum + (row_base + i0 + r) * D, staging + r * kStride, D * 4);
-      bulk::commit();
+      for (int r = t; r < kKvRows; r += kAdders) {
+        if (i0 + r >= n) return;
+        bulk::reduce_add_f32(accum + (row_base + i0 + r) * D, staging + r * kStride, D * 4);
+        bulk::commit();
+      }
     }
   }
   // The writer warp: per iteration wait for the tile (kFull), add it
