@@ -26,9 +26,10 @@
 //     lanes write the tile's lse, lambda and visible key ranges (two rows
 //     each) and arrive on full[s] (1 + 32 arrivals and the bytes). At
 //     D = 128 its warp 1 is the writer (kUWriter): per iteration it waits
-//     for the staged -lambda U tile, adds its rows to dQacc by bulk
-//     reductions and hands the tile back (keyouter::DqHandoff, as the first
-//     pass's dQ writer). The other warps only give their registers back.
+//     for the staged -lambda U tile (dense, kUStride), adds it to dQacc by
+//     one bulk reduction and hands the tile back (keyouter::DqHandoff, as
+//     the first pass's dQ writer, which adds its padded tile row by row).
+//     The other warps only give their registers back.
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): per
 //     iteration wait full[s], S = Q K_wg^T, r into the warpgroup's tile of
 //     set it % 2, C += r^T bf16(-lambda Q) and U = r K (D = 64: over the
