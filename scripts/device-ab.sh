@@ -38,6 +38,11 @@ die() { echo "[device-ab] ERROR: $*" >&2; exit 2; }
 PATCH_FILE="$(cd "$(dirname "$PATCH_FILE")" && pwd)/$(basename "$PATCH_FILE")"
 patch -p1 --dry-run --force -s <"$PATCH_FILE" >/dev/null \
   || die "$PATCH_FILE does not apply to this tree with patch -p1: make it with git diff against this tree"
+[[ "$BUDGET" =~ ^[0-9]+$ ]] || die "GW_AB_BUDGET_S=$BUDGET: give a whole number of seconds"
+if (( BUDGET < 240 )); then
+  echo "[device-ab] warning: GW_AB_BUDGET_S=$BUDGET: the six shapes need about 240 s for both halves with" \
+    "their builds; the benchmark may time out and measure nothing (fewer shapes: GW_AB_BENCH_ARGS --shapes)" >&2
+fi
 mkdir -p "$OUT"
 WORK="$(mktemp -d /tmp/gw-device-ab.XXXXXX)"
 
