@@ -103,10 +103,10 @@ inline constexpr bool kUWriter = D == 128;
 // (keyouter::DqHandoff::add_rows) instead of one per row as the first pass
 // does from its padded tile (keyouter::kDqStride). The compute threads'
 // float2 stores then meet 4-way bank conflicts (a half-warp's four rows on
-// the same banks), and still, on the H200 (B4
-// H16 N4096 d128, 2026-12-04), the pass took 0.86-0.88x its time with
-// per-row reductions from the padded tile on all five D = 128 shapes; the
-// first pass with the same change took 1.03-1.13x.
+// the same banks), and still on the H200 the pass took 0.86-0.88x its time
+// with per-row reductions from the padded tile, on all five D = 128 shapes
+// of bench_bf16_backward.py; the first passes with the same change took
+// 1.03-1.13x (bench/results/bench_bf16_backward-reductions-h200-2026-12-04.md).
 template <int D>
 inline constexpr int kUStride = D;
 // D = 64: whether each warpgroup computes U over its own 64 keys only (4
