@@ -52,6 +52,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/bf16_backward_hopper.cuh"
+#include "kernels/cuda/tma.cuh"
 
 namespace gaugewatch::gpu::bf16::gproj_keys {
 
@@ -226,18 +227,19 @@ __device__ __forceinline__ void add_u(const Args& a, const float (&u)[32], const
 
 // The warp-specialized pass at D = 128 (gproj_keys_ws::kUWriter): -lambda_i
 // U_i of this thread's rows g, g + 8 and its warpgroup's 64 U columns
-// (64 wg..) into the FP32 staging tile (row stride `stride` floats), which
-// the writer warp adds to dQacc by bulk reductions; the same FP32 product
-// per element as add_u (rows past N are staged and not added).
-__device__ __forceinline__ void stage_u(const float (&u)[32], const TileRows& tr, float* staging, int stride, int row0,
-                                        int g, int c, int wg) {
+// (64 wg..) into the FP32 staging tile ([64 rows][128] in
+// tma::f32_tile_offset's swizzled layout), which the writer warp adds to
+// dQacc by tensor reductions; the same FP32 product per element as add_u
+// (rows past N are staged and not added).
+__device__ __forceinline__ void stage_u(const float (&u)[32], const TileRows& tr, float* staging, int row0, int g,
+                                        int c, int wg) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const float neg_lambda = -tr.lambda[hh];
-    float* row = staging + (row0 + g + 8 * hh) * stride + 64 * wg + 2 * c;
+    const int x = tma::f32_tile_offset<kKvRows>(row0 + g + 8 * hh, 64 * wg + 2 * c);
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn) {
-      *reinterpret_cast<float2*>(row + 8 * jn) =
+      *reinterpret_cast<float2*>(staging + tma::f32_tile_step<kKvRows>(x, jn)) =
           make_float2(neg_lambda * u[4 * jn + 2 * hh], neg_lambda * u[4 * jn + 2 * hh + 1]);
     }
   }

@@ -26,9 +26,9 @@
 //     lanes write the tile's lse, lambda and visible key ranges (two rows
 //     each) and arrive on full[s] (1 + 32 arrivals and the bytes). At
 //     D = 128 its warp 1 is the writer (kUWriter): per iteration it waits
-//     for the staged -lambda U tile (dense, kUStride), adds it to dQacc by
-//     one bulk reduction and hands the tile back (keyouter::DqHandoff, as
-//     the first pass's dQ writer, which adds its padded tile row by row).
+//     for the staged -lambda U tile (swizzled, tma::f32_tile_offset), adds
+//     it to dQacc by tensor reductions and hands the tile back
+//     (keyouter::DqHandoff, as the first pass's dQ writer).
 //     The other warps only give their registers back.
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): per
 //     iteration wait full[s], S = Q K_wg^T, r into the warpgroup's tile of
@@ -57,7 +57,8 @@
 // M, d) at its strides, bf16(-lambda Q) (B, Hq, N, d) dense in the
 // workspace; boxes of 64 (Q rows) or 128 (keys) rows x 64 columns, 128-byte
 // swizzle, rows past N (M) read as zeros, as gproj_keys_kernel's zero-filled
-// cp.async.
+// cp.async; at D = 128 dQacc (B Hq, N, d) FP32 for the writer's reductions
+// (boxes of 64 rows x 32 floats; rows past N are not written).
 // Build: launched by bf16_keyouter_launch.cuh (launch_keyouter_finish);
 // emulation: tests/cuda/emulation/bf16_launcher.cpp. Tests:
 // tests/cuda/bf16_backward_test.cpp (WarpSpecializedMatchesKeyOuter,
@@ -98,17 +99,6 @@ inline constexpr int kBlocksPerSm = gproj_keys::kBlocksPerSm<D>;
 // blocks per SM, whose register pool has no room for the writer.
 template <int D>
 inline constexpr bool kUWriter = D == 128;
-// The row stride (floats) of the writer's staging tile of -lambda U: dense
-// (D), so that the writer adds the tile to dQacc by one bulk reduction
-// (keyouter::DqHandoff::add_rows) instead of one per row as the first pass
-// does from its padded tile (keyouter::kDqStride). The compute threads'
-// float2 stores then meet 4-way bank conflicts (a half-warp's four rows on
-// the same banks), and still on the H200 the pass took 0.86-0.88x its time
-// with per-row reductions from the padded tile, on all five D = 128 shapes
-// of bench_bf16_backward.py; the first passes with the same change took
-// 1.03-1.13x (bench/results/bench_bf16_backward-reductions-h200-2026-12-04.md).
-template <int D>
-inline constexpr int kUStride = D;
 // D = 64: whether each warpgroup computes U over its own 64 keys only (4
 // steps, not gproj_keys_kernel's 8 over all 128 keys in both warpgroups)
 // and the two partials are summed through shared memory before the atomics
@@ -179,14 +169,16 @@ static_assert(kProducerRegs<64> + 2 * kComputeRegs<64> <= 3 * kLaunchRegs<64> &&
                   kProducerRegs<128> + 2 * kComputeRegs<128> <= 3 * kLaunchRegs<128>,
               "the block's register pool");
 
+// The operands' maps; with the writer (kUWriter) also dQacc's, the
+// destination of its tensor reductions.
 struct Maps {
-  tma::TensorMap q, neg_lambda_q, k;
+  tma::TensorMap q, neg_lambda_q, k, dq_accum;
 };
 
 // Shared memory (BF16 elements, offsets 1024-byte aligned): K (128 keys), per
 // stage Q and bf16(-lambda Q) (64 rows each), two sets of r of each
 // warpgroup ([64 rows][64 keys]), with the writer (kUWriter) the FP32
-// staging tile of -lambda U ([64 rows][kUStride]), per stage the
+// staging tile of -lambda U ([64 rows][D], tma::f32_tile_offset), per stage the
 // rows' lse, first and end key and lambda, then the mbarriers full[kStages],
 // empty[kStages], k_full.
 template <int D>
@@ -197,7 +189,7 @@ struct Layout {
   static constexpr int kScoreTile = kKvRows * 64;
   static constexpr int kR = kStage0 + 2 * kStages * kRowTile;  // r of set e, warpgroup w: kR + (2 e + w) kScoreTile
   static constexpr int kStaging = kR + 4 * kScoreTile;
-  static constexpr int kStagingElements = kUWriter<D> ? kKvRows * kUStride<D> * 2 : 0;  // BF16 elements
+  static constexpr int kStagingElements = kUWriter<D> ? kKvRows * D * 2 : 0;  // BF16 elements
   static constexpr int kRows = kStaging + kStagingElements;
   static constexpr size_t kBarriers = static_cast<size_t>(kRows) * 2 + kStages * gproj_keys::kRowArrays * kKvRows * 4;
   static constexpr int kBarrierCount = 2 * kStages + 1;
@@ -224,7 +216,8 @@ inline bool encode_maps(const Args& a, Maps* maps) {
   for (const tma::EncodeStatus s : st) {
     if (s != tma::EncodeStatus::kOk) return false;
   }
-  return true;
+  return !kUWriter<D> || tma::encode_f32_reduce_map(&maps->dq_accum, keyouter_ws::dq_accum_tensor<D>(a), kKvRows) ==
+                             tma::EncodeStatus::kOk;
 }
 
 template <int D>
@@ -257,8 +250,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     if constexpr (kUWriter<D>) {
       if (warp == keyouter::DqHandoff::kWriterWarp) {
         keyouter::DqHandoff::writer_loop(iters, [&](int it) {
-          keyouter::DqHandoff::add_rows<D, kUStride<D>, 32>(
-              a.dq_accum, query_head(a, b, head_of(it)).row_base, tile_row0(it), a.n, staging, lane);
+          keyouter::DqHandoff::add_tile<D>(&maps.dq_accum, b * a.hq + head_of(it), tile_row0(it), staging, lane);
         });
         return;
       }
@@ -344,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
     if constexpr (kUWriter<D>) {
       keyouter::DqHandoff::acquire(it, wg);
-      gproj_keys::stage_u(u, tr, staging, kUStride<D>, row0, g, c, wg);
+      gproj_keys::stage_u(u, tr, staging, row0, g, c, wg);
       keyouter::DqHandoff::release();
     } else {
       if constexpr (kUSplitsKeys<D>) {

@@ -103,6 +103,7 @@
 
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bulk_reduce.cuh"
+#include "kernels/cuda/tma.cuh"
 
 namespace gaugewatch::gpu::bf16::keyouter {
 
@@ -177,32 +178,23 @@ struct DqHandoff {
     wgmma::fence_proxy_async();  // the tile is read by the bulk copies
     wgmma::named_barrier_arrive<kFullCount>(kFull);
   }
-  // Rows i0.. of one head of an FP32 accumulator (rows of D floats; its
-  // first row at index row_base, N rows) += the staging tile's rows (row
-  // stride kStride floats) that lie below N: one bulk reduction per row,
-  // rows t, t + kAdders, .. of the tile by this thread; or with a dense tile
-  // (kStride == D: the rows lie in shared memory as in the accumulator) one
-  // reduction of all of them by thread 0.
-  template <int D, int kStride, int kAdders>
-  __device__ __forceinline__ static void add_rows(float* accum, int64_t row_base, int i0, int n,
-                                                  const float* staging, int t) {
-    if constexpr (kStride == D) {
-      if (t == 0 && i0 < n) {
-        const int rows = n - i0 < kKvRows ? n - i0 : kKvRows;
-        bulk::reduce_add_f32(accum + (row_base + i0) * D, staging, static_cast<uint32_t>(rows) * D * 4);
-        bulk::commit();
-      }
-    } else {
-#pragma unroll
-      for (int r = t; r < kKvRows; r += kAdders) {
-        if (i0 + r >= n) return;
-        bulk::reduce_add_f32(accum + (row_base + i0 + r) * D, staging + r * kStride, D * 4);
-        bulk::commit();
-      }
+  // The writer's tile (the staging tile in tma::f32_tile_offset's swizzled
+  // layout, [64 rows][D]) added to rows i0.. of plane `plane` of the FP32
+  // accumulator (B Hq, N, D) that `map` describes: D / 32 tensor reductions
+  // by lane 0, which skip the rows past N. On the H200 at D = 128 (bench/
+  // results/bench_bf16_backward-tensor-reduce-h200-2026-12-04.md) against
+  // one bulk reduction per row from a padded tile (keyouter_kernel's,
+  // add_dq_tile): ... 
+  template <int D>
+  __device__ __forceinline__ static void add_tile(const tma::TensorMap* map, int plane, int i0, const float* staging,
+                                                  int lane) {
+    if (lane == 0) {
+      tma::reduce_rows_tile<kKvRows, D>(map, staging, i0, plane);
+      bulk::commit();
     }
   }
   // The writer warp: per iteration wait for the tile (kFull), add it
-  // (add_tile(it): add_rows), and once the reductions have read it hand it
+  // (add_tile(it)), and once the reductions have read it hand it
   // back to both warpgroups (kEmpty + wg) when a later iteration will store
   // it again; then wait for the last reductions (before the block's shared
   // memory goes).
@@ -379,18 +371,16 @@ struct KeyTile {
   }
 
   // dQacc += the dQ tile of iteration `it`, once a barrier has published
-  // it, by kAdders threads (t: this thread's index among them; the 256
-  // compute threads, or the 32 lanes of the writer warp). D = 64: the two
-  // warpgroups' partials (set it % 2) summed, by float4 atomics; D = 128:
-  // the staging tile, one bulk reduction per row (threads 0..63 of 256, two
-  // rows per lane of the writer).
-  template <int kAdders = kThreads>
+  // it, by the 256 compute threads (t: this thread's index among them; not
+  // kWriter). D = 64: the two warpgroups' partials (set it % 2) summed, by
+  // float4 atomics; D = 128: the staging tile, one bulk reduction per row
+  // (threads 0..63).
   __device__ __forceinline__ void add_dq_tile(int it, int t) const {
+    static_assert(!kWriter, "the writer warp adds the tile (writer_loop)");
     const int i0 = tile_row0(it);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
     float* part = partial();
     if constexpr (D == 64) {
-      static_assert(kAdders == kThreads, "the compute threads add the partials");
       constexpr unsigned kQuads = 64 / 4;
       constexpr int kPerThread = kKvRows * kQuads / kThreads;
       static_assert(kKvRows * kQuads % kThreads == 0, "every compute thread adds the same number of quads");
@@ -426,18 +416,26 @@ struct KeyTile {
                   make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
       }
     } else {
-      DqHandoff::add_rows<D, kStride, kAdders>(a.dq_accum, row_base, i0, a.n, part, t);
+#pragma unroll
+      for (int r = t; r < kKvRows; r += kThreads) {
+        if (i0 + r >= a.n) return;
+        bulk::reduce_add_f32(a.dq_accum + (row_base + i0 + r) * D, part + r * kStride, D * 4);
+        bulk::commit();
+      }
     }
   }
 
   // The writer warp's loop (kWriter; lane 0..31): per iteration, wait for the
-  // staging tile (full), add it to dQacc, and once the reductions have read
-  // it hand it back to both warpgroups (empty) when a later iteration will
-  // store it again. Then wait for the last reductions (before the block's
-  // shared memory goes).
-  __device__ __forceinline__ void writer_loop(int lane) const {
+  // staging tile (full), add it to dQacc (dq_map: the accumulator as a
+  // (B Hq, N, D) FP32 tensor, DqHandoff::add_tile), and once the reductions
+  // have read it hand it back to both warpgroups (empty) when a later
+  // iteration will store it again. Then wait for the last reductions (before
+  // the block's shared memory goes).
+  __device__ __forceinline__ void writer_loop(int lane, const tma::TensorMap* dq_map) const {
     static_assert(kWriter, "the writer warp belongs to the warp-specialized kernel");
-    DqHandoff::writer_loop(iterations(), [&](int it) { add_dq_tile<32>(it, lane); });
+    DqHandoff::writer_loop(iterations(), [&](int it) {
+      DqHandoff::add_tile<D>(dq_map, b * a.hq + head_of(it), tile_row0(it), partial(), lane);
+    });
   }
 
   // x packed to BF16 into this warpgroup's [64 rows][64 keys] tile.
@@ -610,12 +608,16 @@ struct KeyTile {
       // D = 64: this warpgroup's partial in set it % 2 (free: iteration
       // it - 2's were added before this iteration's first barrier); D = 128:
       // its column half of the staging tile (free: see the wait above).
+      // kWriter: the staging tile in the tensor reductions' swizzled layout
+      // (columns 64 wg + 8 jn + 2 c: one XOR and a constant per store).
       const int r = row0 + g + 8 * hh;
       float* mine = D == 64 ? part + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
                             : part + r * kStride + 64 * wg + 2 * c;
+      const int x = tma::f32_tile_offset<kKvRows>(r, 64 * wg + 2 * c);
 #pragma unroll
       for (int jn = 0; jn < 8; ++jn) {
-        *reinterpret_cast<float2*>(mine + 8 * jn) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
+        float* at = kWriter ? part + tma::f32_tile_step<kKvRows>(x, jn) : mine + 8 * jn;
+        *reinterpret_cast<float2*>(at) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
       }
     }
     if constexpr (kWriter) {

@@ -112,8 +112,10 @@ inline constexpr int kComputeBarrier = 4;
 static_assert(keyouter::DqHandoff::kFull > kComputeBarrier, "barrier ids");
 inline constexpr uint32_t kFullArrivals = 1 + 32;  // lane 0's expect_tx + every producer lane's rows
 
+// The operands' maps; with the writer warp (kDqWriter) also dQacc's, the
+// destination of its tensor reductions.
 struct Maps {
-  tma::TensorMap q, grad_out, k, v;
+  tma::TensorMap q, grad_out, k, v, dq_accum;
 };
 
 // The compute warpgroups' per-tile work.
@@ -150,6 +152,17 @@ inline tma::RowsTensor rows_tensor(const Args& a, const void* base, int heads, i
   return t;
 }
 
+// dQacc of `a` as the tensor reductions see it: (B Hq, N, D) FP32, dense.
+template <int D>
+inline tma::F32Tensor dq_accum_tensor(const Args& a) {
+  tma::F32Tensor t;
+  t.base = a.dq_accum;
+  t.planes = static_cast<uint64_t>(a.batch) * static_cast<uint64_t>(a.hq);
+  t.rows = static_cast<uint64_t>(a.n);
+  t.cols = D;
+  return t;
+}
+
 // The four maps for the operands of `a`, or false where one cannot be encoded
 // (the caller then runs keyouter_kernel).
 template <int D>
@@ -171,6 +184,15 @@ inline bool encode_maps(const Args& a, Maps* maps) {
     if (s != tma::EncodeStatus::kOk) return false;
   }
   return true;
+}
+
+// With the writer warp (D = 128): dQacc's map, or false where it cannot be
+// encoded (the caller then runs keyouter_kernel). The workspace's dQacc is
+// dense and aligned: only a missing driver entry point refuses it.
+template <int D>
+inline bool encode_dq_map(const Args& a, Maps* maps) {
+  return D != 128 ||
+         tma::encode_f32_reduce_map(&maps->dq_accum, dq_accum_tensor<D>(a), kKvRows) == tma::EncodeStatus::kOk;
 }
 
 // Whether the maps of `a` encode at `head_dim` (64 or 128): the condition
@@ -201,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
     if constexpr (kDqWriter<D, P>) {
       if (warp == keyouter::DqHandoff::kWriterWarp) {
-        kt.writer_loop(lane);
+        kt.writer_loop(lane, &maps.dq_accum);
         return;
       }
     }

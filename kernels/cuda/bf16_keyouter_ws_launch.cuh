@@ -19,7 +19,9 @@ namespace gaugewatch::gpu::bf16 {
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
   keyouter_ws::Maps maps{};
-  if (!keyouter_ws::encode_maps<D>(a, &maps)) return launch_keyouter<D, P>(a, stream);
+  if (!keyouter_ws::encode_maps<D>(a, &maps) || !keyouter_ws::encode_dq_map<D>(a, &maps)) {
+    return launch_keyouter<D, P>(a, stream);
+  }
   constexpr int kSmem = static_cast<int>(keyouter_ws::Layout<D, P>::kBytes);
   static_assert(kSmem + 1024 <= 228 * 1024, "warp-specialized key-outer kernel: a block does not fit one SM");
   cudaError_t err = cudaFuncSetAttribute(keyouter_ws::keyouter_ws_kernel<D, P>,

@@ -1,6 +1,7 @@
 #pragma once
 // Tensor Memory Accelerator loads (sm_90): a 2D tile of a BF16 tensor copied
-// from global to shared memory by the copy engine, in the 128-byte swizzle
+// from global to shared memory by the copy engine (and, further down, FP32
+// reductions from shared to global memory), in the 128-byte swizzle
 // that wgmma.cuh's descriptors read, completing on an mbarrier
 // (mbarrier.cuh). Issue 13's producer warp issues these; consumers wait on
 // the barrier.
@@ -53,8 +54,9 @@ inline const char* describe(EncodeStatus status) {
     case EncodeStatus::kOk:
       return "ok";
     case EncodeStatus::kInvalidArgument:
-      return "invalid tensor or box (base 16-byte aligned, stride a multiple of 8 elements >= cols, "
-             "extents 1 .. 2^32, box 1 .. 256 rows x 64 columns)";
+      return "invalid tensor or box (base 16-byte aligned, extents 1 .. 2^32, box 1 .. 256 rows; BF16 loads: "
+             "stride a multiple of 8 elements >= cols, box 64 columns; FP32 reductions: dense, cols a multiple "
+             "of 4)";
     case EncodeStatus::kDriverUnavailable:
       return "cuTensorMapEncodeTiled unavailable (no CUDA driver, or older than CUDA 12.0)";
     case EncodeStatus::kEncodeFailed:
@@ -104,6 +106,73 @@ inline void dense_unit_strides(uint64_t (&strides)[3], const RowsTensor& t) {
   strides[2] = t.batch == 1 ? t.heads * strides[1] : t.batch_stride;
 }
 
+// FP32 reductions by the copy engine (the other direction): a box of an
+// FP32 tile in shared memory added element by element to a dense (planes,
+// rows, cols) FP32 tensor in global memory, e.g. the backward's dQ
+// accumulator (B Hq, N, d). The box is box_rows x 32 floats (128 bytes, the
+// widest inner box of the 128-byte swizzle) of one plane; in shared memory box
+// element (r, c) lies at byte r * 128 + 4 c with address bits 4-6 XORed with
+// bits 7-9, as the loads' boxes (f32_tile_offset below). Elements outside the
+// tensor (rows past its extent: a tile's rows past N) are not written (PTX
+// ISA: "cp.reduce.async.bulk.tensor"; section "Tensors": out-of-bound
+// access). The adds land in L2 like atomics, in an order the copy engine
+// chooses. Completion is the issuing thread's bulk group (bulk_reduce.cuh:
+// commit, wait_read before the tile is rewritten, wait_all before the block
+// exits); writers of the tile fence it for the async proxy first.
+inline constexpr uint32_t kF32BoxCols = 32;  // 128 bytes of FP32: one swizzled row
+inline constexpr uint32_t kF32Bytes = 4;
+
+// A dense row-major (planes, rows, cols) FP32 tensor.
+struct F32Tensor {
+  float* base = nullptr;
+  uint64_t planes = 0, rows = 0, cols = 0;
+};
+
+// Base 16-byte aligned, rows of a multiple of 4 floats (16 bytes), extents
+// 1 .. 2^32, the plane stride below 2^40 bytes, box 1 .. 256 rows.
+inline bool valid_f32_reduce_map(const F32Tensor& t, uint32_t box_rows) {
+  constexpr uint64_t kMaxExtent = uint64_t{1} << 32;
+  return t.base != nullptr && reinterpret_cast<uintptr_t>(t.base) % 16 == 0 && t.cols >= 1 && t.cols <= kMaxExtent &&
+         (t.cols * kF32Bytes) % 16 == 0 && t.rows >= 1 && t.rows <= kMaxExtent && t.planes >= 1 &&
+         t.planes <= kMaxExtent && t.rows * t.cols * kF32Bytes < (uint64_t{1} << 40) && box_rows >= 1 &&
+         box_rows <= kMaxBoxRows;
+}
+
+// The float offset of element (r, col) of an [R][W] FP32 tile stored as W / 32
+// boxes of [R][32] one after the other in the 128-byte swizzle (the boxes a
+// reduce_rows_tile call adds): box col / 32, its 16-byte chunk (col / 4) % 8
+// of row r at chunk ((col / 4) % 8) ^ (r % 8). A warp's float2 stores of an
+// accumulator fragment (rows g, g of 8 consecutive rows; columns 8 j + 2 c)
+// meet no bank conflict: the 8 rows' chunks are spread over all 8 chunk
+// positions of the 128-byte row.
+template <int R>
+__host__ __device__ constexpr int f32_tile_offset(int r, int col) {
+  return (col >> 5) * R * static_cast<int>(kF32BoxCols) + r * static_cast<int>(kF32BoxCols) +
+         ((((col >> 2) & 7) ^ (r & 7)) << 2) + (col & 3);
+}
+
+// f32_tile_offset<R>(r, col + 8 j) from x = f32_tile_offset<R>(r, col) where
+// col % 32 < 8 (col's chunk is 0 or 1) and j = 0..7: one XOR of the chunk's
+// bits 1-2 (the 8-column steps within a box) and a constant per box, so an
+// accumulator fragment's 8 stores per row need one address, not 8.
+template <int R>
+__host__ __device__ constexpr int f32_tile_step(int x, int j) {
+  return (x ^ (8 * (j & 3))) + (j >> 2) * R * static_cast<int>(kF32BoxCols);
+}
+
+template <int R>
+constexpr bool f32_tile_steps_agree() {
+  for (int r = 0; r < R; ++r) {
+    for (int col : {0, 2, 4, 6, 32, 38, 64, 70, 96, 102}) {
+      for (int j = 0; j < 8 && col + 8 * j < 4 * static_cast<int>(kF32BoxCols); ++j) {
+        if (f32_tile_step<R>(f32_tile_offset<R>(r, col), j) != f32_tile_offset<R>(r, col + 8 * j)) return false;
+      }
+    }
+  }
+  return true;
+}
+static_assert(f32_tile_steps_agree<64>(), "f32_tile_step is f32_tile_offset 8 j columns on");
+
 // Bytes one load_2d completes on its barrier (out-of-bounds zeros included).
 __host__ __device__ constexpr uint32_t box_bytes(uint32_t box_rows) { return box_rows * kBoxCols * kElementBytes; }
 
@@ -121,6 +190,19 @@ namespace gaugewatch::gpu::tma {
 
 using TensorMap = CUtensorMap;
 
+// The driver's cuTensorMapEncodeTiled, or nullptr where there is none.
+inline PFN_cuTensorMapEncodeTiled_v12000 tiled_encoder() {
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
+  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr) {
+    (void)cudaGetLastError();  // not sticky, but leave no error for the caller's next check
+    return nullptr;
+  }
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+}
+
 // Fills *map for the (rows, cols) BF16 tensor at `base` (device memory, row
 // stride `row_stride` elements) and a box_rows x box_cols box, 128-byte
 // swizzle, out-of-bounds elements zero.
@@ -129,15 +211,8 @@ inline EncodeStatus encode_bf16_tile_map(TensorMap* map, const void* base, uint6
   if (map == nullptr || !valid_bf16_tile_map(base, rows, cols, row_stride, box_rows, box_cols)) {
     return EncodeStatus::kInvalidArgument;
   }
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err =
-      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
-  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr) {
-    (void)cudaGetLastError();  // not sticky, but leave no error for the caller's next check
-    return EncodeStatus::kDriverUnavailable;
-  }
-  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+  const auto encode = tiled_encoder();
+  if (encode == nullptr) return EncodeStatus::kDriverUnavailable;
   const cuuint64_t extents[2] = {cols, rows};                  // innermost first
   const cuuint64_t strides[1] = {row_stride * kElementBytes};  // bytes, dimensions 1.. only
   const cuuint32_t box[2] = {box_cols, box_rows};
@@ -153,15 +228,8 @@ inline EncodeStatus encode_bf16_tile_map(TensorMap* map, const void* base, uint6
 // box of one (batch, head), 128-byte swizzle, out-of-bounds elements zero.
 inline EncodeStatus encode_bf16_rows_map(TensorMap* map, const RowsTensor& t, uint32_t box_rows) {
   if (map == nullptr || !valid_bf16_rows_map(t, box_rows)) return EncodeStatus::kInvalidArgument;
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err =
-      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
-  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr) {
-    (void)cudaGetLastError();
-    return EncodeStatus::kDriverUnavailable;
-  }
-  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+  const auto encode = tiled_encoder();
+  if (encode == nullptr) return EncodeStatus::kDriverUnavailable;
   uint64_t s[3];
   dense_unit_strides(s, t);
   const cuuint64_t extents[4] = {t.cols, t.rows, t.heads, t.batch};  // innermost first
@@ -172,6 +240,23 @@ inline EncodeStatus encode_bf16_rows_map(TensorMap* map, const RowsTensor& t, ui
       encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(t.base), extents, strides, box,
              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS ? EncodeStatus::kOk : EncodeStatus::kEncodeFailed;
+}
+
+// Fills *map for the dense FP32 tensor t (device memory) and a box_rows x 32
+// box of one plane, 128-byte swizzle: the destination of reduce_add_3d.
+inline EncodeStatus encode_f32_reduce_map(TensorMap* map, const F32Tensor& t, uint32_t box_rows) {
+  if (map == nullptr || !valid_f32_reduce_map(t, box_rows)) return EncodeStatus::kInvalidArgument;
+  const auto encode = tiled_encoder();
+  if (encode == nullptr) return EncodeStatus::kDriverUnavailable;
+  const cuuint64_t extents[3] = {t.cols, t.rows, t.planes};  // innermost first
+  const cuuint64_t strides[2] = {t.cols * kF32Bytes, t.rows * t.cols * kF32Bytes};
+  const cuuint32_t box[3] = {kF32BoxCols, box_rows, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult result =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, t.base, extents, strides, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return result == CUDA_SUCCESS ? EncodeStatus::kOk : EncodeStatus::kEncodeFailed;
 }
 
@@ -204,6 +289,18 @@ __device__ __forceinline__ void load_4d(void* dst, const TensorMap* map, int32_t
       : "memory");
 }
 
+// tensor[plane][row + r][col + c] += box (r, c) for the box at src (shared,
+// 1024-byte aligned, f32_tile_offset's layout), rows past the tensor's
+// skipped; into this thread's bulk group (bulk::commit). Issued by one thread.
+__device__ __forceinline__ void reduce_add_3d(const TensorMap* map, const float* src, int32_t col, int32_t row,
+                                              int32_t plane) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(static_cast<uint32_t>(__cvta_generic_to_shared(src))), "r"(col), "r"(row), "r"(plane)
+      : "memory");
+}
+
 }  // namespace gaugewatch::gpu::tma
 #endif  // GAUGEWATCH_CUDA_EMULATION
 
@@ -231,6 +328,17 @@ __device__ __forceinline__ void load_rows_tile(uint16_t* dst, const TensorMap* m
 #pragma unroll
   for (int j = 0; j < W / static_cast<int>(kBoxCols); ++j) {
     load_4d(dst + j * R * static_cast<int>(kBoxCols), map, j * static_cast<int>(kBoxCols), row, head, batch, bar);
+  }
+}
+
+// tensor[plane][row .. row + R - 1][0 .. W - 1] += the [R][W] FP32 tile at src
+// (f32_tile_offset<R>'s layout): W / 32 reductions, one thread's.
+template <int R, int W>
+__device__ __forceinline__ void reduce_rows_tile(const TensorMap* map, const float* src, int32_t row, int32_t plane) {
+  static_assert(W % kF32BoxCols == 0 && R >= 1 && R <= static_cast<int>(kMaxBoxRows), "box R x 32, W / 32 of them");
+#pragma unroll
+  for (int j = 0; j < W / static_cast<int>(kF32BoxCols); ++j) {
+    reduce_add_3d(map, src + j * R * static_cast<int>(kF32BoxCols), j * static_cast<int>(kF32BoxCols), row, plane);
   }
 }
 

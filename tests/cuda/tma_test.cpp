@@ -10,6 +10,9 @@
 //              wgmma.cuh's tile_offset and writing it out: bit for bit the
 //              tensor's box, zeros outside the tensor (ragged edges, negative
 //              coordinates, the row stride's padding);
+//   TmaReduce  an FP32 tile stored swizzled in shared memory and added to a
+//              (planes, rows, cols) tensor by tensor reductions: its own rows
+//              of its own plane, rows past the tensor dropped;
 //   TmaWgmma   tiles loaded by TMA and by cp.async (the backward's path) give
 //              the same wgmma ss products, K-major across two sub-tiles and
 //              MN-major, exactly the CPU's: the two layouts agree.
@@ -94,6 +97,30 @@ TEST(TmaEncode, RefusesInvalidTensorsAndBoxes) {
   for (const Bad& bad : cases) {
     SCOPED_TRACE(bad.why);
     const std::string error = tt::encode_check(bad.t, bad.box_rows, bad.box_cols);
+    EXPECT_NE(error.find("invalid tensor or box"), std::string::npos) << error;
+  }
+}
+
+TEST(TmaEncode, RefusesInvalidF32ReductionTensors) {
+  auto* aligned = reinterpret_cast<float*>(uintptr_t{0x10000});
+  auto* misaligned = reinterpret_cast<float*>(uintptr_t{0x10008});
+  struct Bad {
+    const char* why;
+    tt::F32Tensor t;
+    int box_rows;
+  };
+  const Bad cases[] = {
+      {"null base", {nullptr, 1, 64, 64}, 64},
+      {"base not 16-byte aligned", {misaligned, 1, 64, 64}, 64},
+      {"rows not a multiple of 16 bytes", {aligned, 1, 64, 30}, 64},
+      {"no planes", {aligned, 0, 64, 64}, 64},
+      {"no rows", {aligned, 1, 0, 64}, 64},
+      {"box of 0 rows", {aligned, 1, 64, 64}, 0},
+      {"box of 257 rows", {aligned, 1, 512, 64}, 257},
+  };
+  for (const Bad& bad : cases) {
+    SCOPED_TRACE(bad.why);
+    const std::string error = tt::encode_f32_check(bad.t, bad.box_rows);
     EXPECT_NE(error.find("invalid tensor or box"), std::string::npos) << error;
   }
 }
@@ -218,6 +245,66 @@ TEST(TmaWgmma, TmaTilesGiveTheCpAsyncProductsExactly) {
         << (m == 0 ? "S" : "C") << ": TMA and cp.async tiles differ";
   }
 }
+
+// The FP32 tensor reduction of a swizzled shared tile (the dQ writer's): every
+// element of the tile lands on its own element of the destination plane,
+// rows past the tensor are dropped (nothing beyond them changes), other
+// planes are untouched, and repeated reductions accumulate. Values are
+// multiples of 1/8 of modest size, so every sum is exact in FP32 whatever the
+// order of the adds.
+struct ReduceCase {
+  const char* name;
+  int planes, rows, row, plane, times;
+};
+
+void PrintTo(const ReduceCase& k, std::ostream* os) { *os << k.name; }
+
+class TmaReduce : public ::testing::TestWithParam<ReduceCase> {};
+
+TEST_P(TmaReduce, AddsTheTileToItsRowsOfItsPlane) {
+  SKIP_WITHOUT_GPU();
+  const ReduceCase& k = GetParam();
+  constexpr int kCols = 64;
+  std::mt19937_64 rng(41 + static_cast<uint64_t>(k.rows));
+  std::uniform_int_distribution<int> eighth(-64, 64);
+  std::vector<float> tile(kBox * kCols), init(static_cast<size_t>(k.planes) * k.rows * kCols);
+  for (float& x : tile) x = static_cast<float>(eighth(rng)) / 8.0f;
+  for (float& x : init) x = static_cast<float>(eighth(rng)) / 8.0f;
+  DeviceBuffer<float> dtile(tile), dst(init);
+  ASSERT_EQ(tt::run_reduce(dtile.get(), tt::F32Tensor{dst.get(), k.planes, k.rows, kCols}, k.row, k.plane, k.times),
+            "");
+  const std::vector<float> got = dst.download();
+  size_t mismatches = 0, added = 0;
+  std::string first;
+  for (int p = 0; p < k.planes; ++p) {
+    for (int r = 0; r < k.rows; ++r) {
+      for (int c = 0; c < kCols; ++c) {
+        const size_t at = (static_cast<size_t>(p) * k.rows + r) * kCols + c;
+        const int tr = r - k.row;
+        const bool hit = p == k.plane && tr >= 0 && tr < kBox;
+        const float want = hit ? init[at] + static_cast<float>(k.times) * tile[static_cast<size_t>(tr) * kCols + c]
+                               : init[at];
+        added += hit ? 1 : 0;
+        if (got[at] == want) continue;
+        if (mismatches++ == 0) {
+          first = "(" + std::to_string(p) + ", " + std::to_string(r) + ", " + std::to_string(c) +
+                  "): " + std::to_string(got[at]) + ", expected " + std::to_string(want);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << "first: " << first;
+  EXPECT_GT(added, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, TmaReduce,
+                         ::testing::Values(ReduceCase{"whole_tile_plane_1_of_3", 3, 128, 64, 1, 1},
+                                           ReduceCase{"rows_past_the_end_dropped", 2, 100, 64, 1, 1},
+                                           ReduceCase{"three_times_first_plane", 2, 64, 0, 0, 3},
+                                           ReduceCase{"fewer_rows_than_a_box", 1, 40, 0, 0, 2}),
+                         [](const ::testing::TestParamInfo<ReduceCase>& case_info) {
+                           return std::string(case_info.param.name);
+                         });
 
 }  // namespace
 }  // namespace gaugewatch

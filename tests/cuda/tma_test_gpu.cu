@@ -43,4 +43,10 @@ std::string run_wgmma(Load load, const Tensor& a, const Tensor& b, const Tensor&
   return gpu::tma_test::run_wgmma<DeviceLauncher>(load, a, b, v, s, c);
 }
 
+std::string encode_f32_check(const F32Tensor& t, int box_rows) { return gpu::tma_test::encode_f32_check(t, box_rows); }
+
+std::string run_reduce(const float* tile, const F32Tensor& dst, int row, int plane, int times) {
+  return gpu::tma_test::run_reduce<DeviceLauncher>(tile, dst, row, plane, times);
+}
+
 }  // namespace gaugewatch::testing_cuda::tma_test

@@ -1,5 +1,6 @@
 #pragma once
-// Test kernels of kernels/cuda/mbarrier.cuh, tma.cuh and setmaxnreg.cuh (what
+// Test kernels of kernels/cuda/mbarrier.cuh, tma.cuh (loads and FP32
+// reductions) and setmaxnreg.cuh (what
 // each computes: tma_test_launch.h). The same source runs on the GPU
 // (tma_test_gpu.cu) and on the CPU emulation (emulation/tma_test_launcher.cpp);
 // run_* below encode the tensor maps and launch through a Launcher:
@@ -16,6 +17,7 @@
 #include <string>
 
 #include "kernels/cuda/bf16_mma.cuh"
+#include "kernels/cuda/bulk_reduce.cuh"
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/setmaxnreg.cuh"
 #include "kernels/cuda/tma.cuh"
@@ -29,6 +31,7 @@
 namespace gaugewatch::gpu::tma_test {
 
 using testing_cuda::tma_test::kPhaseSteps;
+using testing_cuda::tma_test::F32Tensor;
 using testing_cuda::tma_test::Load;
 using testing_cuda::tma_test::Tensor;
 namespace wg = gaugewatch::gpu::wgmma;
@@ -220,6 +223,30 @@ __global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
   store_accumulator(args.c, c);
 }
 
+// The reduction test (tma_test_launch.h, run_reduce): one warpgroup.
+struct ReduceArgs {
+  const float* tile;  // dense [64][64]
+  int row, plane, times;
+};
+
+__global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
+    reduce_kernel(const __grid_constant__ tma::TensorMap map, ReduceArgs args) {
+  GAUGEWATCH_WGMMA_TEST_SMEM(raw);
+  float* staging = reinterpret_cast<float*>(wg::align_1024(raw));  // [64][64] FP32, two boxes
+  for (int i = static_cast<int>(threadIdx.x); i < kBox * kBox; i += wg::kWarpgroupThreads) {
+    staging[tma::f32_tile_offset<kBox>(i / kBox, i % kBox)] = args.tile[i];
+  }
+  wg::fence_proxy_async();  // the copy engine reads what these stores wrote
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < args.times; ++k) {
+      tma::reduce_rows_tile<kBox, kBox>(&map, staging, args.row, args.plane);
+      bulk::commit();
+    }
+    bulk::wait_all();
+  }
+}
+
 inline std::string encode(tma::TensorMap* map, const Tensor& t, uint32_t box_rows, const char* name,
                           uint32_t box_cols = tma::kBoxCols) {
   // Negative extents become huge and are refused.
@@ -232,6 +259,30 @@ inline std::string encode(tma::TensorMap* map, const Tensor& t, uint32_t box_row
 inline std::string encode_check(const Tensor& t, int box_rows, int box_cols) {
   tma::TensorMap map{};
   return encode(&map, t, static_cast<uint32_t>(box_rows), "t", static_cast<uint32_t>(box_cols));
+}
+
+inline std::string encode_f32(tma::TensorMap* map, const F32Tensor& t, uint32_t box_rows) {
+  tma::F32Tensor f;
+  f.base = t.data;
+  f.planes = static_cast<uint64_t>(t.planes);  // negative extents become huge and are refused
+  f.rows = static_cast<uint64_t>(t.rows);
+  f.cols = static_cast<uint64_t>(t.cols);
+  const tma::EncodeStatus status = tma::encode_f32_reduce_map(map, f, box_rows);
+  return status == tma::EncodeStatus::kOk ? "" : std::string("FP32 tensor map: ") + tma::describe(status);
+}
+
+inline std::string encode_f32_check(const F32Tensor& t, int box_rows) {
+  tma::TensorMap map{};
+  return encode_f32(&map, t, static_cast<uint32_t>(box_rows));
+}
+
+template <class Launcher>
+std::string run_reduce(const float* tile, const F32Tensor& dst, int row, int plane, int times) {
+  tma::TensorMap map{};
+  std::string error = encode_f32(&map, dst, kBox);
+  if (!error.empty()) return error;
+  return Launcher::run(reduce_kernel, wg::kWarpgroupThreads, kAlignSlack + kBox * kBox * sizeof(float), map,
+                       ReduceArgs{tile, row, plane, times});
 }
 
 template <class Launcher>

@@ -40,4 +40,20 @@ std::string run_ring(const Tensor& in, int origin_row, int origin_col, int tiles
 enum class Load { kTma, kCpAsync };
 std::string run_wgmma(Load load, const Tensor& a, const Tensor& b, const Tensor& v, float* s, float* c);
 
+// A dense row-major (planes, rows, cols) FP32 tensor.
+struct F32Tensor {
+  float* data = nullptr;
+  int planes = 0, rows = 0, cols = 0;
+};
+
+// encode_f32_reduce_map's verdict on a tensor and a box of box_rows x 32
+// floats ("" = encoded), before any driver call.
+std::string encode_f32_check(const F32Tensor& t, int box_rows);
+
+// dst[plane][row + r][c] += tile[r][c] for the rows inside dst, c < 64: a
+// warpgroup stores the dense [64][64] FP32 `tile` into shared memory in
+// tma::f32_tile_offset's swizzled layout, then one thread adds it by
+// tma::reduce_rows_tile (two 64 x 32 tensor reductions), `times` times.
+std::string run_reduce(const float* tile, const F32Tensor& dst, int row, int plane, int times);
+
 }  // namespace gaugewatch::testing_cuda::tma_test
