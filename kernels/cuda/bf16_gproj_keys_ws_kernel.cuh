@@ -160,7 +160,7 @@ __device__ __forceinline__ void add_u_partial(float (&u)[32], const float* their
 // more and setmaxnreg.inc waits forever).
 template <int D>
 inline constexpr int kLaunchRegs = (65536 / (kThreads * kBlocksPerSm<D>)) / 8 * 8;
-// The writer warp's loop and bulk reductions spill at 40 here (ptxas -v).
+// The writer warp's loop and reductions spill at 40 here (ptxas -v).
 template <int D>
 inline constexpr int kProducerRegs = kUWriter<D> ? 48 : 24;
 template <int D>

@@ -181,10 +181,13 @@ struct DqHandoff {
   // The writer's tile (the staging tile in tma::f32_tile_offset's swizzled
   // layout, [64 rows][D]) added to rows i0.. of plane `plane` of the FP32
   // accumulator (B Hq, N, D) that `map` describes: D / 32 tensor reductions
-  // by lane 0, which skip the rows past N. On the H200 at D = 128 (bench/
-  // results/bench_bf16_backward-tensor-reduce-h200-2026-12-04.md) against
-  // one bulk reduction per row from a padded tile (keyouter_kernel's,
-  // add_dq_tile): ... 
+  // by lane 0, which skip the rows past N. On the H200 (five D = 128 shapes,
+  // bench/results/bench_bf16_backward-tensor-reduce-h200-2026-12-04.md),
+  // against 64 bulk reductions of one row each from a padded tile (what
+  // keyouter_kernel's add_dq_tile still does): bf16's kernel 0.89-0.93x its
+  // time, pivot's 0.94-0.97x, gproj's first pass 0.98-1.03x; gproj's second
+  // pass 0.84-0.86x against one bulk reduction of a dense, bank-conflicted
+  // tile.
   template <int D>
   __device__ __forceinline__ static void add_tile(const tma::TensorMap* map, int plane, int i0, const float* staging,
                                                   int lane) {

@@ -190,17 +190,21 @@ namespace gaugewatch::gpu::tma {
 
 using TensorMap = CUtensorMap;
 
-// The driver's cuTensorMapEncodeTiled, or nullptr where there is none.
+// The driver's cuTensorMapEncodeTiled, or nullptr where there is none; looked
+// up once per process (a backward encodes up to nine maps per call).
 inline PFN_cuTensorMapEncodeTiled_v12000 tiled_encoder() {
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err =
-      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
-  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr) {
-    (void)cudaGetLastError();  // not sticky, but leave no error for the caller's next check
-    return nullptr;
-  }
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr) {
+      (void)cudaGetLastError();  // not sticky, but leave no error for the caller's next check
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+  }();
+  return encoder;
 }
 
 // Fills *map for the (rows, cols) BF16 tensor at `base` (device memory, row
