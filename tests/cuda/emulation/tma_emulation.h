@@ -76,6 +76,34 @@ namespace emulated {
   std::abort();
 }
 
+// The block's dynamic shared memory from its 1024-byte aligned start
+// (wgmma::align_1024), where the swizzle's address bits are counted from.
+inline unsigned char* aligned_smem() {
+  auto* smem = reinterpret_cast<unsigned char*>(gaugewatch_emulation::dynamic_smem());
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t{1023});
+}
+
+// The offset from aligned_smem() of a box of `bytes` at `p` (the copy's
+// destination or the reduction's source), which must lie inside the block's
+// aligned dynamic shared memory and start 128-byte aligned.
+inline uint64_t box_offset(const void* p, size_t bytes, const char* role) {
+  const auto* at = static_cast<const unsigned char*>(p);
+  const unsigned char* origin = aligned_smem();
+  const auto* end = reinterpret_cast<const unsigned char*>(gaugewatch_emulation::dynamic_smem()) +
+                    gaugewatch_emulation::dynamic_smem_bytes();
+  if (at < origin || at + bytes > end) {
+    std::fprintf(stderr, "tma emulation: %s outside the block's aligned dynamic shared memory\n", role);
+    std::abort();
+  }
+  const auto start = static_cast<uint64_t>(at - origin);
+  if (start % 128 != 0) {
+    std::fprintf(stderr, "tma emulation: %s not 128-byte aligned (0x%llx)\n", role,
+                 static_cast<unsigned long long>(start));
+    std::abort();
+  }
+  return start;
+}
+
 }  // namespace emulated
 
 inline void prefetch(const TensorMap* /*map*/) {}
@@ -84,17 +112,9 @@ inline void load_4d(void* dst, const TensorMap* map, int32_t col, int32_t row, i
                     uint64_t* bar) {
   if (map->filled != TensorMap::kFilled) emulated::fail("tensor map not filled by encode_bf16_tile_map", 0);
   if (map->element_bytes != kElementBytes) emulated::fail("a BF16 load through an FP32 map", map->element_bytes);
-  auto* smem = reinterpret_cast<unsigned char*>(gaugewatch_emulation::dynamic_smem());
-  auto* origin = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t{1023});  // wgmma::align_1024
-  auto* out = static_cast<unsigned char*>(dst);
+  unsigned char* origin = emulated::aligned_smem();
   const size_t box = size_t{map->box_rows} * map->box_cols * kElementBytes;
-  if (out < origin || out + box > smem + gaugewatch_emulation::dynamic_smem_bytes()) {
-    emulated::fail("destination outside the block's aligned dynamic shared memory",
-                   static_cast<uint64_t>(reinterpret_cast<uintptr_t>(out)));
-  }
-  const auto start = static_cast<uint64_t>(out - origin);
-  if (start % 128 != 0) emulated::fail("destination not 128-byte aligned", start);
+  const uint64_t start = emulated::box_offset(dst, box, "destination");
   const bool plane = head >= 0 && static_cast<uint64_t>(head) < map->heads && batch >= 0 &&
                      static_cast<uint64_t>(batch) < map->batch;  // outside: the whole box is zeros
   const uint64_t plane_base =
@@ -129,16 +149,9 @@ inline void load_2d(void* dst, const TensorMap* map, int32_t col, int32_t row, u
 inline void reduce_add_3d(const TensorMap* map, const float* src, int32_t col, int32_t row, int32_t plane) {
   if (map->filled != TensorMap::kFilled) emulated::fail("tensor map not filled by encode_f32_reduce_map", 0);
   if (map->element_bytes != kF32Bytes) emulated::fail("an FP32 reduction through a BF16 map", map->element_bytes);
-  auto* smem = reinterpret_cast<unsigned char*>(gaugewatch_emulation::dynamic_smem());
-  auto* origin = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t{1023});
-  const auto* in = reinterpret_cast<const unsigned char*>(src);
+  unsigned char* origin = emulated::aligned_smem();
   const size_t box = size_t{map->box_rows} * map->box_cols * kF32Bytes;
-  if (in < origin || in + box > smem + gaugewatch_emulation::dynamic_smem_bytes()) {
-    emulated::fail("source outside the block's aligned dynamic shared memory",
-                   static_cast<uint64_t>(reinterpret_cast<uintptr_t>(in)));
-  }
-  const auto start = static_cast<uint64_t>(in - origin);
-  if (start % 128 != 0) emulated::fail("source not 128-byte aligned", start);
+  const uint64_t start = emulated::box_offset(src, box, "source");
   if (plane < 0 || static_cast<uint64_t>(plane) >= map->heads) return;  // the whole box is outside
   auto* base = const_cast<float*>(reinterpret_cast<const float*>(map->base)) +
                static_cast<uint64_t>(plane) * map->head_stride;
