@@ -152,7 +152,7 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
 // compute barrier), over the one staging tile:
 //   kFull       the compute threads bar.arrive once their column halves are
 //               stored, the writer bar.sync's on it;
-//   kEmpty + wg the writer bar.arrive's once the bulk reductions have read
+//   kEmpty + wg the writer bar.arrive's once its reductions have read
 //               the tile, warpgroup wg bar.sync's on it before storing the
 //               next iteration's half.
 // Neither side can arrive twice at one barrier before the other has passed
@@ -302,7 +302,8 @@ struct KeyTile {
   static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
   using L = Layout<D, P>;
   static constexpr bool kGproj = P == Projection::kGproj;
-  // Whether dQ is staged in one tile through bulk reductions.
+  // Whether dQ is staged in one tile and added by the copy engine (bulk
+  // reductions of its rows; with kWriter tensor reductions of the tile).
   static constexpr bool kStaged = D == 128;
   static_assert(!kWriter || D == 128, "the writer warp: D = 128");
   static constexpr int kTSets = kWriter ? 2 : 1;  // sets of t tiles

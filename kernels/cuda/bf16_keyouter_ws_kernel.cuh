@@ -21,8 +21,9 @@
 //     to the stage; then each lane arrives on full[s] (1 + 32 arrivals + the
 //     bytes). At D = 128 its warp 1 is the dQ writer (KeyTile::writer_loop,
 //     as FlashAttention-3's): it waits for each iteration's staging tile
-//     (keyouter::DqHandoff), adds it to dQacc by bulk reductions of its rows
-//     and hands the tile back. The other warps only give their registers
+//     (keyouter::DqHandoff), adds it to dQacc by TMA tensor reductions
+//     (lane 0: four boxes of 64 rows x 32 floats through dQacc's map) and
+//     hands the tile back. The other warps only give their registers
 //     back.
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): KeyTile
 //     with tid = threadIdx.x - 128, keys 64 (warpgroup - 1)..; per iteration

@@ -2,10 +2,12 @@
 // Bulk asynchronous reduction from shared to global memory (sm_90,
 // cp.reduce.async.bulk): dst[i] += src[i] for `bytes` / 4 FP32 values, done by
 // the copy engine in the order it chooses (the adds land in L2 like atomics).
-// Used by the key-outer kernel (bf16_keyouter_kernel.cuh) to add a staged dQ
-// tile row to the FP32 accumulator with one instruction instead of a register
-// atomic per element pair (and by gproj's second pass for its -lambda U
-// tiles), and the bulk L2 prefetch.
+// Used by the key-outer kernel without warp specialization
+// (bf16_keyouter_kernel.cuh, keyouter_kernel) to add a staged dQ tile row to
+// the FP32 accumulator with one instruction instead of a register atomic per
+// element pair, and the bulk L2 prefetch. The group operations (commit,
+// wait_read, wait_all) also complete the TMA tensor reductions of tma.cuh,
+// which are bulk-group operations too.
 //
 // Rules (PTX ISA, "cp.reduce.async.bulk"): src and dst 16-byte aligned,
 // bytes a multiple of 16; the shared source written by ordinary stores must
