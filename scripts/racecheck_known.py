@@ -48,6 +48,36 @@ def is_known(first, others):
     return all(k == "Write" and KNOWN_WRITE.search(f) for k, f, _, _ in others)
 
 
+def short(function):
+    """A reported function without its return type and argument list, the
+    first template's arguments kept and any later ones shown as <...>
+    (lambdas and callbacks spell out the whole kernel), casts dropped:
+    gaugewatch::gpu::bf16::keyouter::KeyTile<128, 2, 128, 1>::compute<...>."""
+    if function.startswith("void "):
+        function = function[len("void "):]
+    out, depth, groups = [], 0, 0
+    for ch in function:
+        if ch == "(" and depth == 0:
+            break
+        if ch == "<":
+            depth += 1
+            if depth == 1:
+                groups += 1
+                out.append("<" if groups == 1 else "<...")
+        elif ch == ">":
+            if depth == 1:
+                out.append(ch)
+            depth -= 1
+        elif depth == 0 or (depth == 1 and groups == 1):
+            out.append(ch)
+    return re.sub(r"\((?:int|bool|gaugewatch::gpu::Projection)\)", "", "".join(out))
+
+
+def describe(side):
+    kind, function, path, line = side
+    return f"{kind} at {short(function)} ({path}:{line})"
+
+
 def main():
     reports = hazards(sys.stdin.read())
     if not reports:
@@ -56,8 +86,10 @@ def main():
     unknown = [r for r in reports if not is_known(*r)]
     if unknown:
         print(f"racecheck_known: {len(unknown)} of {len(reports)} reports are not the known D = 64 dQ exchange:")
-        for (kind, function, path, line), _ in unknown:
-            print(f"  {kind} at {function} ({path}:{line})")
+        for first, others in unknown:
+            print("  " + describe(first))
+            for other in others:
+                print("    and " + describe(other))
         return 1
     print(f"racecheck_known: all {len(reports)} reports are the known D = 64 dQ exchange across the pingpong "
           "(kernels/cuda/README.md)")

@@ -46,6 +46,19 @@ def test_the_exchange_in_a_gproj_keytile_is_known():
     assert rc == 0, out
 
 
+def test_an_unknown_report_names_both_sides_briefly():
+    # One report's write side moved into another function: the summary names
+    # the read and the write with their lines, templates shortened.
+    first = RECORDED.index("and Write access at void gaugewatch::gpu::bf16::keyouter::KeyTile")
+    changed = RECORDED[:first] + RECORDED[first:].replace("::compute<", "::write_keys<", 1)
+    rc, out = classify(changed)
+    assert rc == 1, out
+    lines = [line for line in out.splitlines() if line.startswith("  ")]
+    assert lines[0].startswith("  Read at gaugewatch::gpu::bf16::keyouter::KeyTile<64, 0, 128>::add_dq_tile ("), out
+    assert lines[1].startswith("    and Write at gaugewatch::gpu::bf16::keyouter::KeyTile<64, 0, 128>::write_keys<...> ("), out
+    assert all("lambda" not in line for line in lines), out
+
+
 def test_a_hazard_in_another_function_is_not_known():
     # One report's write side moved into another function of the kernel.
     first = RECORDED.index("and Write access at void gaugewatch::gpu::bf16::keyouter::KeyTile")
