@@ -18,21 +18,106 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 void shutdown_at_interpreter_exit() { runtime().shutdown(); }
+
+// The few CPython entry points the exit registration uses, found at run time
+// (the hooks do not link libpython: the interpreter that loaded them has
+// them). PyObject* is void* here.
+template <class F>
+F python_symbol(const char* name) {
+  return reinterpret_cast<F>(::dlsym(RTLD_DEFAULT, name));
+}
+
+// CPython's PyMethodDef, for one METH_NOARGS function.
+struct PythonMethod {
+  const char* name;
+  void* (*function)(void*, void*);
+  int flags;
+  const char* doc;
+};
+constexpr int kMethNoArgs = 0x0004;
+
+// The Python atexit callback: the shutdown with the GIL released, so that
+// the process's other threads (a process group's worker finishing its last
+// work, which drops tensors that Python objects own) run while the hooks
+// stop instead of meeting a finalizing interpreter, which ends a thread that
+// asks for the GIL then (pthread_exit through C++ frames: std::terminate).
+void* shutdown_at_python_exit(void* /*self*/, void* /*unused*/) {
+  auto save = python_symbol<void* (*)()>("PyEval_SaveThread");
+  auto restore = python_symbol<void (*)(void*)>("PyEval_RestoreThread");
+  auto incref = python_symbol<void (*)(void*)>("Py_IncRef");
+  void* none = python_symbol<void*>("_Py_NoneStruct");
+  void* state = save();
+  runtime().shutdown();
+  restore(state);
+  incref(none);
+  return none;
+}
+
+PythonMethod g_exit_method{"gaugewatch_hooks_shutdown", &shutdown_at_python_exit, kMethNoArgs,
+                           "Stops the gaugewatch hooks' threads and writes their stats file."};
+
+// atexit.register(gaugewatch_hooks_shutdown), on the interpreter's main
+// thread with the GIL held (a pending call). Failures leave the Py_AtExit
+// handler to do the work. Always 0: no Python exception is left set.
+int register_python_exit(void* /*arg*/) {
+  auto import = python_symbol<void* (*)(const char*)>("PyImport_ImportModule");
+  auto get_attr = python_symbol<void* (*)(void*, const char*)>("PyObject_GetAttrString");
+  auto new_function = python_symbol<void* (*)(PythonMethod*, void*, void*)>("PyCFunction_NewEx");
+  auto call = python_symbol<void* (*)(void*, ...)>("PyObject_CallFunctionObjArgs");
+  auto decref = python_symbol<void (*)(void*)>("Py_DecRef");
+  auto clear = python_symbol<void (*)()>("PyErr_Clear");
+  void* module = import("atexit");
+  void* register_fn = module != nullptr ? get_attr(module, "register") : nullptr;
+  void* function = register_fn != nullptr ? new_function(&g_exit_method, nullptr, nullptr) : nullptr;
+  void* result = function != nullptr ? call(register_fn, function, nullptr) : nullptr;
+  if (result == nullptr) {
+    clear();
+    log_line("could not register the hooks' Python exit handler: they stop at the end of the interpreter's exit");
+  }
+  for (void* object : {result, function, register_fn, module}) {
+    if (object != nullptr) decref(object);
+  }
+  return 0;
+}
+
+bool python_exit_symbols_present() {
+  for (const char* name : {"Py_AddPendingCall", "PyEval_SaveThread", "PyEval_RestoreThread", "Py_IncRef",
+                           "_Py_NoneStruct", "PyImport_ImportModule", "PyObject_GetAttrString", "PyCFunction_NewEx",
+                           "PyObject_CallFunctionObjArgs", "Py_DecRef", "PyErr_Clear"}) {
+    if (::dlsym(RTLD_DEFAULT, name) == nullptr) return false;
+  }
+  return true;
+}
 }  // namespace
 
-// In a Python process the shutdown also runs at the end of the interpreter's
-// finalization (Py_AtExit), before exit() runs any C exit handler or C++
-// static destructor: the reporter's gRPC stream and the auditor's torch calls
-// then end while every library they use is intact, whatever the order in
-// which those libraries registered their own teardown (gRPC constructs its
-// statics lazily, after our std::atexit handler, so they are destroyed before
-// it runs). Called on the first backward, when the interpreter is running.
+// In a Python process the shutdown runs from Python's atexit module, at the
+// start of the interpreter's finalization, with the GIL released
+// (shutdown_at_python_exit), and, as a fallback, at the end of it
+// (Py_AtExit): either way before exit() runs any C exit handler or C++ static
+// destructor, so the reporter's gRPC stream and the auditor's torch calls end
+// while every library they use is intact, whatever the order in which those
+// libraries registered their own teardown (gRPC constructs its statics
+// lazily, after our std::atexit handler, so they are destroyed before it
+// runs). The shutdown is idempotent: the later handlers find it done. At the
+// end of the finalization alone, a DDP rank whose gloo worker thread released
+// its last tensors while the hooks stopped aborted there (the thread asked for
+// the GIL of a finalized interpreter; test_multi_rank, 2 of 35 runs,
+// 2026-12-04). Called on the first backward, when the interpreter is running,
+// possibly on an autograd thread: the atexit registration is a pending call
+// that the main thread runs with the GIL, so nothing here waits for the GIL.
 void Runtime::register_interpreter_exit() {
   using AtExit = int (*)(void (*)());
   using IsInitialized = int (*)();
+  using AddPendingCall = int (*)(int (*)(void*), void*);
   auto* at_exit = reinterpret_cast<AtExit>(::dlsym(RTLD_DEFAULT, "Py_AtExit"));
   auto* initialized = reinterpret_cast<IsInitialized>(::dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
   if (at_exit == nullptr || initialized == nullptr || initialized() == 0) return;  // not Python: std::atexit only
+  if (python_exit_symbols_present()) {
+    auto* add_pending = reinterpret_cast<AddPendingCall>(::dlsym(RTLD_DEFAULT, "Py_AddPendingCall"));
+    if (add_pending(&register_python_exit, nullptr) != 0) {
+      log_line("the interpreter's pending-call queue is full: the hooks stop at the end of the interpreter's exit");
+    }
+  }
   if (at_exit(&shutdown_at_interpreter_exit) != 0) {
     log_line("the interpreter's exit handler table is full: the hooks stop in the C exit handlers instead");
   }

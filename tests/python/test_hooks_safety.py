@@ -245,3 +245,43 @@ def test_backend_gradients_have_the_stock_layout_and_dtype(binaries, workdir, ba
     for name in ("fused", "transposed", "contiguous"):
         assert other["out"][name]["layouts"] == stock["out"][name]["layouts"], name
         assert relative_difference(other["out"][name]["grad"], stock["out"][name]["grad"]) < 0.05, name
+
+
+EXIT_ORDER_TRAINER = textwrap.dedent("""
+    import atexit, json, os, sys
+    import torch
+    import torch.nn.functional as F
+
+    stats = os.environ["GAUGEWATCH_STATS_FILE"]
+
+    def trainer_exit():
+        # Registered before the hooks' own handler, so it runs after it
+        # (Python's atexit runs the last registered first).
+        print(json.dumps({"stats_file_at_trainer_atexit": os.path.exists(stats)}), flush=True)
+
+    atexit.register(trainer_exit)
+    q = torch.randn(1, 2, 16, 32, dtype=torch.bfloat16, requires_grad=True)
+    F.scaled_dot_product_attention(q, q, q).float().sum().backward()
+    print(json.dumps({"backward": "done"}), flush=True)
+""")
+
+
+def test_the_hooks_stop_from_pythons_atexit_before_the_interpreter_finalizes(binaries, workdir, agent_factory):
+    """The hooks stop (threads joined, stats file written) from Python's
+    atexit module, at the start of the interpreter's exit, with the GIL
+    released, not only at its end (Py_AtExit): there a process group's worker
+    thread that asked for the GIL while the hooks stopped met a finalized
+    interpreter and the rank aborted (std::terminate; test_multi_rank,
+    2026-12-04). A trainer's atexit handler registered before the first
+    backward runs after the hooks' and finds the stats file written."""
+    lib = binaries[2]
+    agent = agent_factory()
+    run_id = "hooks-exit-order"
+    env = trainer_env(lib, workdir, run_id, agent.socket, "plain")
+    script = workdir / "exit_order.py"
+    script.write_text(EXIT_ORDER_TRAINER)
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert records(result.stdout, "backward") == ["done"], result.stdout
+    assert records(result.stdout, "stats_file_at_trainer_atexit") == [True], result.stdout + result.stderr[-3000:]
+    assert final_stats(workdir, run_id)["reporter"]["connects"] == 1
