@@ -101,7 +101,7 @@ bool python_exit_symbols_present() {
 // runs). The shutdown is idempotent: the later handlers find it done. At the
 // end of the finalization alone, a DDP rank whose gloo worker thread released
 // its last tensors while the hooks stopped aborted there (the thread asked for
-// the GIL of a finalized interpreter; test_multi_rank, 2 of 35 runs,
+// the GIL of a finalized interpreter; test_multi_rank, 3 of 17 runs,
 // 2026-12-04). Called on the first backward, when the interpreter is running,
 // possibly on an autograd thread: the atexit registration is a pending call
 // that the main thread runs with the GIL, so nothing here waits for the GIL.
