@@ -44,7 +44,9 @@
 //   pivot: per row, this block's partial sums of t (rho; per warpgroup, on
 //   the tensor cores: t against a [64 keys][8] tile of ones, m64n8k16, beside
 //   dQ's MMAs) and its max P with the key index, both by atomics (FP32 add;
-//   64-bit max of pivot_code()).
+//   64-bit max of pivot_code()); in the warp-specialized kernel at D = 128
+//   the writer warp adds both warpgroups' in one atomic of each per row
+//   (StatsHandoff).
 //   gproj: per row, this block's partial sums of the BF16-rounded t (rho)
 //   and r (m), per warpgroup on the tensor cores as pivot's rho (t and r
 //   against the tile of ones, 4 m64n8k16 steps each), by FP32 atomics; dQ
@@ -65,7 +67,8 @@
 // FP32 sum of the per-(block, warpgroup) partial row sums, in landing order
 // (pivot, and gproj for rho and m: each partial the tensor cores' FP32 sum
 // of the warpgroup's 64 rounded t_ij (r_ij), an m64n8k16 product against
-// ones);
+// ones; pivot with the writer warp, D = 128: per block the FP32 sum of its
+// two warpgroups' partials, warpgroup 0's first);
 // dKacc_j (pivot) the kernel's FP32 accumulator minus, in landing order, one
 // FP32 sum per segment of kFixupRows sorted rows of a query tile of the
 // rho_i q_i of its rows with j*(i) = j; gproj:
@@ -216,6 +219,80 @@ struct DqHandoff {
   }
 };
 
+// Pivot's per-row statistics from the compute warpgroups to the writer warp
+// of the warp-specialized kernel (KeyTile::kStatsByWriter), in kBytes of
+// shared memory (8-byte aligned) that the kernel's layout provides:
+// codes[2][64] (u64, per warpgroup and row: the quad's largest pivot_code),
+// rho[2][64] (FP32 partial row sums of t), then two mbarriers:
+//   full   64 arrivals: the lanes c = 0 of both warpgroups (two rows each),
+//          after storing iteration it's values; the writer waits parity it & 1;
+//   empty  32 arrivals: the writer's lanes, once they have read iteration
+//          it's values; the storing lanes wait parity (it & 1) ^ 1 before
+//          iteration it's stores (round 0 passes at once, mbarrier.cuh).
+//          Only they wait: a lane that neither stores nor arrives could be
+//          lapped (empty completing twice while it polls, its parity then
+//          looking incomplete again; the CPU emulation hung that way).
+// The writer's lane l adds rows l and l + 32: max of the two codes (one
+// atomicMax; 0 = no visible key adds nothing) and rho_wg0 + rho_wg1 in FP32
+// (one atomicAdd; 0 adds nothing). Separate from DqHandoff's named
+// barriers: the statistics are ready before the dQ tile is stored, and
+// mbarriers' release/acquire is what compute-sanitizer's racecheck follows.
+struct StatsHandoff {
+  static constexpr size_t kBytes = 2 * kKvRows * (8 + 4) + 2 * sizeof(uint64_t);
+  static constexpr uint32_t kFullCount = 2 * wgmma::kWarpgroupThreads / 4;
+  static constexpr uint32_t kEmptyCount = 32;
+  unsigned char* base;
+
+  __device__ __forceinline__ unsigned long long* codes() const { return reinterpret_cast<unsigned long long*>(base); }
+  __device__ __forceinline__ float* rho() const { return reinterpret_cast<float*>(base + 2 * kKvRows * 8); }
+  __device__ __forceinline__ uint64_t* full() const {
+    return reinterpret_cast<uint64_t*>(base + 2 * kKvRows * (8 + 4));
+  }
+  __device__ __forceinline__ uint64_t* empty() const { return full() + 1; }
+
+  __device__ __forceinline__ void init() const {
+    mbarrier::init(full(), kFullCount);
+    mbarrier::init(empty(), kEmptyCount);
+  }
+  // Compute side, called by every thread of warpgroup wg (rows r and r + 8
+  // of the tile; `lead`: lane c = 0, which holds the quad's values and
+  // stores them).
+  __device__ __forceinline__ void stage(int it, int wg, int r, bool lead, const unsigned long long (&code)[2],
+                                        float rho0, float rho1) const {
+    if (lead) {
+      mbarrier::wait(empty(), static_cast<uint32_t>(it & 1) ^ 1u);  // the writer read iteration it - 1's
+      codes()[wg * kKvRows + r] = code[0];
+      codes()[wg * kKvRows + r + 8] = code[1];
+      rho()[wg * kKvRows + r] = rho0;
+      rho()[wg * kKvRows + r + 8] = rho1;
+      mbarrier::arrive(full());  // release: the four stores
+    }
+  }
+  // Writer side, lane 0..31: iteration it's rows i0.. added to the row
+  // arrays (pivot_code, row_factor) of its query head, rows past n skipped.
+  __device__ __forceinline__ void add(int it, int lane, int i0, int n, unsigned long long* pivot_code,
+                                      float* row_factor) const {
+    mbarrier::wait(full(), static_cast<uint32_t>(it & 1));
+    unsigned long long code[2];
+    float sum[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = lane + 32 * h;
+      const unsigned long long x = codes()[r], y = codes()[kKvRows + r];
+      code[h] = x > y ? x : y;
+      sum[h] = rho()[r] + rho()[kKvRows + r];
+    }
+    mbarrier::arrive(empty());  // its values are in registers
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = i0 + lane + 32 * h;
+      if (row >= n) continue;
+      if (code[h] != 0) atomicMax(pivot_code + row, code[h]);
+      if (sum[h] != 0.0f) atomicAdd(row_factor + row, sum[h]);
+    }
+  }
+};
+
 // (P, j) as one 64-bit value whose unsigned order is "larger P, then lower
 // j": P >= 0, so its FP32 bits order like P. 0 means "no visible key" (a
 // visible key's low word ~j is never 0 for j < 2^32 - 1).
@@ -311,6 +388,15 @@ struct KeyTile {
   // (r) tile from the tensor cores (kRowSumsByMma).
   static constexpr bool kRhoByMma = kRowSumsByMma<D, P>;
   static constexpr bool kMassByMma = kRhoByMma && kGproj;
+  // Pivot with the writer warp: each warpgroup's per-row argmax code (reduced
+  // over the quad) and rho are staged in shared memory and the writer adds
+  // both warpgroups' with one atomicMax and one atomicAdd per row (StatsHandoff),
+  // instead of every warpgroup's c = 0 lanes adding their own: half the
+  // atomics, and none on the compute warps. On the H200 pivot's kernel took
+  // 0.90-0.95x its time on the five D = 128 shapes; at D = 64, with a warp
+  // of the producer warpgroup doing only this, 1.001x, so D = 64 keeps the
+  // atomics (bench/results/bench_bf16_backward-stats-writer-h200-2026-12-04.md).
+  static constexpr bool kStatsByWriter = kWriter && P == Projection::kPivot;
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
   static constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
@@ -320,6 +406,8 @@ struct KeyTile {
   uint16_t* smem;  // 1024-byte aligned, Layout<D, P>
   int j0, b, hk;
   int t_begin, tiles;  // the query tiles that see the block's keys (tiles_seeing_keys)
+  // kStatsByWriter: StatsHandoff::kBytes of shared memory, 8-byte aligned.
+  unsigned char* stats_base = nullptr;
   // This thread's warpgroup (0 or 1), broadcast from lane 0 once, where the
   // block constructs the tile: ptxas then knows it is warp-uniform and keeps
   // what depends on it (the operands' descriptors) in uniform registers.
@@ -340,6 +428,8 @@ struct KeyTile {
     return reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + L::kDqPartial);
   }
   __device__ __forceinline__ float* rows_base() const { return reinterpret_cast<float*>(smem + L::kRows); }
+  // kStatsByWriter: the staged statistics and their two mbarriers.
+  __device__ __forceinline__ StatsHandoff stats() const { return StatsHandoff{stats_base}; }
   // Whether this thread issues bulk reductions (and waits for their reads).
   __device__ __forceinline__ bool issues_rows() const {
     return kStaged && !kWriter && tid() < kKvRows;
@@ -444,7 +534,21 @@ struct KeyTile {
     static_assert(kWriter, "the writer warp belongs to the warp-specialized kernel");
     DqHandoff::writer_loop(iterations(), [&](int it) {
       DqHandoff::add_tile<D>(dq_map, b * a.hq + head_of(it), tile_row0(it), partial(), lane);
+      if constexpr (kStatsByWriter) add_stats(it, lane);  // while the copy engine reads the tile
     });
+  }
+
+  // The writer warp's lane `lane`: iteration it's staged statistics added to
+  // its query head's pivot_code and row_factor (StatsHandoff::add).
+  __device__ __forceinline__ void add_stats(int it, int lane) const {
+    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
+    stats().add(it, lane, tile_row0(it), a.n, a.pivot_code + row_base, a.row_factor + row_base);
+  }
+
+  // kStatsByWriter: the stats hand-over's barriers, initialized by one thread
+  // of the block before the block synchronizes (a no-op otherwise).
+  __device__ __forceinline__ void init_stats() const {
+    if constexpr (kStatsByWriter) stats().init();
   }
 
   // x packed to BF16 into this warpgroup's [64 rows][64 keys] tile.
@@ -570,6 +674,7 @@ struct KeyTile {
       if constexpr (kMassByMma) row_sums_mma(mass, r_tile, ones);
     }
     wgmma::commit();
+    [[maybe_unused]] unsigned long long code[2];
     if constexpr (P == Projection::kPivot) {
       // Pivot's argmax from P (in s) while the tile's MMAs run: integer
       // work off the path between the MMAs (formed in the element loop, it
@@ -577,9 +682,13 @@ struct KeyTile {
       PivotArgmax argmax;
 #pragma unroll
       for (int i = 0; i < 32; ++i) argmax.add((i >> 1) & 1, i, s[i]);
-      unsigned long long code[2];
       argmax_codes(argmax, code);
-      add_argmax(code, i0, row_base);
+      if constexpr (kStatsByWriter) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) code[hh] = quad_max(code[hh]);
+      } else {
+        add_argmax(code, i0, row_base);
+      }
     }
 
     wgmma::wait<0>();
@@ -599,6 +708,11 @@ struct KeyTile {
         const float x = c == 0 ? rho[2 * hh] : mass[2 * hh];
         if (c < 2 && row < a.n && x != 0.0f) atomicAdd((c == 0 ? a.row_factor : a.mass_accum) + row_base + row, x);
       }
+    } else if constexpr (kStatsByWriter) {
+      // This warpgroup's argmax codes and partial rho of rows g and g + 8,
+      // staged for the writer (lanes c = 0 hold the quad's).
+      wgmma::fence_operand(rho);
+      stats().stage(it, wg, row0 + g, c == 0, code, rho[0], rho[2]);
     } else if constexpr (kRhoByMma) {
       // This warpgroup's partial rho of rows g and g + 8 (a fully masked row
       // has t = 0 and adds nothing).

@@ -22,7 +22,9 @@
 //     bytes). At D = 128 its warp 1 is the dQ writer (KeyTile::writer_loop,
 //     as FlashAttention-3's): it waits for each iteration's staging tile
 //     (keyouter::DqHandoff), adds it to dQacc by TMA tensor reductions
-//     (lane 0: four boxes of 64 rows x 32 floats through dQacc's map) and
+//     (lane 0: four boxes of 64 rows x 32 floats through dQacc's map),
+//     for pivot adds the rows' staged argmax codes and rho
+//     (keyouter::StatsHandoff) while the copy engine reads the tile, and
 //     hands the tile back. The other warps only give their registers
 //     back.
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): KeyTile
@@ -40,8 +42,8 @@
 // full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
 // Shared memory: keyouter::Layout<D, P> (the two Q/dO buffers and staged row
-// arrays are the ring's stages), with the writer a second set of t tiles, and
-// the 5 mbarriers.
+// arrays are the ring's stages), with the writer a second set of t tiles, the
+// 5 mbarriers, and for pivot the staged statistics (keyouter::StatsHandoff).
 //
 // TMA maps (host, encode_maps): Q and dO as (B, Hq, N, d), K and V as
 // (B, Hkv, M, d), rank 4 with the operands' strides, boxes of 64 (Q, dO) or
@@ -129,11 +131,14 @@ struct Layout : keyouter::Layout<D, P> {
   static_assert(Base::kBytes == Base::kDqEnd + 1024, "the base layout ends at its dQ tiles");
   // Bytes from the aligned base: the second set of t tiles (D = 128:
   // Tile::kTSets, at Base::kDqEnd), then the mbarriers full[kStages],
-  // empty[kStages], kv_full.
+  // empty[kStages], kv_full, then (pivot with the writer,
+  // KeyTile::kStatsByWriter) the staged statistics.
   static constexpr size_t kBarriers =
       Base::kDqEnd + (Tile<D, P>::kTSets - 1) * 2 * static_cast<size_t>(Base::kScoreTile) * 2;
   static constexpr int kBarrierCount = 2 * kStages + 1;
-  static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t) + 1024;
+  static constexpr size_t kStats = kBarriers + kBarrierCount * sizeof(uint64_t);
+  static constexpr size_t kStatsBytes = Tile<D, P>::kStatsByWriter ? keyouter::StatsHandoff::kBytes : 0;
+  static constexpr size_t kBytes = kStats + kStatsBytes + 1024;
   static_assert(kBarriers % 8 == 0, "mbarriers are 8-byte aligned");
 };
 
@@ -213,10 +218,13 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   uint64_t* kv_full = empty + kStages;
   const auto [j0, b, hk] = hopper::key_block(a);
   const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
-  const Tile<D, P> kt{a, smem, j0, b, hk, seen.first, seen.count};
+  const Tile<D, P> kt{a, smem, j0, b, hk, seen.first, seen.count, reinterpret_cast<unsigned char*>(smem) + L::kStats};
   const int iters = kt.iterations();
 
-  if (threadIdx.x == 0) mbarrier::init_ring<kStages>(full, empty, kFullArrivals, kComputeThreads, kv_full);
+  if (threadIdx.x == 0) {
+    kt.init_stats();
+    mbarrier::init_ring<kStages>(full, empty, kFullArrivals, kComputeThreads, kv_full);
+  }
   __syncthreads();  // the barriers' init, before the roles part (the only block-wide barrier)
 
   if (threadIdx.x < kProducerThreads) {
