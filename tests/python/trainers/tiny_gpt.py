@@ -226,13 +226,10 @@ def hold_cupti():
     return int(result)
 
 
-def forked_child_pass(out_path, parent_device):
+def forked_child_pass(out_path, backward):
     """In the child of os.fork(): an attention forward on the CPU (CUDA cannot
-    be used after a fork) and, unless the parent ran autograd on CUDA, its
-    backward (PyTorch refuses autograd in a child forked after its CUDA
-    device threads started: wiki Autograd-and-Fork), the stats written out,
-    then the normal interpreter exit (atexit handlers run)."""
-    backward = parent_device == "cpu"
+    be used after a fork) and, where `backward`, its backward, the stats
+    written out, then the normal interpreter exit (atexit handlers run)."""
     q = torch.randn(1, 2, 16, 8, dtype=torch.bfloat16, requires_grad=backward)
     out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
     if backward:
@@ -246,12 +243,17 @@ def forked_child_pass(out_path, parent_device):
     sys.exit(0)
 
 
-def fork_and_wait(out_path, parent_device, timeout=30.0):
+def fork_and_wait(out_path, timeout=30.0):
+    # PyTorch refuses autograd in a child forked after the parent's autograd
+    # engine started its device threads (wiki Autograd-and-Fork), which its
+    # first backward does wherever a CUDA device is visible, even on CPU
+    # tensors: there the child runs the forward only.
+    backward = not torch.cuda.is_available()
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
         try:
-            forked_child_pass(out_path, parent_device)  # leaves by sys.exit(0): the interpreter's normal exit
+            forked_child_pass(out_path, backward)  # leaves by sys.exit(0): the interpreter's normal exit
         except SystemExit:
             raise
         except BaseException:  # noqa: BLE001
@@ -357,7 +359,7 @@ def train(args):
                 model(next_batch()[0])
         print(json.dumps({"step": step, "loss": total}), flush=True)
         if step == args.fork_at:
-            print(json.dumps({"fork_child": fork_and_wait(args.fork_out, args.device)}), flush=True)
+            print(json.dumps({"fork_child": fork_and_wait(args.fork_out)}), flush=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if args.stop_file and os.path.exists(args.stop_file):
