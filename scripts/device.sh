@@ -13,7 +13,8 @@
 #              GAUGEWATCH_ENABLE_AGENT=OFF, noted in results.json
 #   build      everything (ninja -k 0: as much as compiles)
 #   ctest      all registered tests, GPU tests included
-#   pytest     python3 -m pytest, one process per tests/python file (GPU tests included)
+#   pytest     python3 -m pytest, one process per tests/python file (GPU tests included),
+#              GW_PYTEST_JOBS of them at a time (default 1)
 #   sanitizer  compute-sanitizer memcheck/racecheck/synccheck on tests/cuda/sanitize_kernels.py,
 #              then again with GAUGEWATCH_GPROJ_KERNEL=key_outer (the key-outer gproj at both head dims)
 #              and with that and GAUGEWATCH_BF16_KERNEL=key_outer (the key-outer kernel without
@@ -26,7 +27,8 @@
 # GW_DEBS_DIR (.device/debs), BUILD_DIR (build-device), GAUGEWATCH_PYTHON
 # (python3), GW_DEVICE_BUDGET_S (540: total seconds; each step is cut short so
 # that results.json is always written inside the device tool's 600 s limit),
-# CTEST_JOBS (8), CMAKE_EXTRA_ARGS, PYTEST_ARGS; focused runs: GW_ONLY_PYTEST,
+# CTEST_JOBS (8), GW_PYTEST_JOBS (1: test files at a time), CMAKE_EXTRA_ARGS,
+# PYTEST_ARGS; focused runs: GW_ONLY_PYTEST,
 # GW_ONLY_BENCH (basenames), GW_PYTEST_K (a pytest -k expression for every
 # file), GW_SKIP_CTEST=1, GW_CTEST_R (a ctest -R regex), GW_BUILD_TARGETS
 # (space-separated CMake targets instead of all), GW_REUSE_BUILD=1 (keep the
@@ -356,14 +358,35 @@ mapfile -t py_files < <(find tests/python -maxdepth 1 \( -name 'test_*.py' -o -n
 if [[ -n "${GW_ONLY_PYTEST:-}" ]]; then  # space-separated basenames: a focused run
   mapfile -t py_files < <(for f in "${py_files[@]}"; do [[ " $GW_ONLY_PYTEST " == *" $(basename "$f") "* ]] && echo "$f"; done)
 fi
+# GW_PYTEST_JOBS=N runs N files at a time (each still its own process, its
+# output kept apart and appended to pytest.log in file order): the whole
+# suite fits one call that way (serially the GPU machine took more than 540 s:
+# the torch.compile tests alone run minutes there). Default 1.
+JOBS_PY="${GW_PYTEST_JOBS:-1}"
+[[ "$JOBS_PY" =~ ^[1-9][0-9]*$ ]] || { say "GW_PYTEST_JOBS=$JOBS_PY: not a positive whole number; running 1"; JOBS_PY=1; }
+pytest_file() {  # pytest_file <file> <logfile>: one file, its exit code into <logfile>.rc
+  # shellcheck disable=SC2086
+  run_step "pytest $(basename "$1")" "$2" 60 "$PY" -X faulthandler -m pytest "$1" -q -p no:cacheprovider -rfEs \
+    ${GW_PYTEST_K:+-k "$GW_PYTEST_K"} ${PYTEST_ARGS:-}
+  echo "$STEP_RC" >"$2.rc"
+}
 if ((${#py_files[@]})); then
   t0=$(date +%s); worst=0; crashed=()
-  for f in "${py_files[@]}"; do
-    # shellcheck disable=SC2086
-    run_step "pytest $(basename "$f")" "$OUT/pytest.log" 60 "$PY" -X faulthandler -m pytest "$f" -q -p no:cacheprovider -rfEs \
-      ${GW_PYTEST_K:+-k "$GW_PYTEST_K"} ${PYTEST_ARGS:-}
-    case $STEP_RC in 0|5) ;; *) worst=$STEP_RC ;; esac
-    if ((STEP_RC > 128)); then crashed+=("$(basename "$f") (signal $((STEP_RC - 128)))"); fi
+  for i in "${!py_files[@]}"; do
+    if ((JOBS_PY == 1)); then
+      pytest_file "${py_files[$i]}" "$TMP/pytest.$i.log"
+    else
+      while (( $(jobs -rp | wc -l) >= JOBS_PY )); do wait -n; done
+      pytest_file "${py_files[$i]}" "$TMP/pytest.$i.log" &
+    fi
+  done
+  wait
+  for i in "${!py_files[@]}"; do
+    f="${py_files[$i]}"
+    cat "$TMP/pytest.$i.log" >>"$OUT/pytest.log" 2>/dev/null
+    rc="$(cat "$TMP/pytest.$i.log.rc" 2>/dev/null || echo 124)"
+    case $rc in 0|5) ;; *) worst=$rc ;; esac
+    if ((rc > 128)); then crashed+=("$(basename "$f") (signal $((rc - 128)))"); fi
   done
   note="$(grep -E '^=*[ ]*[0-9]+ (passed|failed|error|errors|skipped)' "$OUT/pytest.log" | tr -d '=' |
           awk '{for (i = 1; i < NF; i++) if ($(i+1) ~ /^(passed|failed|skipped|errors?),?$/) { k = $(i+1); sub(/,/, "", k); sub(/errors/, "error", k); n[k] += $i }}
