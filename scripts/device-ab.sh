@@ -17,9 +17,15 @@
 # Environment: GW_AB_PATCH (required; applied with patch -p1, as git diff
 # writes it), GW_AB_LABELS ("A,B": names in the tables), GW_AB_BENCH_ARGS
 # (bench_bf16_backward.py's arguments; default below), GW_AB_BUDGET_S (540:
-# both halves together, inside the tool's 600 s), OUT (.device/out elsewhere).
+# both halves together, inside the tool's 600 s), OUT (.device/out elsewhere),
+# GW_AB_VERIFY_S (0: off; seconds for testing B after its benchmark, with the
+# patch still applied, on B's build: device.sh with GW_CTEST_R (default
+# '^gpu\.'), GW_ONLY_PYTEST (default test_gpu_bf16_backward.py) and
+# GW_SANITIZE_VARIANTS as set, no benchmark; it comes on top of
+# GW_AB_BUDGET_S).
 # Writes under $OUT: a.json and b.json (device.sh's bench.json of each half),
-# compare.md, ab-logs.tgz (both halves' logs). The tree is left as it was.
+# compare.md, ab-logs.tgz (both halves' logs), with GW_AB_VERIFY_S verify.tgz
+# (that run's files; its table is printed). The tree is left as it was.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,6 +45,8 @@ PATCH_FILE="$(cd "$(dirname "$PATCH_FILE")" && pwd)/$(basename "$PATCH_FILE")"
 patch -p1 --dry-run --force -s <"$PATCH_FILE" >/dev/null \
   || die "$PATCH_FILE does not apply to this tree with patch -p1: make it with git diff against this tree"
 [[ "$BUDGET" =~ ^[0-9]+$ ]] || die "GW_AB_BUDGET_S=$BUDGET: give a whole number of seconds"
+VERIFY_S="${GW_AB_VERIFY_S:-0}"
+[[ "$VERIFY_S" =~ ^[0-9]+$ ]] || die "GW_AB_VERIFY_S=$VERIFY_S: give a whole number of seconds (0: no tests)"
 if (( BUDGET < 240 )); then
   echo "[device-ab] warning: GW_AB_BUDGET_S=$BUDGET: the six shapes need about 240 s for both halves with" \
     "their builds; the benchmark may time out and measure nothing (fewer shapes: GW_AB_BENCH_ARGS --shapes)" >&2
@@ -61,9 +69,19 @@ half a $(( BUDGET * 55 / 100 )) "${GW_REUSE_BUILD:-}"
 echo "[device-ab] B: with $(basename "$PATCH_FILE")"
 patch -p1 --force -s <"$PATCH_FILE" || die "the patch did not apply after the dry run passed"
 half b $(( BUDGET - ($(date +%s) - START) - 20 )) 1
+if (( VERIFY_S > 0 )); then
+  # B's build is there (the halves build only the ops library: the rest now).
+  echo "[device-ab] verify: the GPU tests on B (${VERIFY_S} s)"
+  OUT="$WORK/verify" GW_DEVICE_BUDGET_S="$VERIFY_S" GW_REUSE_BUILD=1 GW_CTEST_R="${GW_CTEST_R:-^gpu\.}" \
+    GW_ONLY_PYTEST="${GW_ONLY_PYTEST:-test_gpu_bf16_backward.py}" GW_ONLY_BENCH=none \
+    bash scripts/device.sh >"$WORK/verify.txt" 2>&1
+  tail -12 "$WORK/verify.txt"
+  cp "$WORK/verify.txt" "$WORK/verify/" 2>/dev/null
+  tar czf "$OUT/verify.tgz" -C "$WORK" verify 2>/dev/null || echo "[device-ab] verify wrote nothing to pack"
+fi
 patch -p1 -R --force -s <"$PATCH_FILE" || echo "[device-ab] warning: could not take the patch back out of the tree"
 
-tar czf "$OUT/ab-logs.tgz" -C "$WORK" . 2>/dev/null
+tar czf "$OUT/ab-logs.tgz" -C "$WORK" a b a.txt b.txt 2>/dev/null
 if [[ -f "$OUT/a.json" && -f "$OUT/b.json" ]]; then
   "$PY" scripts/compare_kernel_runs.py "$OUT/a.json" "$OUT/b.json" --labels "$LABELS" --markdown "$OUT/compare.md"
 else
