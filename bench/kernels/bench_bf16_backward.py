@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _common import load_ops, select_shapes, time_ms
+from _common import load_ops, select_shapes, time_ms, warm_gpu
 import _center
 
 SHAPES = [
@@ -177,6 +177,7 @@ def main():
     except (OSError, subprocess.SubprocessError):
         pass
     cases = []
+    warm_gpu()
     for name, B, Hq, Hkv, N, d, causal in select_shapes(SHAPES, args.shapes):
         flops = effective_flops(B, Hq, N, d, causal)
         inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed, sink="sink" in name) for seed in range(args.rotate)]
@@ -333,6 +334,7 @@ def variant_child(args, variant):
     if ops is None:
         return rc
     result = {}
+    warm_gpu()
     for name, B, Hq, Hkv, N, d, causal in select_shapes(SHAPES, args.shapes):
         inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed, sink="sink" in name) for seed in range(args.rotate)]
         row = {}

@@ -83,6 +83,17 @@ def test_device_ab_refuses_a_budget_that_is_not_a_number(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_device_ab_refuses_a_verification_time_that_is_not_a_number(tmp_path):
+    empty = tmp_path / "empty.patch"
+    empty.write_text("")
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "device-ab.sh")], capture_output=True, text=True,
+                         timeout=60, env={"PATH": "/usr/bin:/bin", "GW_AB_PATCH": str(empty),
+                                          "GW_AB_VERIFY_S": "yes", "OUT": str(tmp_path / "o")})
+    assert out.returncode == 2
+    assert "GW_AB_VERIFY_S=yes: give a whole number of seconds (0: no tests)" in out.stderr
+    assert not (tmp_path / "o").exists()
+
+
 # --- scripts/sass_compare.py on real nvcc output ----------------------------------------------
 
 NVCC = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
