@@ -5,7 +5,9 @@ side in one process on the same operands.
 What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
 --rotate copies so L2 does not carry over between calls):
   sdpa_<backend>  autograd backward of F.scaled_dot_product_attention under that
-                  backend (backward only: the graph is kept, retain_graph=True)
+                  backend (backward only: the graph is kept, retain_graph=True);
+                  sdpa_cudnn_again the cuDNN one timed again after the gw
+                  backends of the shape (the ratios use sdpa_cudnn)
   gw_<backend>    torch.ops.gaugewatch.attention_backward(backend=...), on the
                   BF16 operands and SDPA flash's saved out and lse; includes
                   the delta pre-pass and the workspace allocation; gw_center is
@@ -182,7 +184,9 @@ def main():
         flops = effective_flops(B, Hq, N, d, causal)
         inputs = [make_inputs(B, Hq, Hkv, N, d, causal, seed, sink="sink" in name) for seed in range(args.rotate)]
         row = {"shape": name, "B": B, "Hq": Hq, "Hkv": Hkv, "N": N, "d": d, "causal": causal}
-        for backend, kind in sdpa.items():
+        def time_sdpa(backend, key):
+            kind = sdpa[backend]
+
             def prepare(x):
                 q, k, v = (x[n].detach().clone().requires_grad_() for n in ("q", "k", "v"))
                 with sdpa_kernel([kind]):
@@ -190,13 +194,16 @@ def main():
                 return dict(o=o, inputs=(q, k, v), do=x["do"])
             try:
                 graphs = [prepare(x) for x in inputs]
-                row[f"sdpa_{backend}_ms"] = time_ms(
+                row[f"{key}_ms"] = time_ms(
                     lambda gph: torch.autograd.grad(gph["o"], gph["inputs"], gph["do"], retain_graph=True), graphs,
                     args.reps, warmup=3)
                 del graphs
             except RuntimeError as exc:  # a backend that refuses the shape (e.g. flash with GQA views)
-                row[f"sdpa_{backend}_ms"] = None
-                row[f"sdpa_{backend}_error"] = str(exc).splitlines()[0][:200]
+                row[f"{key}_ms"] = None
+                row[f"{key}_error"] = str(exc).splitlines()[0][:200]
+
+        for backend in sdpa:
+            time_sdpa(backend, f"sdpa_{backend}")
         for backend in GW:
             if backend == "fp32" and args.skip_fp32:
                 continue
@@ -215,6 +222,10 @@ def main():
                                                             is_causal=causal, backend=b, deterministic=True),
                 inputs, args.reps, warmup=3)
         row["gw_center_keys_ms"] = time_ms(lambda x: ops.center_keys(x["q"], x["k"], x["lse"]), inputs, args.reps)
+        # cuDNN's backward once more, after the project's: the ratios use the
+        # first time; the two side by side show whether cuDNN's time drifts
+        # within a process (across processes it spread by up to 25%).
+        time_sdpa("cudnn", "sdpa_cudnn_again")
         for key in [k[:-3] for k in list(row) if k.endswith("_ms")]:
             ms = row[key + "_ms"]
             row[key + "_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
@@ -264,7 +275,8 @@ def main():
         ms = row.get(key + "_ms")
         return "n/a" if ms is None else f"{ms:.3f} ({row[key + '_tflops']:.0f})"
 
-    cols = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "gw_bf16", "gw_gproj", "gw_pivot", "gw_center", "gw_fp32"]
+    cols = ["sdpa_flash", "sdpa_cudnn", "sdpa_cudnn_again", "sdpa_efficient", "gw_bf16", "gw_gproj", "gw_pivot",
+            "gw_center", "gw_fp32"]
     lines = [f"GPU {meta['gpu']}, driver {meta['driver']}, torch {meta['torch']}, CUDA {meta['cuda']}, "
              f"cuDNN {meta['cudnn']}; median of {args.reps} (fp32: {args.fp32_reps}); ms (effective TFLOP/s)", "",
              "| shape | " + " | ".join(cols) + " | gproj/flash | gproj/bf16 | pivot/bf16 | center/flash | "
