@@ -75,6 +75,15 @@ def op_rows(cases_a, cases_b):
     return rows
 
 
+def cudnn_rows(cases_a, cases_b):
+    """(shape, A's cuDNN ms, A's again, B's, B's again) per shape both runs
+    timed: cuDNN's backward is every ratio's denominator, and its time moves
+    between processes far more than the project's kernels do ("again": timed
+    a second time after the project's backends, where the run has it)."""
+    return [(a["shape"], a.get("sdpa_cudnn_ms"), a.get("sdpa_cudnn_again_ms"), b.get("sdpa_cudnn_ms"),
+             b.get("sdpa_cudnn_again_ms")) for a, b in paired_cases(cases_a, cases_b)]
+
+
 def markdown(cases_a, cases_b, label_a, label_b):
     def ratio(x):
         return "n/a" if x is None else f"{x:.2f}"
@@ -90,6 +99,17 @@ def markdown(cases_a, cases_b, label_a, label_b):
               "|---|---|---|---|---|---|---|"]
     for shape, backend, ms_a, ms_b, r_a, r_b in op_rows(cases_a, cases_b):
         lines.append(f"| {shape} | {backend} | {ms_a:.3f} | {ms_b:.3f} | {ms_b / ms_a:.3f} | {ratio(r_a)} | {ratio(r_b)} |")
+
+    def ms(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    lines += ["", "cuDNN's backward in each run (ms; the denominator above; again: timed after the project's "
+              "backends of the shape, where the run did)", "",
+              f"| shape | {label_a} | {label_a} again | {label_b} | {label_b} again | {label_b} / {label_a} |",
+              "|---|---|---|---|---|---|"]
+    for shape, c_a, again_a, c_b, again_b in cudnn_rows(cases_a, cases_b):
+        lines.append(f"| {shape} | {ms(c_a)} | {ms(again_a)} | {ms(c_b)} | {ms(again_b)} | "
+                     f"{'n/a' if not (c_a and c_b) else f'{c_b / c_a:.3f}'} |")
     return "\n".join(lines) + "\n"
 
 

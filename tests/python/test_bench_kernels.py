@@ -51,6 +51,8 @@ def test_compare_runs_reads_a_committed_ab_run_kernel_by_kernel(tmp_path):
     # the measured row of that run: bf16's ws kernel at d64, 1157.8 us against 1135.9 us
     assert "| B4_H16_N4096_d64_causal | bf16 | keyouter_ws_kernel | 1157.8 | 1135.9 | 0.981 |" in out.stdout
     assert "| two / cuDNN | one / cuDNN |" in out.stdout
+    # cuDNN's own time in each run, the ratios' denominator (no "again" in runs before it existed)
+    assert "| B4_H16_N4096_d64_causal | 1.152 | n/a | 1.087 | n/a | 0.944 |" in out.stdout
 
 
 def test_compare_runs_refuses_a_missing_key_and_a_foreign_file(tmp_path):
