@@ -64,36 +64,34 @@ def test_compare_runs_refuses_a_missing_key_and_a_foreign_file(tmp_path):
     assert out.returncode != 0 and "neither bench_bf16_backward.py's JSON" in out.stderr
 
 
-def test_device_ab_refuses_a_patch_that_does_not_apply(tmp_path):
-    bad = tmp_path / "bad.patch"
-    bad.write_text("--- a/no/such/file.cu\n+++ b/no/such/file.cu\n@@ -1 +1 @@\n-x\n+y\n")
+def device_ab_refusal(tmp_path, patch_text, **env):
+    """device-ab.sh run with `patch_text` as its patch and `env`: its exit, and
+    its stderr once it is checked that nothing ran (no $OUT)."""
+    patch = tmp_path / "ab.patch"
+    patch.write_text(patch_text)
     out = subprocess.run(["bash", str(ROOT / "scripts" / "device-ab.sh")], capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin", "GW_AB_PATCH": str(bad), "OUT": str(tmp_path / "o")})
-    assert out.returncode == 2
-    assert "does not apply to this tree" in out.stderr
+                         timeout=60, env={"PATH": "/usr/bin:/bin", "GW_AB_PATCH": str(patch),
+                                          "OUT": str(tmp_path / "o"), **env})
     assert not (tmp_path / "o").exists()  # refused before anything ran
+    return out.returncode, out.stderr
+
+
+def test_device_ab_refuses_a_patch_that_does_not_apply(tmp_path):
+    rc, err = device_ab_refusal(tmp_path, "--- a/no/such/file.cu\n+++ b/no/such/file.cu\n@@ -1 +1 @@\n-x\n+y\n")
+    assert rc == 2
+    assert "does not apply to this tree" in err
 
 
 def test_device_ab_refuses_a_budget_that_is_not_a_number(tmp_path):
-    empty = tmp_path / "empty.patch"  # applies to any tree
-    empty.write_text("")
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "device-ab.sh")], capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin", "GW_AB_PATCH": str(empty),
-                                          "GW_AB_BUDGET_S": "5m", "OUT": str(tmp_path / "o")})
-    assert out.returncode == 2
-    assert "GW_AB_BUDGET_S=5m: give a whole number of seconds" in out.stderr
-    assert not (tmp_path / "o").exists()
+    rc, err = device_ab_refusal(tmp_path, "", GW_AB_BUDGET_S="5m")  # an empty patch applies to any tree
+    assert rc == 2
+    assert "GW_AB_BUDGET_S=5m: give a whole number of seconds" in err
 
 
 def test_device_ab_refuses_a_verification_time_that_is_not_a_number(tmp_path):
-    empty = tmp_path / "empty.patch"
-    empty.write_text("")
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "device-ab.sh")], capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin", "GW_AB_PATCH": str(empty),
-                                          "GW_AB_VERIFY_S": "yes", "OUT": str(tmp_path / "o")})
-    assert out.returncode == 2
-    assert "GW_AB_VERIFY_S=yes: give a whole number of seconds (0: no tests)" in out.stderr
-    assert not (tmp_path / "o").exists()
+    rc, err = device_ab_refusal(tmp_path, "", GW_AB_VERIFY_S="yes")
+    assert rc == 2
+    assert "GW_AB_VERIFY_S=yes: give a whole number of seconds (0: no tests)" in err
 
 
 # --- scripts/sass_compare.py on real nvcc output ----------------------------------------------
