@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -19,13 +20,49 @@ using Clock = std::chrono::steady_clock;
 namespace {
 void shutdown_at_interpreter_exit() { runtime().shutdown(); }
 
-// The few CPython entry points the exit registration uses, found at run time
+// The CPython entry points the exit registration uses, found at run time
 // (the hooks do not link libpython: the interpreter that loaded them has
-// them). PyObject* is void* here.
-template <class F>
-F python_symbol(const char* name) {
-  return reinterpret_cast<F>(::dlsym(RTLD_DEFAULT, name));
-}
+// them); PyObject* is void* here. Resolved once, when the hooks register
+// their exit handlers; `complete` is false when any is missing (then the
+// Py_AtExit handler alone stops them).
+struct PythonExitApi {
+  int (*add_pending_call)(int (*)(void*), void*) = nullptr;
+  void* (*save_thread)() = nullptr;
+  void (*restore_thread)(void*) = nullptr;
+  void (*incref)(void*) = nullptr;
+  void (*decref)(void*) = nullptr;
+  void* none = nullptr;
+  void* (*import_module)(const char*) = nullptr;
+  void* (*get_attr)(void*, const char*) = nullptr;
+  void* (*new_function)(void*, void*, void*) = nullptr;
+  void* (*call)(void*, ...) = nullptr;
+  void (*clear_error)() = nullptr;
+  bool complete = false;
+
+  static PythonExitApi resolve() {
+    PythonExitApi api;
+    bool all = true;
+    auto find = [&all](auto& slot, const char* name) {
+      void* symbol = ::dlsym(RTLD_DEFAULT, name);
+      all = all && symbol != nullptr;
+      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);
+    };
+    find(api.add_pending_call, "Py_AddPendingCall");
+    find(api.save_thread, "PyEval_SaveThread");
+    find(api.restore_thread, "PyEval_RestoreThread");
+    find(api.incref, "Py_IncRef");
+    find(api.decref, "Py_DecRef");
+    find(api.none, "_Py_NoneStruct");
+    find(api.import_module, "PyImport_ImportModule");
+    find(api.get_attr, "PyObject_GetAttrString");
+    find(api.new_function, "PyCFunction_NewEx");
+    find(api.call, "PyObject_CallFunctionObjArgs");
+    find(api.clear_error, "PyErr_Clear");
+    api.complete = all;
+    return api;
+  }
+};
+PythonExitApi g_python;  // written once, before the pending call that reads it is queued
 
 // CPython's PyMethodDef, for one METH_NOARGS function.
 struct PythonMethod {
@@ -42,15 +79,11 @@ constexpr int kMethNoArgs = 0x0004;
 // stop instead of meeting a finalizing interpreter, which ends a thread that
 // asks for the GIL then (pthread_exit through C++ frames: std::terminate).
 void* shutdown_at_python_exit(void* /*self*/, void* /*unused*/) {
-  auto save = python_symbol<void* (*)()>("PyEval_SaveThread");
-  auto restore = python_symbol<void (*)(void*)>("PyEval_RestoreThread");
-  auto incref = python_symbol<void (*)(void*)>("Py_IncRef");
-  void* none = python_symbol<void*>("_Py_NoneStruct");
-  void* state = save();
+  void* state = g_python.save_thread();
   runtime().shutdown();
-  restore(state);
-  incref(none);
-  return none;
+  g_python.restore_thread(state);
+  g_python.incref(g_python.none);
+  return g_python.none;
 }
 
 PythonMethod g_exit_method{"gaugewatch_hooks_shutdown", &shutdown_at_python_exit, kMethNoArgs,
@@ -60,33 +93,19 @@ PythonMethod g_exit_method{"gaugewatch_hooks_shutdown", &shutdown_at_python_exit
 // thread with the GIL held (a pending call). Failures leave the Py_AtExit
 // handler to do the work. Always 0: no Python exception is left set.
 int register_python_exit(void* /*arg*/) {
-  auto import = python_symbol<void* (*)(const char*)>("PyImport_ImportModule");
-  auto get_attr = python_symbol<void* (*)(void*, const char*)>("PyObject_GetAttrString");
-  auto new_function = python_symbol<void* (*)(PythonMethod*, void*, void*)>("PyCFunction_NewEx");
-  auto call = python_symbol<void* (*)(void*, ...)>("PyObject_CallFunctionObjArgs");
-  auto decref = python_symbol<void (*)(void*)>("Py_DecRef");
-  auto clear = python_symbol<void (*)()>("PyErr_Clear");
-  void* module = import("atexit");
-  void* register_fn = module != nullptr ? get_attr(module, "register") : nullptr;
-  void* function = register_fn != nullptr ? new_function(&g_exit_method, nullptr, nullptr) : nullptr;
-  void* result = function != nullptr ? call(register_fn, function, nullptr) : nullptr;
+  const PythonExitApi& py = g_python;
+  void* module = py.import_module("atexit");
+  void* register_fn = module != nullptr ? py.get_attr(module, "register") : nullptr;
+  void* function = register_fn != nullptr ? py.new_function(&g_exit_method, nullptr, nullptr) : nullptr;
+  void* result = function != nullptr ? py.call(register_fn, function, nullptr) : nullptr;
   if (result == nullptr) {
-    clear();
+    py.clear_error();
     log_line("could not register the hooks' Python exit handler: they stop at the end of the interpreter's exit");
   }
   for (void* object : {result, function, register_fn, module}) {
-    if (object != nullptr) decref(object);
+    if (object != nullptr) py.decref(object);
   }
   return 0;
-}
-
-bool python_exit_symbols_present() {
-  for (const char* name : {"Py_AddPendingCall", "PyEval_SaveThread", "PyEval_RestoreThread", "Py_IncRef",
-                           "_Py_NoneStruct", "PyImport_ImportModule", "PyObject_GetAttrString", "PyCFunction_NewEx",
-                           "PyObject_CallFunctionObjArgs", "Py_DecRef", "PyErr_Clear"}) {
-    if (::dlsym(RTLD_DEFAULT, name) == nullptr) return false;
-  }
-  return true;
 }
 }  // namespace
 
@@ -108,13 +127,12 @@ bool python_exit_symbols_present() {
 void Runtime::register_interpreter_exit() {
   using AtExit = int (*)(void (*)());
   using IsInitialized = int (*)();
-  using AddPendingCall = int (*)(int (*)(void*), void*);
   auto* at_exit = reinterpret_cast<AtExit>(::dlsym(RTLD_DEFAULT, "Py_AtExit"));
   auto* initialized = reinterpret_cast<IsInitialized>(::dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
   if (at_exit == nullptr || initialized == nullptr || initialized() == 0) return;  // not Python: std::atexit only
-  if (python_exit_symbols_present()) {
-    auto* add_pending = reinterpret_cast<AddPendingCall>(::dlsym(RTLD_DEFAULT, "Py_AddPendingCall"));
-    if (add_pending(&register_python_exit, nullptr) != 0) {
+  g_python = PythonExitApi::resolve();
+  if (g_python.complete) {
+    if (g_python.add_pending_call(&register_python_exit, nullptr) != 0) {
       log_line("the interpreter's pending-call queue is full: the hooks stop at the end of the interpreter's exit");
     }
   }
