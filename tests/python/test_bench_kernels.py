@@ -55,6 +55,22 @@ def test_compare_runs_reads_a_committed_ab_run_kernel_by_kernel(tmp_path):
     assert "| B4_H16_N4096_d64_causal | 1.152 | n/a | 1.087 | n/a | 0.944 |" in out.stdout
 
 
+def test_compare_runs_takes_medians_over_rounds_and_the_range_of_each_rounds_ratio():
+    one, two = f"{OVERLAP}#overlap_91caeb2", f"{OVERLAP}#final_949611a"
+    out = compare(f"{one},{two}", f"{two},{one}", "--labels", "a,b")
+    assert out.returncode == 0, out.stderr
+    assert "2 run(s) of a, 2 of b: medians over each side's runs" in out.stdout
+    # median of 1157.8 and 1135.9 us on both sides; the rounds: 1135.9 / 1157.8 and its inverse
+    row = "| B4_H16_N4096_d64_causal | bf16 | keyouter_ws_kernel | 1146.8 | 1146.8 | 1.000 | 0.981-1.019 |"
+    assert row in out.stdout
+    # every run's own cuDNN time beside the medians
+    assert "| B4_H16_N4096_d64_causal | 1.119 | n/a | 1.119 | n/a | 1.000 | 1.152 1.087 1.087 1.152 |" in out.stdout
+    # uneven sides: medians, no rounds column
+    out = compare(f"{one},{two},{one}", two)
+    assert out.returncode == 0, out.stderr
+    assert "| B4_H16_N4096_d64_causal | bf16 | keyouter_ws_kernel | 1157.8 | 1135.9 | 0.981 |\n" in out.stdout
+
+
 def test_compare_runs_refuses_a_missing_key_and_a_foreign_file(tmp_path):
     out = compare(f"{OVERLAP}#nope", f"{OVERLAP}#final_949611a")
     assert out.returncode != 0 and "no key 'nope'" in out.stderr and "overlap_91caeb2" in out.stderr
@@ -92,6 +108,13 @@ def test_device_ab_refuses_a_verification_time_that_is_not_a_number(tmp_path):
     rc, err = device_ab_refusal(tmp_path, "", GW_AB_VERIFY_S="yes")
     assert rc == 2
     assert "GW_AB_VERIFY_S=yes: give a whole number of seconds (0: no tests)" in err
+
+
+def test_device_ab_refuses_rounds_that_are_not_a_count(tmp_path):
+    for rounds in ("0", "three"):
+        rc, err = device_ab_refusal(tmp_path, "", GW_AB_ROUNDS=rounds)
+        assert rc == 2
+        assert f"GW_AB_ROUNDS={rounds}: give a whole number of rounds, 1 or more" in err
 
 
 # --- scripts/sass_compare.py on real nvcc output ----------------------------------------------
