@@ -33,7 +33,11 @@
 //                                  warpgroups) into a shared FP32 staging
 //                                  tile, and after the next barrier 64
 //                                  threads add its rows to dQacc, one bulk
-//                                  reduction each (bulk_reduce.cuh);
+//                                  reduction each (bulk_reduce.cuh); in
+//                                  the warp-specialized kernel at both
+//                                  head dims (gproj: D = 128) warpgroup wg
+//                                  computes columns D / 2 wg.. (D = 64:
+//                                  m64n32) and a writer warp adds the tile;
 //                                  D = 64: each warpgroup its own 64 keys'
 //                                  partial into shared memory, and after the
 //                                  next barrier the block adds the two
@@ -44,8 +48,8 @@
 //   pivot: per row, this block's partial sums of t (rho; per warpgroup, on
 //   the tensor cores: t against a [64 keys][8] tile of ones, m64n8k16, beside
 //   dQ's MMAs) and its max P with the key index, both by atomics (FP32 add;
-//   64-bit max of pivot_code()); in the warp-specialized kernel at D = 128
-//   the writer warp adds both warpgroups' in one atomic of each per row
+//   64-bit max of pivot_code()); in the warp-specialized kernel the
+//   writer warp adds both warpgroups' in one atomic of each per row
 //   (StatsHandoff).
 //   gproj: per row, this block's partial sums of the BF16-rounded t (rho)
 //   and r (m), per warpgroup on the tensor cores as pivot's rho (t and r
@@ -67,8 +71,8 @@
 // FP32 sum of the per-(block, warpgroup) partial row sums, in landing order
 // (pivot, and gproj for rho and m: each partial the tensor cores' FP32 sum
 // of the warpgroup's 64 rounded t_ij (r_ij), an m64n8k16 product against
-// ones; pivot with the writer warp, D = 128: per block the FP32 sum of its
-// two warpgroups' partials, warpgroup 0's first);
+// ones; pivot with the writer warp (the warp-specialized kernel): per block
+// the FP32 sum of its two warpgroups' partials, warpgroup 0's first);
 // dKacc_j (pivot) the kernel's FP32 accumulator minus, in landing order, one
 // FP32 sum per segment of kFixupRows sorted rows of a query tile of the
 // rho_i q_i of its rows with j*(i) = j; gproj:
@@ -118,8 +122,9 @@ using hopper::kThreads;
 
 // The shared layout of the pair's dkdv kernel without the projection's tiles;
 // then the FP32 dQ of the iteration: at D = 64 each warpgroup's partial
-// [64 rows][72], two sets (iterations alternate), at D = 128 the staging
-// tile [64 rows][136] of both halves.
+// [64 rows][72], two sets (iterations alternate), or with the writer warp
+// (kWriter) one dense [64 rows][64] staging tile of both column halves, at
+// D = 128 the staging tile [64 rows][136] of both halves.
 // Row strides of 8 floats past a multiple of 32 banks: the 8 rows of a warp's
 // float2 stores hit distinct banks; 16-byte aligned rows for the bulk copy.
 // Pivot and gproj: then 1 KiB of BF16
@@ -134,12 +139,13 @@ inline constexpr int kDqStride = D + 8;
 // bound the kernel at D = 64.
 template <int D, Projection P>
 inline constexpr bool kRowSumsByMma = P == Projection::kPivot || P == Projection::kGproj;
-template <int D, Projection P = Projection::kNone>
+template <int D, Projection P = Projection::kNone, bool kWriter = false>
 struct Layout : hopper::KvLayout<D, Projection::kNone> {
   using Base = hopper::KvLayout<D, Projection::kNone>;
-  static constexpr size_t kDqTileBytes = static_cast<size_t>(kKvRows) * (D == 64 ? 72 : kDqStride<D>) * 4;
+  static constexpr size_t kDqTileBytes =
+      static_cast<size_t>(kKvRows) * (D == 64 ? (kWriter ? 64 : 72) : kDqStride<D>) * 4;
   static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
-  static constexpr int kTiles = D == 64 ? 4 : 1;
+  static constexpr int kTiles = D == 64 && !kWriter ? 4 : 1;
   static constexpr size_t kOnes = kDqPartial + kTiles * kDqTileBytes;  // bytes
   static constexpr size_t kOnesBytes = kRowSumsByMma<D, P> ? 1024 : 0;
   static constexpr size_t kBytes = Base::kBytes + kTiles * kDqTileBytes + kOnesBytes;
@@ -156,22 +162,27 @@ struct Layout : hopper::KvLayout<D, Projection::kNone> {
 // them, warpgroup wg = tid / 128 owns keys j0 + 64 wg..; kFirstThread: the
 // block's thread index of tid 0). What differs is who loads the query tiles
 // and how the block synchronizes around them. kWriter (warp-specialized
-// kernel, D = 128): the compute threads hand each dQ tile to a writer warp
+// kernel): the compute threads hand each dQ tile to a writer warp
 // (DqHandoff, writer_loop) instead of adding it themselves after a barrier
-// of all 256; t then alternates between two sets of tiles, since warpgroup 0
-// may store iteration it + 1's t while warpgroup 1's dQ MMAs still read
-// iteration it's. (At D = 64 the two partials cost a writer warp more than
-// the compute threads: 1.36x by float4 atomics from one warp, 2.0x by bulk
-// reductions of both, on the H200; kernels/cuda/README.md.)
+// of all 256; dQ is then one tile over the block's 128 keys, each warpgroup
+// D / 2 of its columns (D = 64: m64n32), and t alternates between two sets of
+// tiles, since warpgroup 0 may store iteration it + 1's t while warpgroup 1's
+// dQ MMAs still read iteration it's. (Two partials per tile, as the compute
+// threads add them at D = 64 without the writer, cost a writer warp more
+// than the compute threads: 1.36x by float4 atomics from one warp, 2.0x by
+// bulk reductions of both, on the H200; kernels/cuda/README.md.)
 template <int D, Projection P, int kFirstThread = 0, bool kWriter = false>
 struct KeyTile {
-  static_assert(D == 64 || D == 128, "dQ: one 64-column block per warpgroup (128), or two key halves (64)");
-  using L = Layout<D, P>;
+  static_assert(D == 64 || D == 128, "dQ: one D / 2-column block per warpgroup, or two key halves (64)");
+  using L = Layout<D, P, kWriter>;
   static constexpr bool kGproj = P == Projection::kGproj;
   // Whether dQ is staged in one tile and added by the copy engine (bulk
-  // reductions of its rows; with kWriter tensor reductions of the tile).
-  static constexpr bool kStaged = D == 128;
-  static_assert(!kWriter || D == 128, "the writer warp: D = 128");
+  // reductions of its rows; with kWriter tensor reductions of the tile):
+  // each warpgroup then computes D / 2 columns over all 128 keys, otherwise
+  // (D = 64 without the writer) all 64 columns over its own 64 keys.
+  static constexpr bool kStaged = D == 128 || kWriter;
+  // This warpgroup's dQ accumulator: m64n(D / 2) staged, m64n64 otherwise.
+  static constexpr int kDqFloats = kStaged ? D / 4 : 32;
   static constexpr int kTSets = kWriter ? 2 : 1;  // sets of t tiles
   // Pivot (rho) and gproj (rho and m): each warpgroup's row sums of its t
   // (r) tile from the tensor cores (kRowSumsByMma).
@@ -183,8 +194,10 @@ struct KeyTile {
   // instead of every warpgroup's c = 0 lanes adding their own: half the
   // atomics, and none on the compute warps. On the H200 pivot's kernel took
   // 0.90-0.95x its time on the five D = 128 shapes; at D = 64, with a warp
-  // of the producer warpgroup doing only this, 1.001x, so D = 64 keeps the
-  // atomics (bench/results/bench_bf16_backward-stats-writer-h200-2026-12-04.md).
+  // of the producer warpgroup doing only this while the compute threads
+  // still added dQ, 1.001x
+  // (bench/results/bench_bf16_backward-stats-writer-h200-2026-12-04.md); at
+  // D = 64 the dQ writer does it beside the tile.
   static constexpr bool kStatsByWriter = kWriter && P == Projection::kPivot;
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
@@ -373,7 +386,7 @@ struct KeyTile {
   // dK += t^T Q, and the dQ tile into the partials / staging tile (added by
   // add_dq_tile(it) after the next barrier, or with kWriter handed to the
   // writer warp, DqHandoff). cross_sync(): the barrier of
-  // the 256 compute threads where D = 128 reads both warpgroups' t;
+  // the 256 compute threads where a staged dQ reads both warpgroups' t;
   // released(): called once the MMAs that read qs, gos and ra are done
   // (the tile's buffers may be refilled after it); during_scores(): work
   // of the caller's that runs while S and dP's MMAs are in flight.
@@ -417,10 +430,10 @@ struct KeyTile {
     if constexpr (kWriter) wgmma::warpgroup_barrier(1 + wg);
     store_tile(t_tile, dp);
     store_tile(r_tile, s);
-    // D = 128: dQ reads the t of both warpgroups, a barrier of the compute
-    // threads (after which the staging tile is rewritten: its reads by the
-    // previous bulk reductions are done); D = 64: each warpgroup reads only
-    // its own t and r.
+    // Staged (D = 128, or the writer): dQ reads the t of both warpgroups, a
+    // barrier of the compute threads (after which the staging tile is
+    // rewritten: its reads by the previous bulk reductions are done); D = 64
+    // without the writer: each warpgroup reads only its own t and r.
     wgmma::fence_proxy_async();
     if constexpr (kStaged) {
       if (issues_rows()) bulk::wait_read();  // kWriter: the writer waits, DqHandoff's empty barrier
@@ -429,7 +442,7 @@ struct KeyTile {
       wgmma::warpgroup_barrier(1 + wg);
     }
 
-    float dq[32];
+    float dq[kDqFloats];
     hopper::zero(dq);
     // Pivot and gproj: rho = t 1 over this warpgroup's 64 keys (columns all
     // equal; the first step's scale-d 0 needs no zeroing between the
@@ -446,16 +459,17 @@ struct KeyTile {
                                 wgmma::desc_mn_major(qs, step, kSubTile));
     }
     // dQ: keys 16 k.. are t of warpgroup k / 4 (its keys 16 (k % 4)..) and K
-    // rows 16 k..; D = 128: all 128 keys, columns 64 wg..; D = 64: own keys.
+    // rows 16 k..; staged: all 128 keys, columns D / 2 wg.. (D / 16 chunks of
+    // 16 bytes per column block); D = 64 without the writer: own keys.
     constexpr int kDqSteps = kStaged ? 8 : 4;
 #pragma unroll
     for (int kq = 0; kq < kDqSteps; ++kq) {
       const int k = kStaged ? kq : 4 * wg + kq;
       const uint16_t* tw = t_of(it, k >> 2);
-      const int column_block = D == 128 ? wg : 0;
+      const int column_chunk = kStaged ? D / 16 * wg : 0;
       wgmma::mma_ss<false, true>(
           dq, wgmma::desc_k_major(tw, wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
-          wgmma::desc_mn_major(smem + L::kK, wgmma::chunk_offset<kKvKeys>(16 * k, 8 * column_block), kKeySubTile));
+          wgmma::desc_mn_major(smem + L::kK, wgmma::chunk_offset<kKvKeys>(16 * k, column_chunk), kKeySubTile));
     }
     if constexpr (kRhoByMma) {
       const uint64_t ones = wgmma::desc_k_major(reinterpret_cast<const unsigned char*>(smem) + L::kOnes);
@@ -517,17 +531,18 @@ struct KeyTile {
     if constexpr (kWriter) DqHandoff::acquire(it, wg);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      // D = 64: this warpgroup's partial in set it % 2 (free: iteration
-      // it - 2's were added before this iteration's first barrier); D = 128:
-      // its column half of the staging tile (free: see the wait above).
-      // kWriter: the staging tile in the tensor reductions' swizzled layout
-      // (columns 64 wg + 8 jn + 2 c: one XOR and a constant per store).
+      // D = 64 without the writer: this warpgroup's partial in set it % 2
+      // (free: iteration it - 2's were added before this iteration's first
+      // barrier); D = 128: its column half of the staging tile (free: see
+      // the wait above). kWriter: the staging tile in the tensor reductions'
+      // swizzled layout (columns D / 2 wg + 8 jn + 2 c: one XOR and a
+      // constant per store).
       const int r = row0 + g + 8 * hh;
-      float* mine = D == 64 ? part + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c
-                            : part + r * kStride + 64 * wg + 2 * c;
-      const int x = tma::f32_tile_offset<kKvRows>(r, 64 * wg + 2 * c);
+      float* mine = kStaged ? part + r * kStride + 64 * wg + 2 * c
+                            : part + ((it & 1) * 2 + wg) * kPartialFloats + r * kStride + 2 * c;
+      const int x = tma::f32_tile_offset<kKvRows>(r, D / 2 * wg + 2 * c);
 #pragma unroll
-      for (int jn = 0; jn < 8; ++jn) {
+      for (int jn = 0; jn < kDqFloats / 4; ++jn) {
         float* at = kWriter ? part + tma::f32_tile_step<kKvRows>(x, jn) : mine + 8 * jn;
         *reinterpret_cast<float2*>(at) = make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]);
       }

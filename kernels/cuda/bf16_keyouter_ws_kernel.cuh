@@ -19,10 +19,11 @@
 //     bytes and issues their TMA loads (lane 0) and writes the tile's per-row
 //     inputs (lse, delta, the visible key range; lanes 0..31, two rows each)
 //     to the stage; then each lane arrives on full[s] (1 + 32 arrivals + the
-//     bytes). At D = 128 its warp 1 is the dQ writer (KeyTile::writer_loop,
-//     as FlashAttention-3's): it waits for each iteration's staging tile
-//     (keyouter::DqHandoff), adds it to dQacc by TMA tensor reductions
-//     (lane 0: four boxes of 64 rows x 32 floats through dQacc's map),
+//     bytes). Its warp 1 is the dQ writer (kDqWriter: D = 128, and D = 64
+//     but for gproj; KeyTile::writer_loop, as FlashAttention-3's): it waits
+//     for each iteration's staging tile (keyouter::DqHandoff), adds it to
+//     dQacc by TMA tensor reductions (lane 0: D / 32 boxes of 64 rows x 32
+//     floats through dQacc's map),
 //     for pivot adds the rows' staged argmax codes and rho
 //     (keyouter::StatsHandoff) while the copy engine reads the tile, and
 //     hands the tile back. The other warps only give their registers
@@ -31,17 +32,17 @@
 //     with tid = threadIdx.x - 128, keys 64 (warpgroup - 1)..; per iteration
 //     wait full[s], KeyTile::compute, and after the tile's MMAs are complete
 //     every compute thread arrives on empty[s] (256 arrivals). With the
-//     writer (D = 128): one barrier of the compute threads per iteration
+//     writer: one barrier of the compute threads per iteration
 //     (kComputeBarrier, before dQ, which reads both warpgroups' t);
 //     otherwise each warpgroup meets only its own warps, the writer (for
-//     the staging tile) and the pingpong. Without (D = 64): as
+//     the staging tile) and the pingpong. Without (gproj at D = 64): as
 //     keyouter_kernel, a barrier of the compute threads where it has its
 //     block barrier, then the compute threads add the previous iteration's
 //     dQ partials (KeyTile::add_dq_tile) while S and dP run.
 // Stage s of iteration it: s = it % 2, ring round it / 2, consumers wait
 // full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
-// Shared memory: keyouter::Layout<D, P> (the two Q/dO buffers and staged row
+// Shared memory: keyouter::Layout<D, P, kDqWriter> (the two Q/dO buffers and staged row
 // arrays are the ring's stages), with the writer a second set of t tiles, the
 // 5 mbarriers, and for pivot the staged statistics (keyouter::StatsHandoff).
 //
@@ -77,11 +78,17 @@ inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute threads");
-// Whether the writer warp adds dQ (D = 128); at D = 64 the compute threads
-// add the two partials after a barrier of all 256 per iteration (faster
-// there: KeyTile).
+// Whether the writer warp adds dQ: at D = 128, and at D = 64 for bf16 and
+// pivot (each warpgroup then computes 32 of the tile's 64 columns over all
+// 128 keys, m64n32, KeyTile). On the H200 (B4 H16 N4096 d64 causal,
+// bench/results/bench_bf16_backward-d64-writer-h200-2026-12-04.md) the writer
+// took bf16's kernel to 0.939x its time and pivot's to 0.977x (three rounds
+// of alternating processes) against the compute threads adding two partials
+// per tile after a barrier of all 256; gproj's first pass measured 1.005x in
+// one pair of processes whose unchanged D = 128 kernels moved by
+// 0.967-0.985x, so gproj keeps the partials at D = 64.
 template <int D, Projection P>
-inline constexpr bool kDqWriter = D == 128;
+inline constexpr bool kDqWriter = D == 128 || P != Projection::kGproj;
 // Without the writer the compute threads add iteration it - 1's dQ partials
 // into dQacc while iteration it's S and dP MMAs run (KeyTile::add_dq_tile in
 // compute's during_scores). ncu's source counters (H200, 2026-12-03) had
@@ -97,9 +104,9 @@ inline constexpr bool kDqWriter = D == 128;
 // producer warpgroup gives some back, the compute warpgroups take them, and
 // producer + 2 x compute <= 3 x 168 (setmaxnreg.cuh; more and setmaxnreg.inc
 // waits forever). Without the writer: 24 / 240 (FlashAttention-3's split).
-// With it (D = 128): the writer warp's loop and bulk reductions spill at 32
-// (24 bytes, ptxas -v), so 40 / 232, the whole pool; the compute threads fit
-// 232 without spilling.
+// With it: the writer warp's loop and bulk reductions spill at 32 (24 bytes
+// at D = 128, ptxas -v), so 40 / 232, the whole pool; the compute threads
+// fit 232 without spilling at both head dims.
 inline constexpr int kLaunchRegs = 168;
 template <int D, Projection P>
 inline constexpr int kProducerRegs = kDqWriter<D, P> ? 40 : 24;
@@ -126,10 +133,10 @@ template <int D, Projection P>
 using Tile = keyouter::KeyTile<D, P, kProducerThreads, kDqWriter<D, P>>;
 
 template <int D, Projection P>
-struct Layout : keyouter::Layout<D, P> {
-  using Base = keyouter::Layout<D, P>;
+struct Layout : keyouter::Layout<D, P, kDqWriter<D, P>> {
+  using Base = keyouter::Layout<D, P, kDqWriter<D, P>>;
   static_assert(Base::kBytes == Base::kDqEnd + 1024, "the base layout ends at its dQ tiles");
-  // Bytes from the aligned base: the second set of t tiles (D = 128:
+  // Bytes from the aligned base: the second set of t tiles (with the writer:
   // Tile::kTSets, at Base::kDqEnd), then the mbarriers full[kStages],
   // empty[kStages], kv_full, then (pivot with the writer,
   // KeyTile::kStatsByWriter) the staged statistics.
@@ -192,12 +199,12 @@ inline bool encode_maps(const Args& a, Maps* maps) {
   return true;
 }
 
-// With the writer warp (D = 128): dQacc's map, or false where it cannot be
+// With the writer warp (kDqWriter): dQacc's map, or false where it cannot be
 // encoded (the caller then runs keyouter_kernel). The workspace's dQacc is
 // dense and aligned: only a missing driver entry point refuses it.
 template <int D>
 inline bool encode_dq_map(const Args& a, Maps* maps) {
-  return D != 128 ||
+  return !kDqWriter<D, Projection::kNone> ||
          tma::encode_f32_reduce_map(&maps->dq_accum, dq_accum_tensor<D>(a), kKvRows) == tma::EncodeStatus::kOk;
 }
 

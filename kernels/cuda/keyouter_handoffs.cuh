@@ -20,7 +20,7 @@ namespace gaugewatch::gpu::bf16::keyouter {
 using hopper::kKvRows;
 
 // The hand-over of dQ tiles from the compute warpgroups to the writer warp of
-// the warp-specialized kernel at D = 128 (KeyTile with kWriter; the producer
+// the warp-specialized kernel (KeyTile with kWriter; the producer
 // warpgroup's warp kWriterWarp runs KeyTile::writer_loop), by named barriers
 // after ids 1..4 (KeyTile's per-warpgroup barriers, the pingpong, the
 // compute barrier), over the one staging tile:

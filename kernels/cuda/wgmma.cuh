@@ -2,7 +2,8 @@
 // Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for the fused BF16 backward:
 // shared-memory matrix descriptors for the 128-byte swizzle, the m64n64k16
 // and m64n128k16 BF16 -> FP32 instructions (and m64n8k16, both in shared
-// memory, for row sums against a tile of ones) (both operands in shared memory,
+// memory, for row sums against a tile of ones, and m64n32k16 for the dQ
+// column halves at D = 64) (both operands in shared memory,
 // "ss", or A in registers, "rs"), the fences and barriers around them, and
 // the store of an accumulator to an operand tile (store_accumulator_tile).
 //
@@ -176,6 +177,22 @@ __device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t desc_a, uint64_t
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
       "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
+}
+
+// m64n32k16: d (m64 x 32) += A (m64 x k16) B (k16 x 32), both operands in
+// shared memory. An N = 32 operand that is MN-major starts 0 or 64 bytes into
+// the 128-byte rows of its tile: the swizzle is of the address, so the half
+// row is read like the whole (the warp-specialized kernel's dQ at D = 64, each
+// warpgroup 32 of the 64 columns).
+template <bool kTransA, bool kTransB>
+__device__ __forceinline__ void mma_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
 }
 

@@ -2,8 +2,9 @@
 // modes the fused BF16 backward uses: ss with both operands K-major, rs with B
 // MN-major, ss with both operands MN-major, and an accumulator rounded to BF16
 // fed back as the rs A operand, ss with A K-major and B MN-major (the
-// key-outer kernel's dQ), m64n8k16 with both K-major (pivot's row sums
-// against a tile of ones), and an accumulator stored to a tile by stmatrix
+// key-outer kernel's dQ; m64n32k16 halves of it at D = 64), m64n8k16 with
+// both K-major (pivot's row sums against a tile of ones), and an
+// accumulator stored to a tile by stmatrix
 // (store_accumulator_tile) read back as the MN-major A operand. Descriptors,
 // the 128-byte swizzle of the tile layout, k16 stepping and the fragment
 // layouts all show in the result.
@@ -183,6 +184,18 @@ TEST(Wgmma, SsAKMajorBMnMajorSecondColumnBlock) {
       for (int c = 0; c < 64; ++c) right.values[static_cast<size_t>(r) * 64 + c] = in.b.at(r, 64 + c);
     }
     EXPECT_TRUE(same_matrix(product(in.a, false, right, false), run_case(Case::kSsKMajorAMnMajorB, k, in, 64)));
+  }
+}
+
+// C = A B, B [K][64], as two m64n32k16 halves with B MN-major: the second
+// half's descriptor starts 64 bytes into the swizzled 128-byte rows (the
+// warp-specialized key-outer kernel's dQ at D = 64).
+TEST(Wgmma, SsN32HalvesOfAnMnMajorTile) {
+  SKIP_WITHOUT_GPU();
+  for (const int k : kSizes) {
+    SCOPED_TRACE("K = " + std::to_string(k));
+    const Inputs in{random_matrix(kM, k, 81 + k), random_matrix(k, 64, 82 + k), {}};
+    EXPECT_TRUE(same_matrix(product(in.a, false, in.b, false), run_case(Case::kSsN32Halves, k, in, 64)));
   }
 }
 

@@ -232,6 +232,48 @@ __global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
   store_accumulator(c, d);
 }
 
+// C = A B as two m64n32 halves: A [64][K] K-major, B a [K][64] tile read
+// MN-major, columns 0..31 from the start of its 128-byte rows and 32..63
+// from 64 bytes into them (the warp-specialized key-outer kernel's dQ at
+// D = 64, warpgroup wg taking columns 32 wg..); C row-major [64][64].
+template <int K>
+__global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
+    ss_n32_halves_kernel(const uint16_t* a, const uint16_t* b, float* c) {
+  GAUGEWATCH_WGMMA_TEST_SMEM(raw);
+  uint16_t* sa = wg::align_1024(raw);  // [64][K]
+  uint16_t* sb = sa + kM * K;          // [K][64]
+  load_tile<kM, K>(sa, a);
+  load_tile<K, 64>(sb, b);
+  publish_tiles();
+  float half[2][16] = {};
+  wg::fence();
+#pragma unroll
+  for (int s = 0; s < K / 16; ++s) {
+    const uint64_t desc_a = wg::desc_k_major(sa + wg::tile_offset<64>(0, 16 * s));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      wg::mma_ss<false, true>(half[h], desc_a,
+                              wg::desc_mn_major(sb + wg::tile_offset<64>(16 * s, 32 * h), kSubTileBytes));
+    }
+  }
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operand(half[0]);
+  wg::fence_operand(half[1]);
+  const int w = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, row = 16 * w + lane / 4, col = 2 * (lane % 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float* at = c + row * 64 + 32 * h + 8 * j + col;
+      at[0] = half[h][4 * j];
+      at[1] = half[h][4 * j + 1];
+      at[8 * 64] = half[h][4 * j + 2];
+      at[8 * 64 + 1] = half[h][4 * j + 3];
+    }
+  }
+}
+
 // C = A B^T with B [8][K] (m64n8k16), both K-major (B: one 8-row swizzle
 // group per 64 columns; step s 32 bytes further into the rows): with B all
 // ones, the row sums of A, as pivot's rho in the key-outer kernels.
@@ -304,6 +346,9 @@ cudaError_t run_case(Case which, int size, const Operands& o) {
     case Case::kSsKMajorAMnMajorB:
       return wide ? Launcher::run(ss_k_major_a_mn_major_b_kernel<128>, smem_bytes(3 * tiles), o.a, o.b, o.c)
                   : Launcher::run(ss_k_major_a_mn_major_b_kernel<64>, smem_bytes(3 * tiles), o.a, o.b, o.c);
+    case Case::kSsN32Halves:
+      return wide ? Launcher::run(ss_n32_halves_kernel<128>, smem_bytes(2 * tiles), o.a, o.b, o.c)
+                  : Launcher::run(ss_n32_halves_kernel<64>, smem_bytes(2 * tiles), o.a, o.b, o.c);
     case Case::kSsN8:  // A's sub-tiles and B's [8][size] (at most one more sub-tile's bytes)
       return wide ? Launcher::run(ss_n8_kernel<128>, smem_bytes(tiles + 1), o.a, o.b, o.c)
                   : Launcher::run(ss_n8_kernel<64>, smem_bytes(tiles + 1), o.a, o.b, o.c);

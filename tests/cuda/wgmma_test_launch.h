@@ -20,6 +20,9 @@ enum class Case {
   kSsKMajorAMnMajorB,  // C[64][64] = A[64][size] B[size][128][:, 64..127]: ss, A
                        // K-major, B MN-major from its second 64-column block
                        // (the key-outer kernel's dQ = t K at D = 128)
+  kSsN32Halves,  // C[64][64] = A[64][size] B[size][64] as two m64n32k16
+                 // halves: ss, A K-major, B MN-major from 0 and 64 bytes into
+                 // its rows (the warp-specialized key-outer kernel's dQ at D = 64)
   kSsN8,  // C[64][8] = A[64][size] B[8][size]^T: m64n8k16, ss, both K-major
           // (pivot's row sums of t against a tile of ones in the key-outer kernels)
   kStoredTile,  // C[64][size] = bf16(A[64][64] B[64][64]^T)^T V[64][size]: the

@@ -125,8 +125,9 @@ inline void a_rows_from_registers(ARows& rows, const uint32_t (&a)[4]) {
 // d (this thread's part of m64 x N) += A B, B(k, n) = element (n, k) of desc_b.
 template <int F>
 void accumulate(float (&d)[F], const ARows& a, uint64_t desc_b, bool trans_b) {
-  static_assert(F == 4 || F == 32 || F == 64,
-                "wgmma.cuh has m64n8k16 (float[4]), m64n64k16 (float[32]) and m64n128k16 (float[64])");
+  static_assert(F == 4 || F == 16 || F == 32 || F == 64,
+                "wgmma.cuh has m64n8k16 (float[4]), m64n32k16 (float[16]), m64n64k16 (float[32]) and m64n128k16 "
+                "(float[64])");
   const Operand b(desc_b, trans_b);
   const int c = lane_id() % 4;
   for (int j = 0; j < F / 4; ++j) {
@@ -206,6 +207,10 @@ inline void pingpong_wait(int /*id*/) {}
 // d (m64 x N) += A (m64 x k16) B (k16 x N); the shapes of wgmma.cuh.
 template <bool kTransA, bool kTransB>
 inline void mma_ss(float (&d)[4], uint64_t desc_a, uint64_t desc_b) {
+  emulated::mma_ss(d, desc_a, kTransA, desc_b, kTransB);
+}
+template <bool kTransA, bool kTransB>
+inline void mma_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
   emulated::mma_ss(d, desc_a, kTransA, desc_b, kTransB);
 }
 template <bool kTransA, bool kTransB>
