@@ -85,17 +85,12 @@ def kernel_times(c):
     return times
 
 
-def round_ratios(runs_a, runs_b, shape, value):
-    """B / A of value(case) in each round (run i of A against run i of B), or
-    [] where the sides' run counts differ or there is one round."""
-    if len(runs_a) != len(runs_b) or len(runs_a) < 2:
+def round_ratios(values_a, values_b):
+    """B / A of each round (run i of A against run i of B), or [] where the
+    sides' run counts differ or there is one round."""
+    if len(values_a) != len(values_b) or len(values_a) < 2:
         return []
-    ratios = []
-    for cases_a, cases_b in zip(runs_a, runs_b):
-        x, y = value(case(cases_a, shape)), value(case(cases_b, shape))
-        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x:
-            ratios.append(y / x)
-    return ratios
+    return [b / a for a, b in zip(values_a, values_b) if a]
 
 
 def kernel_rows(runs_a, runs_b):
@@ -103,14 +98,13 @@ def kernel_rows(runs_a, runs_b):
     kernel every run timed; times are medians over each side's runs."""
     rows = []
     for shape in shapes_in_both(runs_a, runs_b):
-        per_run = [kernel_times(case(cases, shape)) for cases in runs_a + runs_b]
-        for key in kernel_times(case(runs_a[0], shape)):
-            if not all(key in t for t in per_run):
+        times_a = [kernel_times(case(cases, shape)) for cases in runs_a]
+        times_b = [kernel_times(case(cases, shape)) for cases in runs_b]
+        for key in times_a[0]:
+            if not all(key in t for t in times_a + times_b):
                 continue
-            us_a = median([kernel_times(case(cases, shape))[key] for cases in runs_a])
-            us_b = median([kernel_times(case(cases, shape))[key] for cases in runs_b])
-            rounds = round_ratios(runs_a, runs_b, shape, lambda c, key=key: kernel_times(c).get(key))
-            rows.append((shape, key[0], key[1], us_a, us_b, rounds))
+            us_a, us_b = [t[key] for t in times_a], [t[key] for t in times_b]
+            rows.append((shape, key[0], key[1], median(us_a), median(us_b), round_ratios(us_a, us_b)))
     return rows
 
 

@@ -43,9 +43,12 @@ def warm_gpu(seconds=2.0):
     first measurement of a process, so that its first shape is not timed
     while the clocks still ramp up from idle. (cuDNN's backward of the
     benchmark's first shape measured 1.02-1.29 ms across the committed
-    H200 runs, the shapes after it 1.51-1.78 and 4.80-5.33 ms, while the
-    project's kernels moved by about 1%; whether a warm-up narrows that is
-    for the runs after this one to show.)"""
+    H200 runs before it, the shapes after it 1.51-1.78 and 4.80-5.33 ms,
+    while the project's kernels moved by about 1%. With it, the first
+    shape's cuDNN time still spread 1.02-1.27 ms over six processes of one
+    call, bench/results/bench_bf16_backward-d64-writer-h200-2026-12-04.md:
+    the spread is between processes, not the clocks' ramp; compare over
+    several processes, scripts/device-ab.sh GW_AB_ROUNDS.)"""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()

@@ -143,7 +143,7 @@ template <int D, Projection P = Projection::kNone, bool kWriter = false>
 struct Layout : hopper::KvLayout<D, Projection::kNone> {
   using Base = hopper::KvLayout<D, Projection::kNone>;
   static constexpr size_t kDqTileBytes =
-      static_cast<size_t>(kKvRows) * (D == 64 ? (kWriter ? 64 : 72) : kDqStride<D>) * 4;
+      static_cast<size_t>(kKvRows) * (D == 64 && kWriter ? 64 : kDqStride<D>) * 4;
   static constexpr size_t kDqPartial = static_cast<size_t>(Base::kRows) * 2 + Base::kRowFloats * 4;  // bytes
   static constexpr int kTiles = D == 64 && !kWriter ? 4 : 1;
   static constexpr size_t kOnes = kDqPartial + kTiles * kDqTileBytes;  // bytes
@@ -201,7 +201,7 @@ struct KeyTile {
   static constexpr bool kStatsByWriter = kWriter && P == Projection::kPivot;
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
-  static constexpr int kStride = D == 64 ? 72 : kDqStride<D>;
+  static constexpr int kStride = kDqStride<D>;
   static constexpr int kPartialFloats = kKvRows * kStride;  // one warpgroup's partial
 
   const Args& a;

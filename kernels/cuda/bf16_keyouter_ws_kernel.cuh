@@ -114,7 +114,9 @@ template <int D, Projection P>
 inline constexpr int kComputeRegs = kDqWriter<D, P> ? 232 : 240;
 template <int D, Projection P>
 inline constexpr bool kFitsPool = kProducerRegs<D, P> + 2 * kComputeRegs<D, P> <= 3 * kLaunchRegs;
-static_assert(kFitsPool<64, Projection::kNone> && kFitsPool<128, Projection::kNone>, "the block's register pool");
+static_assert(kFitsPool<64, Projection::kNone> && kFitsPool<64, Projection::kGproj> &&
+                  kFitsPool<128, Projection::kNone>,
+              "the block's register pool (with and without the writer)");
 // Named barriers: 1, 2 (KeyTile's per-warpgroup barriers, 1 + wg), 3 (the
 // pingpong), this one for the 256 compute threads, then keyouter::DqHandoff's
 // (5 ..).
@@ -199,12 +201,13 @@ inline bool encode_maps(const Args& a, Maps* maps) {
   return true;
 }
 
-// With the writer warp (kDqWriter): dQacc's map, or false where it cannot be
-// encoded (the caller then runs keyouter_kernel). The workspace's dQacc is
-// dense and aligned: only a missing driver entry point refuses it.
-template <int D>
+// With the writer warp (kDqWriter<D, P>): dQacc's map, or false where it
+// cannot be encoded (the caller then runs keyouter_kernel); without it
+// nothing to encode. The workspace's dQacc is dense and aligned: only a
+// missing driver entry point refuses it.
+template <int D, Projection P>
 inline bool encode_dq_map(const Args& a, Maps* maps) {
-  return !kDqWriter<D, Projection::kNone> ||
+  return !kDqWriter<D, P> ||
          tma::encode_f32_reduce_map(&maps->dq_accum, dq_accum_tensor<D>(a), kKvRows) == tma::EncodeStatus::kOk;
 }
 
