@@ -140,7 +140,7 @@ namespace {
 // FP32 recompute, GProj, the metric reductions) on the side stream, after the
 // sampled backward; one small vector comes back through pinned memory.
 // nullopt: skipped (counted). A shape the CUDA kernels do not take (head dims
-// other than 64 / 128) is measured on CPU copies instead, logged once.
+// other than 64, 128, 256) is measured on CPU copies instead, logged once.
 std::optional<AuditNumbers> audit_on_gpu(Job& job) {
   const c10::cuda::CUDAGuard device(job.slice.q.device());
   const c10::cuda::CUDAStreamGuard on_side(*job.side);

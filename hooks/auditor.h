@@ -19,7 +19,7 @@
 // thread polls the side event, then launches the same two ops on the slices
 // on the side stream (their CUDA kernels) and reads back one small vector
 // through pinned memory; a shape the CUDA kernels do not take (head dims
-// other than 64 / 128) is measured on CPU copies instead. Copies larger than GAUGEWATCH_AUDIT_MAX_BYTES (CPU and CUDA),
+// other than 64, 128, 256) is measured on CPU copies instead. Copies larger than GAUGEWATCH_AUDIT_MAX_BYTES (CPU and CUDA),
 // or an allocation failure, skip the sample ("memory budget ..."); so do
 // non-finite values in the sampled slices ("non-finite operands (NaN/Inf)").
 //

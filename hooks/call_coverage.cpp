@@ -5,14 +5,13 @@
 namespace gaugewatch::hooks {
 namespace {
 
-bool fused_kernels_take(const CallInfo& info, const at::Tensor& q, Backend backend) {
+bool fused_kernels_take(const CallInfo& info, const at::Tensor& q) {
   if (info.dropout_p != 0.0 || info.mask().defined()) return false;
   if (!q.is_cuda()) return true;  // the CPU reference takes every head dim
   // The CUDA kernels' head dims (kernels/torch/ops_cuda.cpp): the fused BF16
-  // backward 64 and 128, the FP32 one also 256.
+  // backward and the FP32 one both take 64, 128 and 256.
   const std::int64_t d = q.size(3);
-  if (backend == Backend::kFp32) return d == 64 || d == 128 || d == 256;
-  return d == 64 || d == 128;
+  return d == 64 || d == 128 || d == 256;
 }
 
 }  // namespace
@@ -32,10 +31,8 @@ CallVerdict classify(const CallInfo& info, const at::Tensor& q, const at::Tensor
     v = {false, "mask", {}};
   }
   if (!layout_ok) return v;
-  if (bf16) {
-    for (Backend b : {Backend::kGproj, Backend::kPivot, Backend::kFp32}) {
-      if (fused_kernels_take(info, q, b)) v.correcting.push_back(b);
-    }
+  if (bf16 && fused_kernels_take(info, q)) {
+    for (Backend b : {Backend::kGproj, Backend::kPivot, Backend::kFp32}) v.correcting.push_back(b);
   }
   // The intercepted op's own backward on centred keys: every call it takes.
   if (op_unavailable("center_keys").empty()) v.correcting.push_back(Backend::kCenter);

@@ -41,6 +41,8 @@ Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x 
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
 gproj <= 1.8x sdpa_cudnn (the *_vs_cudnn columns; gw_gproj is gproj's
 default, the key-outer gproj and the pair have their own columns).
+Head dim 256 (the last shape) runs the mma.sync pair for bf16, gproj and
+pivot on every path (the only kernels that take it).
 Shapes with "sink" in the name: key 0 of every head is an attention sink that
 wins the row maximum of P for every row (every row's pivot is key 0: pivot's
 dK fix-up lands on one key), q[..., 0] = 4, k_0 = (2 sqrt(d), 0, ..., 0).
@@ -72,6 +74,8 @@ SHAPES = [
     ("B4_Hq32_Hkv8_N4096_d128_causal_gqa", 4, 32, 8, 4096, 128, True),
     ("B1_H16_N16384_d128_causal", 1, 16, 16, 16384, 128, True),
     ("B4_H16_N4096_d128_causal_sink_pivot", 4, 16, 16, 4096, 128, True),
+    # Head dim 256: the fused backward's mma.sync pair on every path.
+    ("B4_H16_N4096_d256_causal", 4, 16, 16, 4096, 256, True),
 ]
 GW = ("bf16", "gproj", "pivot", "center", "fp32")
 # Also timed with deterministic=True (gw_<backend>_pair): the two-kernel pair.

@@ -97,9 +97,10 @@ void Bf16BackwardParams::set_contiguous_strides() {
 
 Status validate(const Bf16BackwardParams& params) {
   const ProblemShape& p = params.shape;
-  if (p.head_dim != 64 && p.head_dim != 128) {
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) {
     return invalid("head_dim " + std::to_string(p.head_dim) +
-                   " is not supported by the fused BF16 backward (64 or 128); use backend fp32 for other head dims");
+                   " is not supported by the fused BF16 backward (64, 128 or 256); use backend fp32 or center for "
+                   "other head dims");
   }
   if (p.batch < 0 || p.q_heads <= 0 || p.kv_heads <= 0 || p.q_len < 0 || p.kv_len < 0) {
     return invalid("shape must have batch, q_len, kv_len >= 0 and q_heads, kv_heads > 0");
@@ -212,16 +213,23 @@ bf16::Args operand_args(const Bf16BackwardParams& p) {
   return a;
 }
 
+// Whether the key-outer kernels exist at p's head dim (64 and 128; at 256
+// their tiles do not fit, kernels/cuda/README.md).
+bool has_key_outer_kernels(const Bf16BackwardParams& p) {
+  return p.shape.head_dim == 64 || p.shape.head_dim == 128;
+}
+
 // Whether the warp-specialized key-outer kernels can run for p: asked for,
 // valid parameters, and TMA maps the driver encodes for its operands.
 bool key_outer_ws_possible(const Bf16BackwardParams& p) {
-  if (!p.keyouter_warp_specialized || !validate(p).ok()) return false;
+  if (!p.keyouter_warp_specialized || !has_key_outer_kernels(p) || !validate(p).ok()) return false;
   return bf16::keyouter_ws_maps_encodable(operand_args(p), static_cast<int>(p.shape.head_dim));
 }
 
 }  // namespace
 
 bool gproj_runs_key_outer(const Bf16BackwardParams& p) {
+  if (!has_key_outer_kernels(p)) return false;
   switch (p.gproj_path) {
     case GprojPath::kPair: return false;
     case GprojPath::kKeyOuter: return true;
@@ -230,6 +238,7 @@ bool gproj_runs_key_outer(const Bf16BackwardParams& p) {
 }
 
 bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
+  if (!has_key_outer_kernels(p)) return false;
   const bool opted_in = p.projection != Projection::kGproj || gproj_runs_key_outer(p);
   return opted_in && !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper && !p.diagnostics.any();
 }
@@ -377,8 +386,11 @@ Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, siz
     err = p.shape.head_dim == 64 ? launch_key_outer<64>(a, p.projection, specialized, stream)
                                  : launch_key_outer<128>(a, p.projection, specialized, stream);
   } else {
-    err = p.shape.head_dim == 64 ? launch_projection<64>(a, p.projection, p.kernel_pair, stream)
-                                 : launch_projection<128>(a, p.projection, p.kernel_pair, stream);
+    switch (p.shape.head_dim) {
+      case 64: err = launch_projection<64>(a, p.projection, p.kernel_pair, stream); break;
+      case 128: err = launch_projection<128>(a, p.projection, p.kernel_pair, stream); break;
+      default: err = launch_projection<256>(a, p.projection, p.kernel_pair, stream); break;
+    }
   }
   if (err != cudaSuccess) return checks::cuda_failure("bf16 backward launch", err);
   return {};

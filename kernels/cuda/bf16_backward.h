@@ -135,7 +135,9 @@ struct Bf16RowDiagnostics {
 };
 
 // Which implementation of the kernel pair runs (same math, same outputs to
-// the BF16 error both carry).
+// the BF16 error both carry). Head dim 256 runs the mma.sync pair whatever
+// this says: neither the Hopper pair's tiles nor the key-outer kernels' fit
+// there (kernels/cuda/README.md, "Head dim 256").
 enum class Bf16KernelPair : int {
   kHopper = 0,            // warpgroup MMAs (bf16_backward_hopper.cuh)
   kMmaSyncBaseline = 1,   // mma.sync (baseline/bf16_mma_sync_kernel.cuh)
@@ -147,7 +149,7 @@ struct LseStrides {
 };
 
 struct Bf16BackwardParams {
-  ProblemShape shape;  // head_dim 64 or 128; no mask
+  ProblemShape shape;  // head_dim 64, 128 or 256 (256: the mma.sync pair only); no mask
   // Inputs (device). BF16 tensors are passed as raw 16-bit storage.
   const uint16_t* q = nullptr;
   const uint16_t* k = nullptr;
@@ -198,15 +200,15 @@ struct Bf16BackwardParams {
 
 Status validate(const Bf16BackwardParams& params);
 
-// Whether `params` run the key-outer kernel (otherwise the pair): Hopper
-// pair, not deterministic, no diagnostics, and for gproj where gproj_path
-// chooses it (gproj_runs_key_outer).
+// Whether `params` run the key-outer kernel (otherwise the pair): head dim
+// 64 or 128, Hopper pair, not deterministic, no diagnostics, and for gproj
+// where gproj_path chooses it (gproj_runs_key_outer).
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
 // Whether gproj_path takes gproj's key-outer structure for params (its head
 // dim, and with kAuto at head dim 128 whether the warp-specialized kernels
 // would run: keyouter_warp_specialized and maps that encode), whatever the
-// other conditions of bf16_uses_key_outer.
+// other conditions of bf16_uses_key_outer; never at head dim 256.
 bool gproj_runs_key_outer(const Bf16BackwardParams& params);
 
 // Whether `params` run the warp-specialized key-outer kernel: the key-outer

@@ -40,11 +40,16 @@ cudaError_t launch_hopper(const Args& a, cudaStream_t stream) {
   return err;
 }
 
-// The kernel pair `pair` names.
+// The kernel pair `pair` names; at head dim 256 the mma.sync pair, the only
+// one whose tiles fit there (bf16_backward.h).
 template <int D, Projection P>
 cudaError_t launch(const Args& a, Bf16KernelPair pair, cudaStream_t stream) {
-  if (pair == Bf16KernelPair::kMmaSyncBaseline) return mma_sync::launch<D, P>(a, stream);
-  return launch_hopper<D, P>(a, stream);
+  if constexpr (D == 256) {
+    return mma_sync::launch<D, P>(a, stream);
+  } else {
+    if (pair == Bf16KernelPair::kMmaSyncBaseline) return mma_sync::launch<D, P>(a, stream);
+    return launch_hopper<D, P>(a, stream);
+  }
 }
 
 }  // namespace gaugewatch::gpu::bf16

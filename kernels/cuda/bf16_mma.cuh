@@ -19,7 +19,7 @@
 //
 // Shared tiles are row-major [rows][W] BF16 with the 16-byte chunks of each
 // row XOR-swizzled by (row % 8): an ldmatrix of 8 rows at one logical chunk
-// then touches 8 distinct bank groups (no conflicts), for W = 64 or 128.
+// then touches 8 distinct bank groups (no conflicts), for W a multiple of 64.
 
 #include <cuda_runtime.h>
 

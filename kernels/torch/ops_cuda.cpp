@@ -63,9 +63,10 @@ Grads run_bf16(const AttentionCall& call, Backend backend, const at::Tensor& gra
                const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
                bool deterministic) {
-  TORCH_CHECK(call.shape.head_dim == 64 || call.shape.head_dim == 128, "gaugewatch: the fused BF16 backward (backend '",
-              gaugewatch::backend_name(backend), "') supports head dims 64 and 128, got ", call.shape.head_dim,
-              "; use backend='fp32' for this head dim");
+  const int64_t d = call.shape.head_dim;
+  TORCH_CHECK(d == 64 || d == 128 || d == 256, "gaugewatch: the fused BF16 backward (backend '",
+              gaugewatch::backend_name(backend), "') supports head dims 64, 128 and 256, got ", d,
+              "; use backend='fp32' or 'center' for this head dim");
   const c10::cuda::CUDAGuard guard(q.device());
   return fused_bf16_backward(call, projection_of(backend), grad_out, q, k, v, out, lse,
                              device_offsets(call, cu_seqlens_q, cu_seqlens_k, q), {},

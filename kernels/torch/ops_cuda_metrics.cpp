@@ -58,9 +58,9 @@ at::Tensor attention_metrics_cuda(const at::Tensor& grad_out_arg, const at::Tens
               "kernels, which take none; pass CPU tensors for the masked metrics, and measure a masked call's live "
               "gradients against attention_backward_rows / attention_backward(backend='fp32', attn_mask=...)");
   const auto& sh = call.shape;
-  TORCH_CHECK(sh.head_dim == 64 || sh.head_dim == 128,
-              "gaugewatch: attention_metrics on CUDA runs the fused BF16 backward, which supports head dims 64 "
-              "and 128, got ",
+  TORCH_CHECK(sh.head_dim == 64 || sh.head_dim == 128 || sh.head_dim == 256,
+              "gaugewatch: attention_metrics on CUDA runs the fused BF16 backward, which supports head dims 64, "
+              "128 and 256, got ",
               sh.head_dim, "; pass CPU tensors for the reference metrics");
   const c10::cuda::CUDAGuard guard(q_arg.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();

@@ -856,6 +856,21 @@ TEST(Bf16Backward, GprojStructureByHeadDim) {
   p.projection = gpu::Projection::kNone;
   p.diagnostics.row_mass = &row_mass;
   EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "row diagnostics run the pair";
+  p.diagnostics = {};
+  // Head dim 256: the pair only, whatever gproj_path and the other flags say.
+  p.shape.head_dim = 256;
+  p.set_contiguous_strides();
+  EXPECT_EQ(gpu::validate(p).message.find("head_dim"), std::string::npos) << gpu::validate(p).message;
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot, gpu::Projection::kGproj}) {
+    SCOPED_TRACE(name_of(projection));
+    p.projection = projection;
+    for (const auto path : {gpu::GprojPath::kAuto, gpu::GprojPath::kKeyOuter}) {
+      p.gproj_path = path;
+      EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "no key-outer kernel at head dim 256";
+      EXPECT_FALSE(gpu::bf16_uses_key_outer_ws(p));
+      EXPECT_FALSE(gpu::gproj_runs_key_outer(p));
+    }
+  }
 }
 
 // The grids' order (grid_order.cuh): sections of heads of equal width (to
@@ -1006,6 +1021,63 @@ TEST(Bf16Backward, MmaSyncPairMatchesReference) {
       EXPECT_LE(relative(got.grads.dq, expect.dq), 2e-2);
       EXPECT_LE(relative(got.grads.dk, expect.dk), 2e-2);
       EXPECT_LE(relative(got.grads.dv, expect.dv), 2e-2);
+    }
+  }
+}
+
+// Head dim 256 (the mma.sync pair, whatever the kernel pair asked: the only
+// kernels whose tiles fit there): bf16, gproj and pivot against the reference
+// emulation with the fused kernels' tolerances, bf16's row diagnostics, and
+// the default (non-deterministic) call the same bits as deterministic = true,
+// with gproj's key-outer path asked for: the launcher takes the pair for both
+// (on the multi-tile shape: the emulation's time). Shapes: ragged tiles,
+// causal over several tiles, GQA, packed sequences, sink-like rows (a large
+// key offset, sharp attention).
+TEST(Bf16Backward, HeadDim256PairMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  using CM = ref::CausalMode;
+  std::vector<Bf16Case> shapes;
+  shapes.push_back(make_case("d256_noncausal", {1, 2, 2, 70, 90, 256}));
+  Bf16Case multi = make_case("d256_bottom_right_multi_tile", {1, 1, 1, 150, 140, 256}, CM::kBottomRight);
+  multi.q_gain = 3.0f;
+  shapes.push_back(multi);
+  shapes.push_back(make_case("d256_gqa_top_left", {1, 4, 2, 65, 65, 256}, CM::kTopLeft));
+  Bf16Case packed = make_case("d256_packed", {1, 2, 2, 100, 90, 256}, CM::kTopLeft);
+  packed.cu_q = {0, 1, 60, 60, 100};
+  packed.cu_k = {0, 30, 31, 50, 90};
+  shapes.push_back(packed);
+  Bf16Case sink = make_case("d256_sinklike", {1, 2, 2, 96, 96, 256}, CM::kTopLeft);
+  sink.key_offset = 200.0f;
+  sink.q_gain = 20.0f;
+  shapes.push_back(sink);
+  for (const Bf16Case& c : shapes) {
+    SCOPED_TRACE(c.name);
+    const ref::AttentionInputs in = make_inputs(c);
+    const ref::SavedForward saved = ref::forward_fused_bf16(in);
+    const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+    for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kGproj, gpu::Projection::kPivot}) {
+      SCOPED_TRACE(name_of(projection));
+      const KernelRun got = run_kernel(in, saved, projection);
+      ASSERT_TRUE(got.status.ok()) << got.status.message;
+      ASSERT_FALSE(got.key_outer);
+      ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, projection, c, " d256"));
+      if (projection == gpu::Projection::kNone) {
+        const double tolerance = c.key_offset != 0.0f ? 5e-3 : 1e-4;
+        for (size_t i = 0; i < got.p_max.size(); ++i) {
+          const float want_p = want.rows.pivot[i] < 0 ? 0.0f : want.rows.p_max[i];
+          EXPECT_NEAR(got.p_max[i], want_p, tolerance) << "row " << i;
+          EXPECT_EQ(got.pivot[i] < 0, want.rows.pivot[i] < 0) << "row " << i;
+        }
+      }
+      if (c.name != multi.name) continue;
+      const KernelRun fast = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
+      ASSERT_TRUE(fast.status.ok()) << fast.status.message;
+      EXPECT_FALSE(fast.key_outer);
+      for (const auto& [x, y] : {std::pair{&got.grads.dq, &fast.grads.dq}, std::pair{&got.grads.dk, &fast.grads.dk},
+                                 std::pair{&got.grads.dv, &fast.grads.dv}}) {
+        EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0)
+            << "the default call differs from deterministic = true";
+      }
     }
   }
 }

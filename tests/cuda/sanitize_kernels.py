@@ -1,7 +1,7 @@
 """Small calls of every CUDA backend of gaugewatch::attention_backward, for
 compute-sanitizer (memcheck, racecheck, synccheck) in scripts/device.sh:
-multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64
-and 128; bf16 and pivot both on the key-outer path (default: the
+multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64,
+128 and 256 (256: the mma.sync pair, on both paths); bf16 and pivot both on the key-outer path (default: the
 warp-specialized key-outer kernel) and on the
 two-kernel pair (deterministic=True), gproj on the pair (device.sh's
 default variant sets GAUGEWATCH_GPROJ_KERNEL=pair; gproj's default at head
@@ -14,7 +14,7 @@ reports hazards.
 With GAUGEWATCH_GPROJ_KERNEL=key_outer (the library reads it once, when it
 loads) the script runs only the key-outer gproj (its warp-specialized first
 pass, its row finish and its warp-specialized second pass over the keys)
-on the same cases:
+on the same cases but head dim 256's (which has no key-outer kernel):
 scripts/device.sh runs it that way a second time under each tool. With
 GAUGEWATCH_BF16_KERNEL=key_outer it runs only bf16 and pivot on their
 key-outer path (deterministic=False) on the key-outer kernel without warp
@@ -42,9 +42,12 @@ CASES = [
     dict(B=2, Hq=2, Hkv=2, N=65, M=65, d=64, causal=False, alignment="top_left"),
     dict(B=1, Hq=2, Hkv=2, N=100, M=90, d=128, causal=True, alignment="top_left",
          cu_q=[0, 1, 60, 60, 100], cu_k=[0, 30, 31, 50, 90]),
+    dict(B=1, Hq=4, Hkv=2, N=130, M=70, d=256, causal=True, alignment="bottom_right"),
 ]
 
 for case in CASES:
+    if (GPROJ_KEY_OUTER or PLAIN_KEY_OUTER) and case["d"] == 256:
+        continue  # no key-outer kernel at head dim 256: the default variant runs its pair
     g = torch.Generator(device="cuda").manual_seed(0)
     B, Hq, Hkv, N, M, d = (case[x] for x in ("B", "Hq", "Hkv", "N", "M", "d"))
     q = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
@@ -74,7 +77,7 @@ if GPROJ_KEY_OUTER or PLAIN_KEY_OUTER:
     ran = ", ".join(backend for backend, _ in runs)
     kernel = ("the key-outer kernel without warp specialization" if PLAIN_KEY_OUTER
               else "the warp-specialized kernels")
-    print(f"sanitize_kernels: {len(CASES)} cases of the key-outer path ({ran}; first pass on {kernel}) ran")
+    print(f"sanitize_kernels: {sum(c['d'] != 256 for c in CASES)} cases of the key-outer path ({ran}; first pass on {kernel}) ran")
     sys.exit(0)
 
 CENTRING = [dict(B=2, Hq=4, Hkv=2, N=300, L=320, d=d) for d in (64, 128, 256)]

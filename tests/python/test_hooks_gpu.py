@@ -118,6 +118,31 @@ def test_gpu_audit_of_a_head_dim_the_kernels_do_not_take_runs_on_cpu_copies(bina
     assert all(layer["latest"].get("live_dq_discrepancy", 0) > 0 for layer in stats["layers"]), stats["layers"]
 
 
+def test_gpu_head_dim_256_is_audited_and_corrected_on_the_gpu(binaries, workdir):
+    """Head dim 256 (the fused BF16 kernels take it through their mma.sync
+    pair): the audit runs on the GPU, every layer lists the fused backends as
+    correcting, and each backend serves every call, in the stock layout."""
+    lib = binaries[2]
+    run_id = "hooks-gpu-d256"
+    args = ["--device", "cuda", "--dim", 1024, "--heads", 4, "--seq", 64, "--batch", 8]  # head dim 256
+    result = run_trainer(gpu_env(lib, workdir, run_id, "none", "plain"), "--steps", 10, *args)
+    assert_loss_decreases(parse_output(result.stdout)[0])
+    stats = final_stats(workdir, run_id)
+    assert stats["samples_submitted"] > 0 and stats["audits_skipped_other"] == 0, stats
+    assert stats["audits_by_device"] == {"cuda": stats["samples_submitted"]}, stats
+    assert all(layer["latest"].get("live_dq_discrepancy", 0) > 0 for layer in stats["layers"]), stats["layers"]
+    assert all({"gproj", "pivot", "fp32"} <= set(layer["coverage"]["correcting_backends"])
+               for layer in stats["layers"]), stats["layers"]
+    stock = run_layouts(lib, workdir, "stock", device="cuda", head_dim=256)
+    for backend in ("gproj", "pivot", "bf16"):
+        other = run_layouts(lib, workdir, backend, device="cuda", head_dim=256)
+        assert other["calls"][backend] == 3 and other["fallbacks"] == 0, other
+        assert other["cuda_backends"] == {backend: "available"}, other
+        for name in ("fused", "transposed", "contiguous"):
+            assert other["out"][name]["layouts"] == stock["out"][name]["layouts"], (backend, name)
+            assert relative_difference(other["out"][name]["grad"], stock["out"][name]["grad"]) < 0.05, (backend, name)
+
+
 @pytest.mark.parametrize("sdpa", ["default", "flash", "efficient"])
 @pytest.mark.parametrize("backend", ["gproj", "pivot", "bf16", "fp32"])
 def test_gpu_backend_gradients_have_the_stock_layout_and_dtype(binaries, workdir, backend, sdpa):

@@ -15,8 +15,13 @@
 //   phase 2 ("contract"): the dq kernel's warp w owns rows 16 (w % 4).. and
 //     head-dim half w / 4 of dQ (and U = r K for gproj); the dkdv kernel's warp
 //     w owns keys 16 (w % 4).. and head-dim half w / 4 of dK and dV.
+// Head dim 256 (the only kernels of the fused backward that take it; the
+// Hopper pair's and the key-outer kernels' tiles do not fit there): the same
+// code at D / 2 = 128 columns per warp in phase 2 (dQ, U, dK and dV of 16 x
+// 128 FP32 each, 64 registers), one block per SM, and gproj's dkdv kernel
+// single-buffers Q / dO beside its -lambda Q tile (kDoubleBufferQ).
 // Build: launched through baseline/bf16_mma_sync_launch.cuh from the
-// instantiations bf16_backward_d{64,128}_{none,gproj,pivot}.cu.
+// instantiations bf16_backward_d{64,128,256}_{none,gproj,pivot}.cu.
 
 #include <cuda_runtime.h>
 
@@ -42,19 +47,27 @@ inline constexpr int kBc = 64;  // keys per tile
 template <int D, int B>
 struct Occupancy {
   static_assert(B == 1 || B == 2, "one or two blocks per SM");
+  static_assert(D != 256 || B == 1, "head dim 256: one block per SM (dK and dV alone take 128 registers)");
   static constexpr int kPhase1Unroll = (D == 128 && B == 2) ? 2 : D / 16;
   static constexpr int kContractUnroll = (D == 128 && B == 2) ? 1 : kBc / 16;
   static constexpr bool kDoubleBufferQ = !(D == 128 && B == 2);
 };
+
+// Whether the dkdv kernel double-buffers Q / dO: as Occupancy says, except
+// gproj at D = 256, whose six 32 KiB tiles (K, V, two Q / dO buffers, -lambda
+// Q) would not fit the 227 KiB a block may have.
+template <int D, Projection P, int B>
+inline constexpr bool kDoubleBufferQ = Occupancy<D, B>::kDoubleBufferQ && !(D == 256 && P == Projection::kGproj);
 
 // Blocks per SM of the dq and dkdv kernels by default: two wherever the kernel
 // fits 128 registers without spilling. gproj at D = 128 runs one block in both
 // kernels: the dq kernel's second accumulator U = r K does not fit, and the
 // dkdv kernel (its -lambda Q operand in shared memory) spills 28 bytes at 128
 // registers (still 8 with the -lambda Q staging loop kept rolled; nvcc 13.0).
+// D = 256: one block (a dq block's tiles take 208 KiB).
 template <int D, Projection P>
 struct DefaultBlocks {
-  static constexpr int kDq = (D == 128 && P == Projection::kGproj) ? 1 : 2;
+  static constexpr int kDq = D == 256 || (D == 128 && P == Projection::kGproj) ? 1 : 2;
   static constexpr int kDkdv = kDq;
 };
 
@@ -280,8 +293,9 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
                     });
     __syncthreads();
     if constexpr (P == Projection::kGproj) {
-      // Unrolled by 2 at D = 64: fully unrolled, the shared sweep spills at 128 registers.
-      constexpr int kUnroll = D == 64 ? 2 : Occupancy<D, B>::kContractUnroll;
+      // Unrolled by 2 at D = 64: fully unrolled, the shared sweep spills at
+      // 128 registers; rolled at D = 256, where dQ and U take 128 of 255.
+      constexpr int kUnroll = D == 64 ? 2 : D == 256 ? 1 : Occupancy<D, B>::kContractUnroll;
       contract_pair<D, kUnroll>(dq, smem + L::kT, u, smem + L::kR, ks, row0, half * (D / 2));
     } else {
       contract<D, false, Occupancy<D, B>::kContractUnroll>(dq, smem + L::kT, ks, row0, half * (D / 2));
@@ -409,7 +423,7 @@ __device__ __forceinline__ RowArrays row_arrays(float* base, int buf) {
 template <int D, Projection P, int B>
 __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
   GAUGEWATCH_BF16_SMEM(smem);
-  constexpr bool kDB = Occupancy<D, B>::kDoubleBufferQ;
+  constexpr bool kDB = kDoubleBufferQ<D, P, B>;
   using L = DkdvSmem<D, P, kDB>;
   // Key tile 0 has the most query rows under causal masking: it goes first.
   const int ktile = static_cast<int>(blockIdx.x);

@@ -14,7 +14,7 @@ namespace gaugewatch::gpu::bf16::mma_sync {
 template <int D, Projection P, int BQ = DefaultBlocks<D, P>::kDq, int BKV = DefaultBlocks<D, P>::kDkdv>
 cudaError_t launch(const Args& a, cudaStream_t stream) {
   constexpr int kDqSmem = static_cast<int>(DqSmem<D>::kBytes);
-  constexpr int kKvSmem = static_cast<int>(DkdvSmem<D, P, Occupancy<D, BKV>::kDoubleBufferQ>::kBytes);
+  constexpr int kKvSmem = static_cast<int>(DkdvSmem<D, P, kDoubleBufferQ<D, P, BKV>>::kBytes);
   // 228 KiB per SM (sm_90), of which the runtime reserves 1 KiB per block.
   static_assert(BQ * (kDqSmem + 1024) <= 228 * 1024, "dq kernel: BQ blocks do not fit one SM's shared memory");
   static_assert(BKV * (kKvSmem + 1024) <= 228 * 1024, "dkdv kernel: BKV blocks do not fit one SM's shared memory");

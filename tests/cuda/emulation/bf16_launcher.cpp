@@ -33,7 +33,7 @@ cudaError_t launch_mma_sync(const Args& a) {
   }
   const dim3 kv_grid(static_cast<unsigned>((a.m + kBc - 1) / kBc), static_cast<unsigned>(a.batch * a.hkv));
   if (kv_grid.x > 0 && kv_grid.y > 0) {
-    gaugewatch_emulation::run_grid(kv_grid, kThreads, DkdvSmem<D, P, Occupancy<D, BKV>::kDoubleBufferQ>::kBytes,
+    gaugewatch_emulation::run_grid(kv_grid, kThreads, DkdvSmem<D, P, kDoubleBufferQ<D, P, BKV>>::kBytes,
                                    [&a] { dkdv_kernel<D, P, BKV>(a); });
   }
   return cudaSuccess;
@@ -56,8 +56,12 @@ cudaError_t launch_hopper(const Args& a) {
 
 template <int D, Projection P>
 cudaError_t launch(const Args& a, Bf16KernelPair pair, cudaStream_t /*stream*/) {
-  if (pair == Bf16KernelPair::kMmaSyncBaseline) return launch_mma_sync<D, P>(a);
-  return launch_hopper<D, P>(a);
+  if constexpr (D == 256) {
+    return launch_mma_sync<D, P>(a);
+  } else {
+    if (pair == Bf16KernelPair::kMmaSyncBaseline) return launch_mma_sync<D, P>(a);
+    return launch_hopper<D, P>(a);
+  }
 }
 
 // bf16_keyouter_launch.cuh's launches as loops over the grid: what follows
@@ -153,5 +157,8 @@ template cudaError_t launch<64, Projection::kPivot>(const Args&, Bf16KernelPair,
 template cudaError_t launch<128, Projection::kNone>(const Args&, Bf16KernelPair, cudaStream_t);
 template cudaError_t launch<128, Projection::kGproj>(const Args&, Bf16KernelPair, cudaStream_t);
 template cudaError_t launch<128, Projection::kPivot>(const Args&, Bf16KernelPair, cudaStream_t);
+template cudaError_t launch<256, Projection::kNone>(const Args&, Bf16KernelPair, cudaStream_t);
+template cudaError_t launch<256, Projection::kGproj>(const Args&, Bf16KernelPair, cudaStream_t);
+template cudaError_t launch<256, Projection::kPivot>(const Args&, Bf16KernelPair, cudaStream_t);
 
 }  // namespace gaugewatch::gpu::bf16

@@ -1,0 +1,7 @@
+// One instantiation of the fused BF16 backward: head dim 256, projection gproj
+// (the mma.sync pair, bf16_backward_launch.cuh).
+#include "kernels/cuda/bf16_backward_launch.cuh"
+
+namespace gaugewatch::gpu::bf16 {
+template cudaError_t launch<256, Projection::kGproj>(const Args&, Bf16KernelPair, cudaStream_t);
+}  // namespace gaugewatch::gpu::bf16
