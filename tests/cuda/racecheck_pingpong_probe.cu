@@ -3,7 +3,10 @@
 // __syncthreads every thread reads both (the key-outer kernel's D = 64 dQ
 // exchange, bf16_keyouter_kernel.cuh). Variant 0: nothing else; variant 1:
 // the kernel's pingpong besides (warpgroup 0 bar.arrive, warpgroup 1 bar.sync
-// on barrier 3); variant 2: that and a per-warpgroup named barrier (1 + wg).
+// on barrier 3); variant 2: that and a per-warpgroup named barrier (1 + wg);
+// variants 3 and 4: the partials written by cp.async (16-byte copies from
+// global memory, waited for before the next __syncthreads), as the Hopper
+// pair's dkdv kernel stages Q, with the pingpong (3) and without it (4).
 //   compute-sanitizer --tool racecheck build-device/bin/racecheck_pingpong_probe 1
 // On the H200 (compute-sanitizer of CUDA 13.0, 2026-12-01): variant 0 reports
 // no hazard, variants 1 and 2 report RAW hazards between the write and the
@@ -11,8 +14,13 @@
 // bar.arrive are not evidence of a race (kernels/cuda/README.md).
 #include <cstdio>
 #include <cstdlib>
-__global__ void probe(float* out, int variant, int iters) {
-  __shared__ float part[2][2][64 * 8];
+__device__ __forceinline__ void copy_async_16(float* dst, const float* src) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(src) : "memory");
+}
+
+__global__ void probe(float* out, const float* src, int variant, int iters) {
+  __shared__ __align__(16) float part[2][2][64 * 8];
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   float acc = 0.f;
   for (int it = 0; it < iters; ++it) {
@@ -21,12 +29,17 @@ __global__ void probe(float* out, int variant, int iters) {
       const float* set = part[(it - 1) & 1][0];
       for (int i = threadIdx.x; i < 64 * 8; i += 256) acc += set[i] + set[64 * 8 + i];
     }
-    if (variant >= 1) {
+    if (variant >= 1 && variant <= 3) {
       if (wg == 1) asm volatile("bar.sync 3, 256;" ::: "memory");
       if (wg == 0) asm volatile("bar.arrive 3, 256;" ::: "memory");
     }
     if (variant == 2) asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-    for (int i = t; i < 64 * 8; i += 128) part[it & 1][wg][i] = it + i + wg;  // this iteration's partial
+    if (variant >= 3) {  // this iteration's partial by cp.async, complete before the next barrier
+      for (int i = 4 * t; i < 64 * 8; i += 4 * 128) copy_async_16(&part[it & 1][wg][i], src + i);
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
+    } else {
+      for (int i = t; i < 64 * 8; i += 128) part[it & 1][wg][i] = it + i + wg;  // this iteration's partial
+    }
   }
   __syncthreads();
   const float* set = part[(iters - 1) & 1][0];
@@ -35,9 +48,11 @@ __global__ void probe(float* out, int variant, int iters) {
 }
 int main(int argc, char** argv) {
   const int variant = argc > 1 ? atoi(argv[1]) : 0;
-  float* out;
+  float *out, *src;
   cudaMalloc(&out, 4 * 256 * sizeof(float));
-  probe<<<4, 256>>>(out, variant, 6);
+  cudaMalloc(&src, 64 * 8 * sizeof(float));
+  cudaMemset(src, 0, 64 * 8 * sizeof(float));
+  probe<<<4, 256>>>(out, src, variant, 6);
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("variant %d: %s\n", variant, cudaGetErrorString(e));
   return e == cudaSuccess ? 0 : 1;
