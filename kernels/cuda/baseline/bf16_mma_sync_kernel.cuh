@@ -19,8 +19,7 @@
 // Hopper pair's and the key-outer kernels' tiles do not fit there): the same
 // code at D / 2 = 128 columns per warp in phase 2 (dQ, U, dK and dV of 16 x
 // 128 FP32 each, 64 registers), one block per SM, and gproj's dkdv kernel
-// writes bf16(-lambda Q) over its Q tile once dK += t^T Q has read it
-// (kLambdaQInPlace), so that Q / dO stay double-buffered in 227 KiB.
+// single-buffers Q / dO beside its -lambda Q tile (kDoubleBufferQ).
 // Build: launched through baseline/bf16_mma_sync_launch.cuh from the
 // instantiations bf16_backward_d{64,128,256}_{none,gproj,pivot}.cu.
 
@@ -54,34 +53,11 @@ struct Occupancy {
   static constexpr bool kDoubleBufferQ = !(D == 128 && B == 2);
 };
 
-// Whether the dkdv kernel double-buffers Q / dO (as Occupancy says).
+// Whether the dkdv kernel double-buffers Q / dO: as Occupancy says, except
+// gproj at D = 256, whose six 32 KiB tiles (K, V, two Q / dO buffers, -lambda
+// Q) would not fit the 227 KiB a block may have.
 template <int D, Projection P, int B>
-inline constexpr bool kDoubleBufferQ = Occupancy<D, B>::kDoubleBufferQ;
-
-// gproj's bf16(-lambda Q) in the dkdv kernel: written over the iteration's Q
-// tile after dK += t^T Q (two block barriers more per iteration) rather than
-// into a tile of its own, at D = 256, where K, V, two Q / dO buffers and a
-// seventh 32 KiB tile would not fit the 227 KiB a block may have (one Q / dO
-// buffer instead took gproj's dkdv kernel 7.64 ms against bf16's 5.72, B4
-// H16 N4096 causal on the H200).
-template <int D, Projection P>
-inline constexpr bool kLambdaQInPlace = D == 256 && P == Projection::kGproj;
-
-// bf16(-lambda_i q_i) of a [64][D] swizzled tile into dst (which may be q
-// itself: each thread reads the pair it writes): the operand of GProj's
-// dK correction, with the sign folded in (negation is exact in BF16).
-template <int D>
-__device__ __forceinline__ void neg_lambda_rows(uint16_t* dst, const uint16_t* q, const float* lambda) {
-  for (int idx = threadIdx.x; idx < kBr * (D / 2); idx += kThreads) {
-    const int r = idx / (D / 2), cc = (idx % (D / 2)) * 2;
-    const int off = mma::swz<D>(r, cc >> 3) + (cc & 7);
-    const float lam = lambda[r];
-    const uint32_t qq = *reinterpret_cast<const uint32_t*>(q + off);
-    const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
-    const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
-    *reinterpret_cast<uint32_t*>(dst + off) = mma::pack_bf16(-lam * q0, -lam * q1);
-  }
-}
+inline constexpr bool kDoubleBufferQ = Occupancy<D, B>::kDoubleBufferQ && !(D == 256 && P == Projection::kGproj);
 
 // Blocks per SM of the dq and dkdv kernels by default: two wherever the kernel
 // fits 128 registers without spilling. gproj at D = 128 runs one block in both
@@ -414,16 +390,14 @@ __global__ void __launch_bounds__(kThreads, B) dq_kernel(const Args a) {
 }
 
 // Shared memory of the dkdv kernel (BF16 elements): K, V, one or two Q/dO
-// buffers, -lambda Q (gproj, unless kLambdaQInPlace), t, r; then per-row
-// arrays for two buffers.
+// buffers, -lambda Q (gproj), t, r; then per-row arrays for two buffers.
 template <int D, Projection P, bool kDB>
 struct DkdvSmem {
   static constexpr int kTile = kBr * D;
   static constexpr int kK = 0, kV = kTile, kQ0 = 2 * kTile, kG0 = 3 * kTile;
   static constexpr int kQ1 = kDB ? 4 * kTile : kQ0, kG1 = kDB ? 5 * kTile : kG0;  // aliases when single
   static constexpr int kLq = (kDB ? 6 : 4) * kTile;
-  static constexpr bool kLqTile = P == Projection::kGproj && !kLambdaQInPlace<D, P>;
-  static constexpr int kT = kLq + (kLqTile ? kTile : 0), kR = kT + kBr * kBc;
+  static constexpr int kT = kLq + (P == Projection::kGproj ? kTile : 0), kR = kT + kBr * kBc;
   static constexpr int kRows = kR + kBr * kBc;  // float [2 buffers][7][64]
   static constexpr int kRowFloats = 2 * 7 * kBr;
   static constexpr size_t kBytes = static_cast<size_t>(kRows + kRowFloats * 2) * 2;
@@ -526,9 +500,20 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
     const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
     const RowArrays ra = row_arrays(rows_base, buf);
 
-    // gproj: bf16(-lambda_i q_i) into its tile; GEMM 7 then accumulates it
-    // into dK (kLambdaQInPlace: over Q, below).
-    if constexpr (L::kLqTile) neg_lambda_rows<D>(smem + L::kLq, qs, ra.row_factor);
+    if constexpr (P == Projection::kGproj) {
+      // bf16(-lambda_i q_i): GEMM 7 then accumulates into dK with the sign
+      // folded in (negation is exact in BF16).
+      uint16_t* lq = smem + L::kLq;
+      for (int idx = threadIdx.x; idx < kBr * (D / 2); idx += kThreads) {
+        const int r = idx / (D / 2), cc = (idx % (D / 2)) * 2;
+        const int off = mma::swz<D>(r, cc >> 3) + (cc & 7);
+        const float lam = ra.row_factor[r];
+        const uint32_t qq = *reinterpret_cast<const uint32_t*>(qs + off);
+        const float q0 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq & 0xffffu));
+        const float q1 = mma::bf16_bits_to_float(static_cast<uint16_t>(qq >> 16));
+        *reinterpret_cast<uint32_t*>(lq + off) = mma::pack_bf16(-lam * q0, -lam * q1);
+      }
+    }
 
     RowInputs in;
 #pragma unroll
@@ -545,15 +530,7 @@ __global__ void __launch_bounds__(kThreads, B) dkdv_kernel(const Args a) {
     contract<D, true, Occupancy<D, B>::kContractUnroll>(dv, smem + L::kR, gos, row0, half * (D / 2));
     contract<D, true, Occupancy<D, B>::kContractUnroll>(dk, smem + L::kT, qs, row0, half * (D / 2));
     if constexpr (P == Projection::kGproj) {
-      const uint16_t* lq = smem + L::kLq;
-      if constexpr (kLambdaQInPlace<D, P>) {
-        __syncthreads();  // every warp's dK += t^T Q has read Q
-        uint16_t* q_tile = smem + (buf ? L::kQ1 : L::kQ0);
-        neg_lambda_rows<D>(q_tile, q_tile, ra.row_factor);
-        __syncthreads();
-        lq = q_tile;
-      }
-      contract<D, true, Occupancy<D, B>::kContractUnroll>(dk, smem + L::kR, lq, row0, half * (D / 2));
+      contract<D, true, Occupancy<D, B>::kContractUnroll>(dk, smem + L::kR, smem + L::kLq, row0, half * (D / 2));
     }
     if constexpr (P == Projection::kPivot) {
       // dKacc_j -= rho_i q_i for the rows i of this query tile whose pivot
