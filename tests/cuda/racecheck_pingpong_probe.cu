@@ -11,7 +11,9 @@
 // On the H200 (compute-sanitizer of CUDA 13.0, 2026-12-01): variant 0 reports
 // no hazard, variants 1 and 2 report RAW hazards between the write and the
 // read across the __syncthreads: racecheck's reports on kernels with a
-// bar.arrive are not evidence of a race (kernels/cuda/README.md).
+// bar.arrive are not evidence of a race (kernels/cuda/README.md). Variants 3
+// and 4 reported no hazard (2026-12-04): with cp.async writes the pingpong
+// alone does not draw a report.
 #include <cstdio>
 #include <cstdlib>
 __device__ __forceinline__ void copy_async_16(float* dst, const float* src) {
