@@ -1,7 +1,8 @@
 // Tests of the fused BF16 backward (kernels/cuda/bf16_backward.h: variants
 // bf16, gproj, pivot) against the CPU reference emulation of the same kernels
 // (kernels/reference/fused_backward_bf16.h, outputs rounded to BF16): every
-// masking mode, packing, GQA, head dims 64 and 128, lengths 1 and ragged, the
+// masking mode, packing, GQA, head dims 64, 128 and 256 (the mma.sync pair on
+// every path), lengths 1 and ragged, the
 // four-key witness exactly, the row diagnostics, pivot's dK fix-up with O(1)
 // row mass and with one pivot key for every row, gproj's key-outer path on
 // sink-like inputs against FP64, the key-outer kernel (the default for bf16
@@ -325,6 +326,26 @@ Bf16Case make_case(std::string name, ref::AttentionShape shape, ref::CausalMode 
   return c;
 }
 
+// Four packed sequences (cu_seqlens) in one (B = 1) call of 100 queries and
+// 90 keys, top-left causal: segment query / key lengths 1 / 30, 59 / 1,
+// 0 / 19 (a segment with no query) and 40 / 40.
+Bf16Case packed_case(std::string name, int64_t heads, int64_t head_dim) {
+  Bf16Case c = make_case(std::move(name), {1, heads, heads, 100, 90, head_dim}, ref::CausalMode::kTopLeft);
+  c.cu_q = {0, 1, 60, 60, 100};
+  c.cu_k = {0, 30, 31, 50, 90};
+  return c;
+}
+
+// Sink-like rows: every key offset by 200 in one coordinate and queries
+// scaled by 20 (sharp attention over keys with a large mean), 96 x 96,
+// top-left causal: where bf16's dQ leaks and the projections must not.
+Bf16Case sinklike_case(std::string name, int64_t head_dim) {
+  Bf16Case c = make_case(std::move(name), {1, 2, 2, 96, 96, head_dim}, ref::CausalMode::kTopLeft);
+  c.key_offset = 200.0f;
+  c.q_gain = 20.0f;
+  return c;
+}
+
 std::vector<Bf16Case> cases() {
   using CM = ref::CausalMode;
   std::vector<Bf16Case> out;
@@ -342,14 +363,8 @@ std::vector<Bf16Case> cases() {
   // dQ writer walks (query head, tile) iterations of a key block.
   out.push_back(make_case("gqa_multi_tile_d128", {1, 4, 2, 130, 100, 128}, CM::kBottomRight));
   out.push_back(make_case("one_row_one_key", {1, 1, 1, 1, 1, 64}));
-  Bf16Case packed = make_case("packed_d128", {1, 2, 2, 100, 90, 128}, CM::kTopLeft);
-  packed.cu_q = {0, 1, 60, 60, 100};
-  packed.cu_k = {0, 30, 31, 50, 90};
-  out.push_back(packed);
-  Bf16Case sink = make_case("sinklike", {1, 2, 2, 96, 96, 64}, CM::kTopLeft);
-  sink.key_offset = 200.0f;
-  sink.q_gain = 20.0f;
-  out.push_back(sink);
+  out.push_back(packed_case("packed_d128", 2, 128));
+  out.push_back(sinklike_case("sinklike", 64));
   return out;
 }
 
@@ -1002,13 +1017,7 @@ TEST(Bf16Backward, MmaSyncPairMatchesReference) {
   SKIP_WITHOUT_GPU();
   Bf16Case multi = make_case("mma_sync_multi_tile_d128", {1, 2, 1, 150, 140, 128}, ref::CausalMode::kBottomRight);
   multi.q_gain = 3.0f;
-  Bf16Case packed = make_case("mma_sync_packed_d64", {1, 2, 2, 100, 90, 64}, ref::CausalMode::kTopLeft);
-  packed.cu_q = {0, 1, 60, 60, 100};
-  packed.cu_k = {0, 30, 31, 50, 90};
-  Bf16Case sink = make_case("mma_sync_sinklike", {1, 2, 2, 96, 96, 64}, ref::CausalMode::kTopLeft);
-  sink.key_offset = 200.0f;
-  sink.q_gain = 20.0f;
-  for (const Bf16Case& c : {multi, packed, sink}) {
+  for (const Bf16Case& c : {multi, packed_case("mma_sync_packed_d64", 2, 64), sinklike_case("mma_sync_sinklike", 64)}) {
     SCOPED_TRACE(c.name);
     const ref::AttentionInputs in = make_inputs(c);
     const ref::SavedForward saved = ref::forward_fused_bf16(in);
@@ -1042,14 +1051,8 @@ TEST(Bf16Backward, HeadDim256PairMatchesReference) {
   multi.q_gain = 3.0f;
   shapes.push_back(multi);
   shapes.push_back(make_case("d256_gqa_top_left", {1, 4, 2, 65, 65, 256}, CM::kTopLeft));
-  Bf16Case packed = make_case("d256_packed", {1, 2, 2, 100, 90, 256}, CM::kTopLeft);
-  packed.cu_q = {0, 1, 60, 60, 100};
-  packed.cu_k = {0, 30, 31, 50, 90};
-  shapes.push_back(packed);
-  Bf16Case sink = make_case("d256_sinklike", {1, 2, 2, 96, 96, 256}, CM::kTopLeft);
-  sink.key_offset = 200.0f;
-  sink.q_gain = 20.0f;
-  shapes.push_back(sink);
+  shapes.push_back(packed_case("d256_packed", 2, 256));
+  shapes.push_back(sinklike_case("d256_sinklike", 256));
   for (const Bf16Case& c : shapes) {
     SCOPED_TRACE(c.name);
     const ref::AttentionInputs in = make_inputs(c);

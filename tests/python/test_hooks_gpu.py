@@ -105,18 +105,25 @@ def test_gpu_samples_every_sdpa_backend(sdpa, binaries, workdir):
     assert stats["audits_by_device"] == {"cuda": stats["samples_submitted"]}, stats
 
 
-def test_gpu_audit_of_a_head_dim_the_kernels_do_not_take_runs_on_cpu_copies(binaries, workdir):
-    lib = binaries[2]
-    run_id = "hooks-gpu-d96"
-    args = ["--device", "cuda", "--dim", 384, "--heads", 4, "--seq", 64, "--batch", 8]  # head dim 96
+def audited_at_head_dim(lib, workdir, head_dim, audit_device):
+    """10 steps of the trainer on CUDA with 4 heads of `head_dim`: the loss
+    falls and every sampled call is audited, on `audit_device`, and measures
+    a live dQ discrepancy. The run's stderr and final stats."""
+    run_id = f"hooks-gpu-d{head_dim}"
+    args = ["--device", "cuda", "--dim", 4 * head_dim, "--heads", 4, "--seq", 64, "--batch", 8]
     result = run_trainer(gpu_env(lib, workdir, run_id, "none", "plain"), "--steps", 10, *args)
     assert_loss_decreases(parse_output(result.stdout)[0])
     stats = final_stats(workdir, run_id)
     assert stats["samples_submitted"] > 0, stats
     assert stats["audits_skipped_other"] == 0, stats["audits_skipped_reasons"]
-    assert stats["audits_by_device"] == {"cpu": stats["samples_submitted"]}, stats
-    assert "measured on CPU copies" in result.stderr, result.stderr[-2000:]
+    assert stats["audits_by_device"] == {audit_device: stats["samples_submitted"]}, stats
     assert all(layer["latest"].get("live_dq_discrepancy", 0) > 0 for layer in stats["layers"]), stats["layers"]
+    return result.stderr, stats
+
+
+def test_gpu_audit_of_a_head_dim_the_kernels_do_not_take_runs_on_cpu_copies(binaries, workdir):
+    stderr, _ = audited_at_head_dim(binaries[2], workdir, 96, "cpu")
+    assert "measured on CPU copies" in stderr, stderr[-2000:]
 
 
 def test_gpu_head_dim_256_is_audited_and_corrected_on_the_gpu(binaries, workdir):
@@ -124,15 +131,7 @@ def test_gpu_head_dim_256_is_audited_and_corrected_on_the_gpu(binaries, workdir)
     pair): the audit runs on the GPU, every layer lists the fused backends as
     correcting, and each backend serves every call, in the stock layout."""
     lib = binaries[2]
-    run_id = "hooks-gpu-d256"
-    args = ["--device", "cuda", "--dim", 1024, "--heads", 4, "--seq", 64, "--batch", 8]  # head dim 256
-    result = run_trainer(gpu_env(lib, workdir, run_id, "none", "plain"), "--steps", 10, *args)
-    assert_loss_decreases(parse_output(result.stdout)[0])
-    stats = final_stats(workdir, run_id)
-    assert stats["samples_submitted"] > 0, stats
-    assert stats["audits_skipped_other"] == 0, stats["audits_skipped_reasons"]
-    assert stats["audits_by_device"] == {"cuda": stats["samples_submitted"]}, stats
-    assert all(layer["latest"].get("live_dq_discrepancy", 0) > 0 for layer in stats["layers"]), stats["layers"]
+    _, stats = audited_at_head_dim(lib, workdir, 256, "cuda")
     assert all({"gproj", "pivot", "fp32"} <= set(layer["coverage"]["correcting_backends"])
                for layer in stats["layers"]), stats["layers"]
     stock = run_layouts(lib, workdir, "stock", device="cuda", head_dim=256)
