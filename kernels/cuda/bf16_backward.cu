@@ -99,8 +99,8 @@ Status validate(const Bf16BackwardParams& params) {
   const ProblemShape& p = params.shape;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) {
     return invalid("head_dim " + std::to_string(p.head_dim) +
-                   " is not supported by the fused BF16 backward (64, 128 or 256); use backend fp32 or center for "
-                   "other head dims");
+                   " is not supported by the fused BF16 backward (64, 128 or 256); use backend center for other "
+                   "head dims (the FP32 backward takes any on CPU tensors)");
   }
   if (p.batch < 0 || p.q_heads <= 0 || p.kv_heads <= 0 || p.q_len < 0 || p.kv_len < 0) {
     return invalid("shape must have batch, q_len, kv_len >= 0 and q_heads, kv_heads > 0");

@@ -66,7 +66,7 @@ Grads run_bf16(const AttentionCall& call, Backend backend, const at::Tensor& gra
   const int64_t d = call.shape.head_dim;
   TORCH_CHECK(d == 64 || d == 128 || d == 256, "gaugewatch: the fused BF16 backward (backend '",
               gaugewatch::backend_name(backend), "') supports head dims 64, 128 and 256, got ", d,
-              "; use backend='fp32' or 'center' for this head dim");
+              "; use backend='center' for this head dim (on CPU tensors 'fp32' takes any)");
   const c10::cuda::CUDAGuard guard(q.device());
   return fused_bf16_backward(call, projection_of(backend), grad_out, q, k, v, out, lse,
                              device_offsets(call, cu_seqlens_q, cu_seqlens_k, q), {},
