@@ -289,6 +289,20 @@ void expect_same_dv_and_plain_dk(const KernelRun& got, const KernelRun& base, gp
   }
 }
 
+// bf16's row diagnostics on the pair against the reference emulation: each
+// row's max P (0 for a row with no key) and whether it has a pivot.
+void expect_p_max_and_pivot(const KernelRun& got, const ref::FusedBackward& want, const Bf16Case& c) {
+  // With keys offset by ~200 the partial sums of s = q.k reach ~|q||k|
+  // (1e5), far above s itself: the two summation orders of S differ by
+  // a few ulps of that, ~1e-3 in a probability. Elsewhere 1e-4.
+  const double tolerance = c.key_offset != 0.0f ? 5e-3 : 1e-4;
+  for (size_t i = 0; i < got.p_max.size(); ++i) {
+    const float want_p = want.rows.pivot[i] < 0 ? 0.0f : want.rows.p_max[i];
+    EXPECT_NEAR(got.p_max[i], want_p, tolerance) << "row " << i;
+    EXPECT_EQ(got.pivot[i] < 0, want.rows.pivot[i] < 0) << "row " << i;
+  }
+}
+
 class Bf16BackwardCase : public ::testing::TestWithParam<Bf16Case> {};
 
 TEST_P(Bf16BackwardCase, MatchesReferenceEmulation) {
@@ -303,15 +317,9 @@ TEST_P(Bf16BackwardCase, MatchesReferenceEmulation) {
     ASSERT_TRUE(got.status.ok()) << got.status.message;
     ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, projection, c, ""));
     if (projection == gpu::Projection::kNone) {
-      for (size_t i = 0; i < got.p_max.size(); ++i) {
-        const float want_p = want.rows.pivot[i] < 0 ? 0.0f : want.rows.p_max[i];
-        // With keys offset by ~200 the partial sums of s = q.k reach ~|q||k|
-        // (1e5), far above s itself: the two summation orders of S differ by
-        // a few ulps of that, ~1e-3 in a probability. Elsewhere 1e-4.
-        const double tolerance = c.key_offset != 0.0f ? 5e-3 : 1e-4;
-        EXPECT_NEAR(got.p_max[i], want_p, tolerance) << "row " << i;
+      expect_p_max_and_pivot(got, want, c);
+      for (size_t i = 0; i < got.logit_abs_max.size(); ++i) {
         EXPECT_NEAR(got.logit_abs_max[i], want.rows.logit_abs_max[i], 1e-5 * (1.0 + want.rows.logit_abs_max[i]));
-        EXPECT_EQ(got.pivot[i] < 0, want.rows.pivot[i] < 0) << "row " << i;
       }
     }
   }
@@ -1064,14 +1072,7 @@ TEST(Bf16Backward, HeadDim256PairMatchesReference) {
       ASSERT_TRUE(got.status.ok()) << got.status.message;
       ASSERT_FALSE(got.key_outer);
       ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, projection, c, " d256"));
-      if (projection == gpu::Projection::kNone) {
-        const double tolerance = c.key_offset != 0.0f ? 5e-3 : 1e-4;
-        for (size_t i = 0; i < got.p_max.size(); ++i) {
-          const float want_p = want.rows.pivot[i] < 0 ? 0.0f : want.rows.p_max[i];
-          EXPECT_NEAR(got.p_max[i], want_p, tolerance) << "row " << i;
-          EXPECT_EQ(got.pivot[i] < 0, want.rows.pivot[i] < 0) << "row " << i;
-        }
-      }
+      if (projection == gpu::Projection::kNone) expect_p_max_and_pivot(got, want, c);
       if (c.name != multi.name) continue;
       const KernelRun fast = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter);
       ASSERT_TRUE(fast.status.ok()) << fast.status.message;

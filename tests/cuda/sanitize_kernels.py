@@ -77,7 +77,8 @@ if GPROJ_KEY_OUTER or PLAIN_KEY_OUTER:
     ran = ", ".join(backend for backend, _ in runs)
     kernel = ("the key-outer kernel without warp specialization" if PLAIN_KEY_OUTER
               else "the warp-specialized kernels")
-    print(f"sanitize_kernels: {sum(c['d'] != 256 for c in CASES)} cases of the key-outer path ({ran}; first pass on {kernel}) ran")
+    cases = sum(c["d"] != 256 for c in CASES)
+    print(f"sanitize_kernels: {cases} cases of the key-outer path ({ran}; first pass on {kernel}) ran")
     sys.exit(0)
 
 CENTRING = [dict(B=2, Hq=4, Hkv=2, N=300, L=320, d=d) for d in (64, 128, 256)]
