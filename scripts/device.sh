@@ -16,9 +16,11 @@
 #   pytest     python3 -m pytest, one process per tests/python file (GPU tests included),
 #              GW_PYTEST_JOBS of them at a time (default 1)
 #   sanitizer  compute-sanitizer memcheck/racecheck/synccheck on tests/cuda/sanitize_kernels.py,
-#              then again with GAUGEWATCH_GPROJ_KERNEL=key_outer (the key-outer gproj at both head dims)
-#              and with that and GAUGEWATCH_BF16_KERNEL=key_outer (the key-outer kernel without
-#              warp specialization, every backend)
+#              then again with GAUGEWATCH_GPROJ_KERNEL=key_outer (the key-outer gproj at both head dims),
+#              with that and GAUGEWATCH_BF16_KERNEL=key_outer (the key-outer kernel without
+#              warp specialization, every backend), and with GAUGEWATCH_GPROJ_KERNEL=key_outer and
+#              GAUGEWATCH_GPROJ_PASS2_KEYS=256 (gproj's second pass over 256-key blocks at head dim 128);
+#              GW_SANITIZE_VARIANTS picks among default gproj_key_outer key_outer gproj_pass2_256
 #   bench      every build/bin bench_* / *_bench binary and bench/**/*.py script
 # Output (flat, under $OUT): device.log env.log build.log ctest.log pytest.log
 # sanitizer.log bench.log bench.json results.json. A short table is printed last.
@@ -405,17 +407,21 @@ fi
 # key-outer gproj at both head dims (both passes warp-specialized),
 # and with that and GAUGEWATCH_BF16_KERNEL=key_outer, which runs bf16, pivot
 # and the key-outer gproj on the key-outer kernel without warp specialization
-# (the default is the warp-specialized one; the library reads the variables
-# once, when it loads).
+# (the default is the warp-specialized one), and the key-outer gproj with its
+# second pass over 256-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=256; the
+# library reads the variables once, when it loads).
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_ops.so" ]]; then
   : >"$OUT/sanitizer.log"
   t0=$(date +%s); worst=0; notes=()
-  for variant in ${GW_SANITIZE_VARIANTS:-default gproj_key_outer key_outer}; do
+  for variant in ${GW_SANITIZE_VARIANTS:-default gproj_key_outer key_outer gproj_pass2_256}; do
     case $variant in
-      default) variant_env=(GAUGEWATCH_GPROJ_KERNEL=pair GAUGEWATCH_BF16_KERNEL=) ;;
-      gproj_key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL=) ;;
-      key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL=key_outer) ;;
+      default) variant_env=(GAUGEWATCH_GPROJ_KERNEL=pair GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=) ;;
+      gproj_key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=) ;;
+      key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL=key_outer GAUGEWATCH_GPROJ_PASS2_KEYS=) ;;
+      gproj_pass2_256) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=256) ;;
+      *) echo "GW_SANITIZE_VARIANTS: unknown variant $variant (default gproj_key_outer key_outer gproj_pass2_256)" >&2
+         exit 2 ;;
     esac
     for tool in memcheck racecheck synccheck; do
       run_step "sanitizer $tool ($variant)" "$OUT/sanitizer.log" 30 env "${variant_env[@]}" \

@@ -36,6 +36,8 @@ cudaError_t launch_keyouter_ws(const Args& args, cudaStream_t stream);
 
 // Whether encode_maps (bf16_keyouter_ws_kernel.cuh) accepts the operands.
 bool keyouter_ws_maps_encodable(const Args& args, int head_dim);
+// bf16_gproj_keys_ws_wide.cu: gproj_keys_ws::key_map_encodable<128, 256>.
+bool gproj_wide_key_map_encodable(const Args& args);
 
 }  // namespace bf16
 
@@ -125,6 +127,11 @@ Status validate(const Bf16BackwardParams& params) {
   if (params.gproj_path != GprojPath::kAuto && params.gproj_path != GprojPath::kPair &&
       params.gproj_path != GprojPath::kKeyOuter) {
     return invalid("unknown gproj_path (kAuto, kPair or kKeyOuter)");
+  }
+  if (params.gproj_pass2_keys != 0 && params.gproj_pass2_keys != bf16::kKeyBlockKeys &&
+      params.gproj_pass2_keys != bf16::kWideKeyBlockKeys) {
+    return invalid("gproj_pass2_keys must be 0 (the default), 128 or 256, not " +
+                   std::to_string(params.gproj_pass2_keys));
   }
   if (params.diagnostics.any() && proj != Projection::kNone) {
     return invalid("row diagnostics are computed by the bf16 variant (projection kNone) only");
@@ -247,6 +254,13 @@ size_t bf16_backward_workspace_bytes(const Bf16BackwardParams& p) { return layou
 
 bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) { return bf16_uses_key_outer(p) && key_outer_ws_possible(p); }
 
+int gproj_pass2_block_keys(const Bf16BackwardParams& p) {
+  if (p.projection != Projection::kGproj || !bf16_uses_key_outer(p)) return 0;
+  const bool wide = p.shape.head_dim == 128 && p.gproj_pass2_keys == bf16::kWideKeyBlockKeys &&
+                    key_outer_ws_possible(p) && bf16::gproj_wide_key_map_encodable(operand_args(p));
+  return wide ? bf16::kWideKeyBlockKeys : bf16::kKeyBlockKeys;
+}
+
 namespace {
 
 // The current device's L2 size and SM count; zeros when the runtime cannot
@@ -274,6 +288,7 @@ void set_grid_sections(const Bf16BackwardParams& p, bool key_outer, bf16::Args& 
   const int64_t kv_heads = static_cast<int64_t>(a.batch) * a.hkv, q_heads = static_cast<int64_t>(a.batch) * a.hq;
   auto of_width = [&](int64_t width) {
     a.kv_sections = grid_order::sections_of_width(kv_heads, width);
+    a.wide_kv_sections = a.kv_sections;
     a.q_sections = grid_order::sections_of_width(q_heads, width * a.group);
   };
   if (p.grid_section != 0) return of_width(p.grid_section > 0 ? p.grid_section : kv_heads);
@@ -285,6 +300,8 @@ void set_grid_sections(const Bf16BackwardParams& p, bool key_outer, bf16::Args& 
   in.blocks = (m + bf16::kKeyBlockKeys - 1) / bf16::kKeyBlockKeys;
   in.bytes_per_head = a.group * n * ((key_outer ? 8 : 4) * d + 8);
   a.kv_sections = grid_order::section_count(in);
+  in.blocks = (m + bf16::kWideKeyBlockKeys - 1) / bf16::kWideKeyBlockKeys;  // the same stream, half the blocks
+  a.wide_kv_sections = grid_order::section_count(in);
   in.heads = q_heads;
   in.blocks = (n + bf16::kQueryTileRows - 1) / bf16::kQueryTileRows;
   in.bytes_per_head = (4 * m * d + a.group - 1) / a.group;
@@ -296,6 +313,7 @@ void set_grid_sections(const Bf16BackwardParams& p, bool key_outer, bf16::Args& 
 bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
   bf16::Args a = operand_args(p);
   set_grid_sections(p, w.key_outer, a);
+  a.gproj_pass2_keys = p.gproj_pass2_keys == bf16::kWideKeyBlockKeys ? bf16::kWideKeyBlockKeys : bf16::kKeyBlockKeys;
   a.delta = reinterpret_cast<float*>(ws + w.delta);
   a.row_factor = reinterpret_cast<float*>(ws + w.row_factor);
   a.pivot_key = reinterpret_cast<int32_t*>(ws + w.pivot_key);

@@ -27,6 +27,8 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 // query rows per block of the dq kernel (hopper::kDqRows), here for the
 // launcher's grid-size checks (1-D grids).
 inline constexpr int kKeyBlockKeys = 128;
+// Keys per block of gproj's wide second pass (bf16_gproj_keys_ws_kernel.cuh).
+inline constexpr int kWideKeyBlockKeys = 256;
 inline constexpr int kQueryTileRows = 128;
 
 // Device copy of the launch parameters (by value, in the kernel argument).
@@ -62,9 +64,12 @@ struct Args {
   int num_segments;
   Bf16RowDiagnostics diag;
   // Sections of heads of the 1-D grids (grid_order.cuh): of the kv heads
-  // for the key-block grids, of the query heads for the query-tile grid;
-  // 1 to the heads' count.
-  int kv_sections, q_sections;
+  // for the key-block grids (wide_kv_sections: blocks of kWideKeyBlockKeys
+  // keys), of the query heads for the query-tile grid; 1 to the heads' count.
+  int kv_sections, q_sections, wide_kv_sections;
+  // gproj's warp-specialized second pass at head dim 128: keys per block,
+  // kKeyBlockKeys or kWideKeyBlockKeys (Bf16BackwardParams::gproj_pass2_keys).
+  int gproj_pass2_keys;
 };
 
 struct DeltaArgs {

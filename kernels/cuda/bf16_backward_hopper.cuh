@@ -425,17 +425,31 @@ __device__ __forceinline__ RowInputs staged_row_inputs(const StagedRows& ra, int
 // first key blocks see the most query tiles and start first, and the
 // blocks running at once share few heads' query rows and dQ accumulator
 // in L2.
+// Blocks of kKeys keys other than kKvKeys (gproj's second pass over 256
+// keys, bf16_gproj_keys_ws_kernel.cuh) take their own sections
+// (Args::wide_kv_sections).
+template <int kKeys = kKvKeys>
 inline int64_t key_block_count(const Args& a) {
-  return static_cast<int64_t>(a.batch) * a.hkv * ((static_cast<int64_t>(a.m) + kKvKeys - 1) / kKvKeys);
+  return static_cast<int64_t>(a.batch) * a.hkv * ((static_cast<int64_t>(a.m) + kKeys - 1) / kKeys);
 }
-inline dim3 key_block_grid(const Args& a) { return dim3(static_cast<unsigned>(key_block_count(a))); }
+template <int kKeys = kKvKeys>
+inline dim3 key_block_grid(const Args& a) {
+  return dim3(static_cast<unsigned>(key_block_count<kKeys>(a)));
+}
 struct KeyBlock {
   int j0, b, hk;
 };
+template <int kKeys = kKvKeys>
 __device__ __forceinline__ KeyBlock key_block(const Args& a) {
-  const int blocks = (a.m + kKvKeys - 1) / kKvKeys;
-  const auto [kb, bhk] = grid_order::sectioned(static_cast<int>(blockIdx.x), a.batch * a.hkv, blocks, a.kv_sections);
-  return {kb * kKvKeys, bhk / a.hkv, bhk % a.hkv};
+  const int blocks = (a.m + kKeys - 1) / kKeys;
+  if constexpr (kKeys == kKvKeys) {
+    const auto [kb, bhk] = grid_order::sectioned(static_cast<int>(blockIdx.x), a.batch * a.hkv, blocks, a.kv_sections);
+    return {kb * kKeys, bhk / a.hkv, bhk % a.hkv};
+  } else {
+    const auto [kb, bhk] =
+        grid_order::sectioned(static_cast<int>(blockIdx.x), a.batch * a.hkv, blocks, a.wide_kv_sections);
+    return {kb * kKeys, bhk / a.hkv, bhk % a.hkv};
+  }
 }
 
 template <int D, Projection P>

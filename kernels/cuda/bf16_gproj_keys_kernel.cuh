@@ -103,6 +103,13 @@ struct TileRows {
   float lambda[2];
 };
 
+// lambda of this thread's two rows of a staged query tile (as tile_rows
+// reads it).
+__device__ __forceinline__ void tile_lambda(const StagedLse& ra, int row0, int g, float (&lambda)[2]) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) lambda[hh] = ra.lambda[row0 + g + 8 * hh];
+}
+
 // This thread's two rows (g, g + 8 of its warp's 16) of a staged query tile.
 __device__ __forceinline__ TileRows tile_rows(const StagedLse& ra, int row0, int g) {
   TileRows tr;
@@ -164,24 +171,24 @@ template <int D>
 inline constexpr bool kUSplitsColumns = D == 128;
 
 // U = r K, this warpgroup's 64 columns (kUSplitsColumns: 64 wg..) over the
-// block's 128 keys: r of warpgroup w at r_tiles + w [64 rows][64 keys]
-// (K-major A), K the block's [128 keys][D] tile (MN-major B); 8 steps
-// (issued, committed and waited for by the caller; the first step's scale-d
-// 0 needs no zeroing). kOwnKeys (D = 64, the warp-specialized pass): all 64
-// columns over this warpgroup's 64 keys only, 4 steps, a partial that the
-// caller sums with the other warpgroup's (gproj_keys_ws::kUSplitsKeys).
-template <int D, bool kOwnKeys = false>
+// block's kKeys keys: r of keys 64 t.. at r_tiles + t [64 rows][64 keys]
+// (K-major A), K the block's [kKeys keys][D] tile (MN-major B); kKeys / 16
+// steps (issued, committed and waited for by the caller; the first step's
+// scale-d 0 needs no zeroing). kOwnKeys (D = 64, the warp-specialized pass):
+// all 64 columns over this warpgroup's 64 keys only, 4 steps, a partial that
+// the caller sums with the other warpgroup's (gproj_keys_ws::kUSplitsKeys).
+template <int D, bool kOwnKeys = false, int kKeys = kKvKeys>
 __device__ __forceinline__ void u_mma(float (&u)[32], const uint16_t* r_tiles, const uint16_t* k_tile, int wg) {
-  static_assert(!kOwnKeys || D == 64, "own keys: all of U's 64 columns");
+  static_assert(!kOwnKeys || (D == 64 && kKeys == kKvKeys), "own keys: all of U's 64 columns");
   constexpr int kScoreTile = kKvRows * 64;
-  constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // bytes between the K tile's 64-column blocks
+  constexpr uint32_t kKeySubTile = kKeys * 64 * 2;  // bytes between the K tile's 64-column blocks
 #pragma unroll
-  for (int kk = 0; kk < (kOwnKeys ? 4 : 8); ++kk) {
+  for (int kk = 0; kk < (kOwnKeys ? 4 : kKeys / 16); ++kk) {
     const int k = kOwnKeys ? 4 * wg + kk : kk;  // keys 16 k.. of the block
     const uint64_t r_desc =
         wgmma::desc_k_major(r_tiles, (k >> 2) * kScoreTile + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3)));
     const uint64_t k_desc = wgmma::desc_mn_major(
-        k_tile, wgmma::chunk_offset<kKvKeys>(16 * k, kUSplitsColumns<D> ? 8 * wg : 0), kKeySubTile);
+        k_tile, wgmma::chunk_offset<kKeys>(16 * k, kUSplitsColumns<D> ? 8 * wg : 0), kKeySubTile);
     if (kk == 0) {
       wgmma::mma_ss_first<false, true>(u, r_desc, k_desc);
     } else {
@@ -245,15 +252,15 @@ __device__ __forceinline__ void stage_u(const float (&u)[32], const TileRows& tr
   }
 }
 
-// dK = bf16(alpha (dKacc + C)) of this thread's two keys; keys past M are
-// not written.
+// dK = bf16(alpha (dKacc + C)) of this thread's two keys of the
+// warpgroup's 64 keys key0..; keys past M are not written.
 template <int D>
-__device__ __forceinline__ void write_dk(const Args& a, const float (&acc)[D / 2], int j0, int b, int hk, int wg,
-                                         int row0, int g, int c) {
+__device__ __forceinline__ void write_dk(const Args& a, const float (&acc)[D / 2], int key0, int b, int hk, int row0,
+                                         int g, int c) {
   const int64_t key_base = (static_cast<int64_t>(b) * a.hkv + hk) * a.m;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const int key = j0 + 64 * wg + row0 + g + 8 * hh;
+    const int key = key0 + row0 + g + 8 * hh;
     if (key >= a.m) continue;
     const float* dka = a.dk_accum + (key_base + key) * D;
     uint16_t* dko = output_row(a.dk, a.dk_strides, b, hk, key);
@@ -351,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
     add_u<D>(a, u, tr, row_base, i0, row0, g, c, wg);
   }
   mma::cp_async_wait<0>();
-  write_dk<D>(a, acc, j0, b, hk, wg, row0, g, c);
+  write_dk<D>(a, acc, j0 + 64 * wg, b, hk, row0, g, c);
 }
 
 }  // namespace gaugewatch::gpu::bf16::gproj_keys

@@ -59,10 +59,24 @@
 // swizzle, rows past N (M) read as zeros, as gproj_keys_kernel's zero-filled
 // cp.async; at D = 128 dQacc (B Hq, N, d) FP32 for the writer's reductions
 // (boxes of 64 rows x 32 floats; rows past N are not written).
-// Build: launched by bf16_keyouter_launch.cuh (launch_keyouter_finish);
-// emulation: tests/cuda/emulation/bf16_launcher.cpp. Tests:
+// Wide blocks (kKeys = 256, head dim 128 only; Bf16BackwardParams::
+// gproj_pass2_keys): each warpgroup owns two 64-key tiles (keys
+// 64 (2 wg + h).., h = 0, 1) and holds C for both (two m64n128
+// accumulators), S of both tiles is issued at once and r of the first is
+// stored while the second's MMAs run, and U runs over all 256 keys (16
+// steps): one -lambda U tile, so one set of tensor reductions, per 256 keys
+// and query tile, and one load of each Q and bf16(-lambda Q) tile per 256
+// keys, half the 128-key pass's traffic for the same products. The
+// per-tile code is the same, so dK is bit for bit the 128-key pass's (each
+// key's C sums the same tiles in the same order; a tile past a key's
+// visible rows adds exact zeros) and the U terms differ only in how the
+// block sums its keys. Two stages (the 256-key K tile takes the third's
+// room).
+// Build: launched by bf16_keyouter_launch.cuh (launch_keyouter_finish; the
+// wide pass instantiated in bf16_gproj_keys_ws_wide.cu); emulation:
+// tests/cuda/emulation/bf16_launcher.cpp. Tests:
 // tests/cuda/bf16_backward_test.cpp (WarpSpecializedMatchesKeyOuter,
-// GprojKeyOuterSinkLikeRowMass).
+// GprojKeyOuterSinkLikeRowMass, GprojWideSecondPass).
 
 #include <cuda_runtime.h>
 
@@ -79,7 +93,12 @@ namespace gaugewatch::gpu::bf16::gproj_keys_ws {
 using hopper::kKvKeys;
 using hopper::kKvRows;
 
-inline constexpr int kStages = 3;
+// Stages of the ring: 3 for 128-key blocks; 2 for 256 (shared memory).
+template <int kKeys>
+inline constexpr int kRingStages = kKeys == kKvKeys ? 3 : 2;
+// 64-key tiles per warpgroup (r, C).
+template <int kKeys>
+inline constexpr int kTilesPerWg = kKeys / kKvKeys;
 inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
@@ -175,35 +194,44 @@ struct Maps {
   tma::TensorMap q, neg_lambda_q, k, dq_accum;
 };
 
-// Shared memory (BF16 elements, offsets 1024-byte aligned): K (128 keys), per
-// stage Q and bf16(-lambda Q) (64 rows each), two sets of r of each
-// warpgroup ([64 rows][64 keys]), with the writer (kUWriter) the FP32
-// staging tile of -lambda U ([64 rows][D], tma::f32_tile_offset), per stage the
-// rows' lse, first and end key and lambda, then the mbarriers full[kStages],
-// empty[kStages], k_full.
-template <int D>
+// Shared memory (BF16 elements, offsets 1024-byte aligned): K (kKeys keys),
+// per stage Q and bf16(-lambda Q) (64 rows each), two sets of r ([64
+// rows][64 keys] per 64 keys of the block, in key order: warpgroup w's tile
+// h is tile kTilesPerWg w + h), with the writer (kUWriter) the FP32 staging
+// tile of -lambda U ([64 rows][D], tma::f32_tile_offset), per stage the rows'
+// lse, first and end key and lambda, then the mbarriers full[kStages],
+// empty[kStages], k_full. The slack: GAUGEWATCH_BF16_SMEM's array is
+// 128-byte aligned, so wgmma::align_1024 skips at most 896 bytes (the wide
+// layout, 231,464 bytes, leaves 984 of the 227 KiB a block may have).
+template <int D, int kKeys = kKvKeys>
 struct Layout {
+  static constexpr int kStages = kRingStages<kKeys>;
   static constexpr int kRowTile = kKvRows * D;
   static constexpr int kK = 0;
-  static constexpr int kStage0 = kKvKeys * D;  // Q of stage s at kStage0 + 2 s kRowTile, then its bf16(-lambda Q)
+  static constexpr int kStage0 = kKeys * D;  // Q of stage s at kStage0 + 2 s kRowTile, then its bf16(-lambda Q)
   static constexpr int kScoreTile = kKvRows * 64;
-  static constexpr int kR = kStage0 + 2 * kStages * kRowTile;  // r of set e, warpgroup w: kR + (2 e + w) kScoreTile
-  static constexpr int kStaging = kR + 4 * kScoreTile;
+  static constexpr int kSetTiles = kKeys / 64;                 // r tiles per set
+  static constexpr int kR = kStage0 + 2 * kStages * kRowTile;  // r tile t of set e: kR + (kSetTiles e + t) kScoreTile
+  static constexpr int kStaging = kR + 2 * kSetTiles * kScoreTile;
   static constexpr int kStagingElements = kUWriter<D> ? kKvRows * D * 2 : 0;  // BF16 elements
   static constexpr int kRows = kStaging + kStagingElements;
   static constexpr size_t kBarriers = static_cast<size_t>(kRows) * 2 + kStages * gproj_keys::kRowArrays * kKvRows * 4;
   static constexpr int kBarrierCount = 2 * kStages + 1;
-  static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t) + 1024;  // + alignment slack
+  static constexpr size_t kAlignSlack = 1024 - 128;
+  static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t) + kAlignSlack;
   static_assert(kStage0 % 512 == 0 && kRowTile % 512 == 0 && kScoreTile % 512 == 0, "tiles 1024-byte aligned");
   static_assert(kBarriers % 8 == 0, "mbarriers are 8-byte aligned");
+  static_assert(kBytes <= 227 * 1024, "a block's shared memory (227 KiB on sm_90)");
 
   __host__ __device__ static constexpr int q(int s) { return kStage0 + 2 * s * kRowTile; }
   __host__ __device__ static constexpr int neg_lambda_q(int s) { return q(s) + kRowTile; }
+  __host__ __device__ static constexpr int r_set(int set) { return kR + kSetTiles * set * kScoreTile; }
 };
 
-// The three maps for the operands of `a`, or false where one cannot be
-// encoded (the caller then runs gproj_keys_kernel).
-template <int D>
+// The three maps for the operands of `a` (K in boxes of kKeys rows), or
+// false where one cannot be encoded (the caller then runs
+// gproj_keys_kernel).
+template <int D, int kKeys = kKvKeys>
 inline bool encode_maps(const Args& a, Maps* maps) {
   if (a.batch < 1 || a.hq < 1 || a.hkv < 1 || a.n < 1 || a.m < 1) return false;
   if (a.q_strides.batch < 0 || a.q_strides.head < 0 || a.k_strides.batch < 0 || a.k_strides.head < 0) return false;
@@ -212,7 +240,7 @@ inline bool encode_maps(const Args& a, Maps* maps) {
       tma::encode_bf16_rows_map(&maps->q, keyouter_ws::rows_tensor<D>(a, a.q, a.hq, a.n, a.q_strides), kKvRows),
       tma::encode_bf16_rows_map(&maps->neg_lambda_q,
                                 keyouter_ws::rows_tensor<D>(a, a.neg_lambda_q, a.hq, a.n, dense), kKvRows),
-      tma::encode_bf16_rows_map(&maps->k, keyouter_ws::rows_tensor<D>(a, a.k, a.hkv, a.m, a.k_strides), kKvKeys)};
+      tma::encode_bf16_rows_map(&maps->k, keyouter_ws::rows_tensor<D>(a, a.k, a.hkv, a.m, a.k_strides), kKeys)};
   for (const tma::EncodeStatus s : st) {
     if (s != tma::EncodeStatus::kOk) return false;
   }
@@ -220,24 +248,39 @@ inline bool encode_maps(const Args& a, Maps* maps) {
                              tma::EncodeStatus::kOk;
 }
 
-template <int D>
+// Whether K's map in boxes of kKeys rows encodes for `a`: where the 128-key
+// pass's maps encode, the condition for the kKeys-key pass to run (its
+// other maps are those of the 128-key pass). Host code
+// (gpu::gproj_pass2_block_keys).
+template <int D, int kKeys>
+inline bool key_map_encodable(const Args& a) {
+  tma::TensorMap map{};
+  return tma::encode_bf16_rows_map(&map, keyouter_ws::rows_tensor<D>(a, a.k, a.hkv, a.m, a.k_strides), kKeys) ==
+         tma::EncodeStatus::kOk;
+}
+
+template <int D, int kKeys = kKvKeys>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kernel(const __grid_constant__ Maps maps,
                                                                                   const Args a) {
+  static_assert(kKeys == kKvKeys || (kKeys == kWideKeyBlockKeys && kUWriter<D>),
+                "256-key blocks: head dim 128 (one block per SM, the writer warp)");
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
-  using L = Layout<D>;
+  using L = Layout<D, kKeys>;
+  constexpr int kStages = L::kStages;
+  constexpr int kTiles = kTilesPerWg<kKeys>;
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(smem) + L::kBarriers);
   uint64_t* empty = full + kStages;
   uint64_t* k_full = empty + kStages;
   float* rows_base = reinterpret_cast<float*>(smem + L::kRows);
   [[maybe_unused]] float* staging = reinterpret_cast<float*>(smem + L::kStaging);
-  const auto [j0, b, hk] = hopper::key_block(a);
-  const RowTiles seen = tiles_seeing_keys(a, j0, kKvKeys, kKvRows);
+  const auto [j0, b, hk] = hopper::key_block<kKeys>(a);
+  const RowTiles seen = tiles_seeing_keys(a, j0, kKeys, kKvRows);
   const int t_begin = seen.first, tiles = seen.count;
   const int iters = tiles * a.group;
   // The block's rows of dKacc (keys j0.. of (b, hk), those below M).
   const int64_t dk_rows_offset = ((static_cast<int64_t>(b) * a.hkv + hk) * a.m + j0) * D;
-  const uint32_t dk_rows_bytes = static_cast<uint32_t>(a.m - j0 < kKvKeys ? a.m - j0 : kKvKeys) * D * 4;
+  const uint32_t dk_rows_bytes = static_cast<uint32_t>(a.m - j0 < kKeys ? a.m - j0 : kKeys) * D * 4;
   auto tile_row0 = [&](int it) { return (t_begin + it % tiles) * kKvRows; };
   auto head_of = [&](int it) { return hk * a.group + it / tiles; };
 
@@ -259,8 +302,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     if (lane == 0) {
       tma::prefetch(&maps.q);
       tma::prefetch(&maps.neg_lambda_q);
-      mbarrier::arrive_expect_tx(k_full, tma::tile_bytes<kKvKeys, D>());
-      tma::load_rows_tile<kKvKeys, D>(smem + L::kK, &maps.k, j0, hk, b, k_full);
+      mbarrier::arrive_expect_tx(k_full, tma::tile_bytes<kKeys, D>());
+      tma::load_rows_tile<kKeys, D>(smem + L::kK, &maps.k, j0, hk, b, k_full);
     }
     for (int it = 0; it < iters; ++it) {
       const int s = it % kStages;
@@ -298,26 +341,40 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
   const int warp = tid >> 5, lane = tid & 31;
   const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
   const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
-  float acc[D / 2];
-  hopper::zero(acc);
+  const int tile0 = kTiles * wg;  // this warpgroup's first 64-key tile of the block
+  float acc[kTiles][D / 2];       // C of each of its tiles
+#pragma unroll
+  for (int h = 0; h < kTiles; ++h) hopper::zero(acc[h]);
   if (iters > 0) mbarrier::wait(k_full, 0);
   for (int it = 0; it < iters; ++it) {
     const int s = it % kStages;
     mbarrier::wait(&full[s], static_cast<uint32_t>(it / kStages) & 1u);
-    const gproj_keys::TileRows tr = gproj_keys::tile_rows(gproj_keys::staged_lse(rows_base, s), row0, g);
+    const gproj_keys::StagedLse staged = gproj_keys::staged_lse(rows_base, s);
+    gproj_keys::TileRows tr = gproj_keys::tile_rows(staged, row0, g);
     const int i0 = tile_row0(it);
     const int64_t row_base = query_head(a, b, head_of(it)).row_base;
-    uint16_t* r_set = smem + L::kR + (it & 1) * 2 * L::kScoreTile;
-    uint16_t* r_tile = r_set + wg * L::kScoreTile;
+    uint16_t* r_set = smem + L::r_set(it & 1);
+    uint16_t* r_tile = r_set + tile0 * L::kScoreTile;  // this warpgroup's first
 
-    float sc[32];  // written by scores_mma (its first step does not read them)
+    // S of each tile, one commit group each, so that the first tile's r is
+    // stored while the second's MMAs run.
+    float sc[kTiles][32];  // written by scores_mma (its first step does not read them)
     wgmma::fence();
-    hopper::scores_mma<D, kKvRows, kKvKeys>(sc, smem + L::q(s), 0, smem + L::kK, 64 * wg);
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_operand(sc);
-
-    gproj_keys::store_r(a, sc, tr, j0 + 64 * wg, row0, g, c, r_tile);
+#pragma unroll
+    for (int h = 0; h < kTiles; ++h) {
+      hopper::scores_mma<D, kKvRows, kKeys>(sc[h], smem + L::q(s), 0, smem + L::kK, 64 * (tile0 + h));
+      wgmma::commit();
+    }
+#pragma unroll
+    for (int h = 0; h < kTiles; ++h) {
+      if (h == 0) {
+        wgmma::wait<kTiles - 1>();
+      } else {
+        wgmma::wait<0>();
+      }
+      wgmma::fence_operand(sc[h]);
+      gproj_keys::store_r(a, sc[h], tr, j0 + 64 * (tile0 + h), row0, g, c, r_tile + h * L::kScoreTile);
+    }
     wgmma::fence_proxy_async();
     if constexpr (kUSplitsKeys<D>) {
       wgmma::warpgroup_barrier(1 + wg);  // the warpgroup's r rows, which its MMAs alone read
@@ -325,14 +382,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
       wgmma::named_barrier<kComputeThreads>(kComputeBarrier);  // U reads both warpgroups' r
     }
 
-    float (&u)[32] = sc;  // S is dead once r is stored
+    float (&u)[32] = sc[0];  // S is dead once r is stored
     wgmma::fence();
-    gproj_keys::c_mma<D>(acc, r_tile, smem + L::neg_lambda_q(s));
-    gproj_keys::u_mma<D, kUSplitsKeys<D>>(u, r_set, smem + L::kK, wg);
+#pragma unroll
+    for (int h = 0; h < kTiles; ++h) {
+      gproj_keys::c_mma<D>(acc[h], r_tile + h * L::kScoreTile, smem + L::neg_lambda_q(s));
+    }
+    gproj_keys::u_mma<D, kUSplitsKeys<D>, kKeys>(u, r_set, smem + L::kK, wg);
     wgmma::commit();
     wgmma::wait<0>();
-    wgmma::fence_operand(acc);
+#pragma unroll
+    for (int h = 0; h < kTiles; ++h) wgmma::fence_operand(acc[h]);
     wgmma::fence_operand(u);
+    // Wide blocks: lambda read again here, so that it holds no registers
+    // while S of both tiles and C are live (their peak; read with the other
+    // rows it spilled).
+    if constexpr (kTiles > 1) gproj_keys::tile_lambda(staged, row0, g, tr.lambda);
     mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
     if constexpr (kUWriter<D>) {
       keyouter::DqHandoff::acquire(it, wg);
@@ -352,7 +417,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
       gproj_keys::add_u<D>(a, u, tr, row_base, i0, row0, g, c, wg);
     }
   }
-  gproj_keys::write_dk<D>(a, acc, j0, b, hk, wg, row0, g, c);
+#pragma unroll
+  for (int h = 0; h < kTiles; ++h) gproj_keys::write_dk<D>(a, acc[h], j0 + 64 * (tile0 + h), b, hk, row0, g, c);
 }
 
 }  // namespace gaugewatch::gpu::bf16::gproj_keys_ws

@@ -18,25 +18,45 @@
 
 namespace gaugewatch::gpu::bf16 {
 
+// gproj_keys_ws_kernel<D, kKeys> over the grid of kKeys-key blocks, where
+// its TMA maps encode (false otherwise: nothing launched; *err the launch's
+// result when true).
+template <int D, int kKeys>
+bool launch_gproj_keys_ws(const Args& a, cudaStream_t stream, cudaError_t* err) {
+  gproj_keys_ws::Maps maps{};
+  if (!gproj_keys_ws::encode_maps<D, kKeys>(a, &maps)) return false;
+  constexpr int kSmem = static_cast<int>(gproj_keys_ws::Layout<D, kKeys>::kBytes);
+  static_assert(gproj_keys_ws::kBlocksPerSm<D> * (kSmem + 1024) <= 228 * 1024,
+                "gproj second pass (warp-specialized): blocks do not fit one SM's shared memory");
+  *err = cudaFuncSetAttribute(gproj_keys_ws::gproj_keys_ws_kernel<D, kKeys>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (*err != cudaSuccess) return true;
+  const dim3 grid = hopper::key_block_grid<kKeys>(a);
+  if (grid.x > 0) {
+    gproj_keys_ws::gproj_keys_ws_kernel<D, kKeys><<<grid, gproj_keys_ws::kThreads, kSmem, stream>>>(maps, a);
+    *err = cudaGetLastError();
+  }
+  return true;
+}
+// The 256-key pass has its own translation unit (bf16_gproj_keys_ws_wide.cu).
+extern template bool launch_gproj_keys_ws<128, kWideKeyBlockKeys>(const Args&, cudaStream_t, cudaError_t*);
+
 // gproj's second pass: gproj_keys_ws_kernel when warp_specialized and its
-// TMA maps encode, gproj_keys_kernel otherwise (the same dK).
+// TMA maps encode (at head dim 128 over 256-key blocks where
+// a.gproj_pass2_keys asks for them), gproj_keys_kernel otherwise (the same
+// dK).
 template <int D>
 cudaError_t launch_gproj_keys(const Args& a, cudaStream_t stream, bool warp_specialized) {
-  const dim3 kv_grid = hopper::key_block_grid(a);
-  gproj_keys_ws::Maps maps{};
-  if (warp_specialized && gproj_keys_ws::encode_maps<D>(a, &maps)) {
-    constexpr int kSmem = static_cast<int>(gproj_keys_ws::Layout<D>::kBytes);
-    static_assert(gproj_keys_ws::kBlocksPerSm<D> * (kSmem + 1024) <= 228 * 1024,
-                  "gproj second pass (warp-specialized): blocks do not fit one SM's shared memory");
-    cudaError_t err = cudaFuncSetAttribute(gproj_keys_ws::gproj_keys_ws_kernel<D>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
-    if (kv_grid.x > 0) {
-      gproj_keys_ws::gproj_keys_ws_kernel<D><<<kv_grid, gproj_keys_ws::kThreads, kSmem, stream>>>(maps, a);
-      err = cudaGetLastError();
+  if (warp_specialized) {
+    cudaError_t err = cudaSuccess;
+    if constexpr (D == 128) {
+      if (a.gproj_pass2_keys == kWideKeyBlockKeys && launch_gproj_keys_ws<D, kWideKeyBlockKeys>(a, stream, &err)) {
+        return err;
+      }
     }
-    return err;
+    if (launch_gproj_keys_ws<D, kKeyBlockKeys>(a, stream, &err)) return err;
   }
+  const dim3 kv_grid = hopper::key_block_grid(a);
   constexpr int kKeysSmem = static_cast<int>(gproj_keys::Layout<D>::kBytes);
   static_assert(gproj_keys::kBlocksPerSm<D> * (kKeysSmem + 1024) <= 228 * 1024,
                 "gproj second pass: blocks do not fit one SM's shared memory");

@@ -96,6 +96,27 @@ int grid_section_from_environment() {
 
 const int kGridSection = grid_section_from_environment();
 
+// GAUGEWATCH_GPROJ_PASS2_KEYS (Bf16BackwardParams::gproj_pass2_keys): keys
+// per block of gproj's warp-specialized second pass at head dim 128. Unset,
+// empty or "128": 128 (the default); "256": 256-key blocks (half the
+// second pass's dQ reductions and loads). Any other value keeps the
+// default and says so once, on stderr (a static initializer: it must not
+// throw).
+int gproj_pass2_keys_from_environment() {
+  const char* env = std::getenv("GAUGEWATCH_GPROJ_PASS2_KEYS");
+  if (env == nullptr || *env == '\0') return 0;
+  const std::string_view value(env);
+  if (value == "128") return 128;
+  if (value == "256") return 256;
+  std::fprintf(stderr,
+               "[gaugewatch] GAUGEWATCH_GPROJ_PASS2_KEYS=%s is not 128 or 256: gproj's second pass runs its default "
+               "(128-key blocks)\n",
+               env);
+  return 0;
+}
+
+const int kGprojPass2Keys = gproj_pass2_keys_from_environment();
+
 at::Tensor checked_offsets(const at::Tensor& t, int64_t length, const char* name, const at::Tensor& q) {
   if (t.device().is_cpu()) {
     const at::Tensor l = t.to(at::kLong).contiguous();
@@ -214,6 +235,7 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   p.deterministic = deterministic;
   p.gproj_path = kGprojPath;
   p.grid_section = kGridSection;
+  p.gproj_pass2_keys = kGprojPass2Keys;
   p.diagnostics = diag;
   const size_t bytes = gpu::bf16_backward_workspace_bytes(p);
   const at::Tensor workspace = workspace_of(q, bytes);

@@ -72,6 +72,7 @@ struct KernelRun {
   gpu::Status status;
   bool key_outer = false;  // what the launcher chose (bf16_uses_key_outer)
   bool key_outer_ws = false;  // ... and bf16_uses_key_outer_ws
+  int pass2_keys = 0;         // ... and gproj_pass2_block_keys
   ref::Gradients grads;
   std::vector<float> row_mass, p_max, logit_abs_max;
   std::vector<int32_t> pivot;
@@ -151,7 +152,7 @@ std::vector<float> gather_output(const std::vector<uint16_t>& bits, const Output
 KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& saved, gpu::Projection projection,
                      gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper, Path path = Path::kPair,
                      bool warp_specialized = false, bool sdpa_strides = false,
-                     Outputs outputs = Outputs::kContiguous, int grid_section = 0) {
+                     Outputs outputs = Outputs::kContiguous, int grid_section = 0, int gproj_pass2_keys = 0) {
   const auto& sh = in.shape;
   const int64_t d = sh.head_dim;
   auto layout = [&](const std::vector<float>& x, int64_t heads, int64_t len) {
@@ -190,6 +191,7 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   p.gproj_path = path == Path::kKeyOuter ? gpu::GprojPath::kKeyOuter : gpu::GprojPath::kPair;
   p.keyouter_warp_specialized = warp_specialized;
   p.grid_section = grid_section;
+  p.gproj_pass2_keys = gproj_pass2_keys;
   p.set_contiguous_strides();
   if (sdpa_strides) {
     const gpu::OperandStrides query{sh.q_len * sh.q_heads * d, d, sh.q_heads * d};
@@ -209,6 +211,7 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   KernelRun run;
   run.key_outer = gpu::bf16_uses_key_outer(p);
   run.key_outer_ws = gpu::bf16_uses_key_outer_ws(p);
+  run.pass2_keys = gpu::gproj_pass2_block_keys(p);
   const size_t ws_bytes = gpu::bf16_backward_workspace_bytes(p);
   DeviceBuffer<unsigned char> workspace(ws_bytes);
   run.status = gpu::bf16_attention_backward(p, workspace.get(), ws_bytes, nullptr);
@@ -792,6 +795,75 @@ TEST(Bf16Backward, GprojKeyOuterSinkLikeRowMass) {
   }
 }
 
+// gproj's warp-specialized second pass over 256-key blocks at head dim 128
+// (gproj_pass2_keys = 256; bf16_gproj_keys_ws_kernel.cuh) against the
+// 128-key pass on the same first pass: dV and dK bit for bit (each key's C
+// sums the same r and bf16(-lambda q) tiles in the same order; a tile past
+// a key's visible rows adds exact zeros), dQ to 1e-2 (the U terms of 256
+// rather than 128 keys per partial, and the atomics' order), the
+// reference's tolerances; and on sink-like inputs dQ against FP64 as close
+// as the 128-key pass's. Shapes: one ragged block (M < 256), two blocks with
+// a tail (M = 300) under each causal mode, GQA, packed segments.
+TEST(Bf16Backward, GprojWideSecondPass) {
+  SKIP_WITHOUT_GPU();
+  using CM = ref::CausalMode;
+  std::vector<Bf16Case> shapes;
+  shapes.push_back(make_case("gqa_multi_tile_d128", {1, 4, 2, 130, 100, 128}, CM::kBottomRight));
+  for (const CM causal : {CM::kNone, CM::kTopLeft, CM::kBottomRight}) {
+    shapes.push_back(make_case("two_blocks_" + std::string(ref::to_string(causal)), {1, 2, 1, 200, 300, 128}, causal));
+  }
+  shapes.push_back(packed_case("packed_d128", 2, 128));
+  Bf16Case sink = make_case("sink_gqa", {1, 4, 2, 150, 300, 128}, CM::kTopLeft);
+  sink.key_offset = 200.0f;
+  sink.q_gain = 3.0f;
+  shapes.push_back(sink);
+  for (const Bf16Case& c : shapes) {
+    SCOPED_TRACE(c.name);
+    const ref::AttentionInputs in = make_inputs(c);
+    const ref::SavedForward saved = ref::forward_fused_bf16(in);
+    const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+    auto run = [&](int keys) {
+      return run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter,
+                        /*warp_specialized=*/true, false, Outputs::kContiguous, 0, keys);
+    };
+    const KernelRun narrow = run(0), wide = run(256);
+    ASSERT_TRUE(narrow.status.ok()) << narrow.status.message;
+    ASSERT_TRUE(wide.status.ok()) << wide.status.message;
+    ASSERT_TRUE(wide.key_outer_ws);
+    EXPECT_EQ(narrow.pass2_keys, 128);
+    ASSERT_EQ(wide.pass2_keys, 256) << "the launcher did not choose the 256-key second pass";
+    if (c.key_offset == 0.0f) {
+      ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(wide, want, gpu::Projection::kGproj, c, " wide pass 2"));
+    }
+    EXPECT_EQ(to_bf16_bits(wide.grads.dv), to_bf16_bits(narrow.grads.dv)) << "dV";
+    EXPECT_EQ(to_bf16_bits(wide.grads.dk), to_bf16_bits(narrow.grads.dk)) << "dK";
+    const double dq = relative(wide.grads.dq, narrow.grads.dq);
+    std::printf("[ %s gproj pass 2 over 256 keys ] vs 128: dq %.2e\n", c.name.c_str(), dq);
+    EXPECT_LE(dq, 1e-2);
+    if (c.key_offset != 0.0f) {
+      const ref::ExactAttention exact = ref::attention_fp64(in);
+      const double ew = relative_to_exact(wide.grads.dq, exact.dq), en = relative_to_exact(narrow.grads.dq, exact.dq);
+      std::printf("[ %s ] dq vs FP64: 256-key pass 2 %.2e, 128-key %.2e\n", c.name.c_str(), ew, en);
+      EXPECT_LE(ew, 1e-2);
+      EXPECT_LE(ew, 1.25 * en + 1e-3);
+    }
+  }
+  // Where the wide pass does not apply, the 128-key pass runs.
+  const Bf16Case d64 = make_case("d64", {1, 2, 1, 70, 90, 64});
+  const ref::AttentionInputs in64 = make_inputs(d64);
+  const KernelRun narrow64 = run_kernel(in64, ref::forward_fused_bf16(in64), gpu::Projection::kGproj,
+                                        gpu::Bf16KernelPair::kHopper, Path::kKeyOuter, true, false,
+                                        Outputs::kContiguous, 0, 256);
+  ASSERT_TRUE(narrow64.status.ok()) << narrow64.status.message;
+  EXPECT_EQ(narrow64.pass2_keys, 128);
+  // The pair has no second pass over the keys.
+  const KernelRun pair = run_kernel(in64, ref::forward_fused_bf16(in64), gpu::Projection::kGproj,
+                                    gpu::Bf16KernelPair::kHopper, Path::kPair, true, false, Outputs::kContiguous, 0,
+                                    256);
+  ASSERT_TRUE(pair.status.ok()) << pair.status.message;
+  EXPECT_EQ(pair.pass2_keys, 0);
+}
+
 // deterministic = true runs the two-kernel pair (no atomics): the same bits on
 // every call, for each backend (on the GPU the test of record; the emulation
 // runs blocks in order, so there it checks the dispatch).
@@ -1112,6 +1184,11 @@ TEST(Bf16Backward, RejectsUnsupportedInputsWithReasons) {
   p.projection = gpu::Projection::kGproj;
   EXPECT_NE(gpu::validate(p).message.find("bf16 variant"), std::string::npos);
   p.diagnostics = {};
+  p.gproj_pass2_keys = 192;
+  EXPECT_NE(gpu::validate(p).message.find("gproj_pass2_keys must be 0 (the default), 128 or 256, not 192"),
+            std::string::npos)
+      << gpu::validate(p).message;
+  p.gproj_pass2_keys = 0;
   // Output strides: any, but even (the kernels store BF16 pairs as 32-bit
   // words) and not 0 along a dimension of size > 1. validate() reads no
   // tensor: aligned host addresses stand in for them.

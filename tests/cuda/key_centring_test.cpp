@@ -53,8 +53,8 @@ thread_local Cluster* current_cluster = nullptr;
 void cluster_sync() { current_cluster->barrier.arrive_and_wait(); }
 
 void* cluster_peer_smem(void* local, int rank) {
-  const std::ptrdiff_t offset = static_cast<char*>(local) - reinterpret_cast<char*>(current->smem.data());
-  return reinterpret_cast<char*>(current_cluster->blocks[static_cast<size_t>(rank)]->smem.data()) + offset;
+  const std::ptrdiff_t offset = static_cast<char*>(local) - reinterpret_cast<char*>(current->smem_base);
+  return reinterpret_cast<char*>(current_cluster->blocks[static_cast<size_t>(rank)]->smem_base) + offset;
 }
 }  // namespace gaugewatch_emulation
 

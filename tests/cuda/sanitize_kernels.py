@@ -20,7 +20,10 @@ GAUGEWATCH_BF16_KERNEL=key_outer it runs only bf16 and pivot on their
 key-outer path (deterministic=False) on the key-outer kernel without warp
 specialization and its finish, on the same cases, and with both variables
 gproj too (then on the key-outer kernel and the cp.async second pass):
-device.sh's third run under each tool.
+device.sh's third run under each tool. With GAUGEWATCH_GPROJ_KERNEL=key_outer
+and GAUGEWATCH_GPROJ_PASS2_KEYS=256 the key-outer gproj's second pass runs
+over 256-key blocks at head dim 128 (one case spans two such blocks):
+device.sh's fourth run.
 """
 
 import os
@@ -43,6 +46,8 @@ CASES = [
     dict(B=1, Hq=2, Hkv=2, N=100, M=90, d=128, causal=True, alignment="top_left",
          cu_q=[0, 1, 60, 60, 100], cu_k=[0, 30, 31, 50, 90]),
     dict(B=1, Hq=4, Hkv=2, N=130, M=70, d=256, causal=True, alignment="bottom_right"),
+    # Two 256-key blocks of gproj's wide second pass, the second ragged.
+    dict(B=1, Hq=2, Hkv=1, N=200, M=300, d=128, causal=True, alignment="top_left"),
 ]
 
 for case in CASES:

@@ -25,13 +25,17 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kWarpgroup = 128;  // 4 warps: the threads of one wgmma
 constexpr size_t kScratchWords = 256;  // 2 KiB per warp
+// The alignment the GPU gives the kernels' dynamic shared memory arrays
+// (declared __align__(128), GAUGEWATCH_BF16_SMEM): layouts whose slack
+// assumes it (gproj_keys_ws::Layout) overrun a less aligned emulated block.
+constexpr uintptr_t kSmemAlign = 128;
 
 struct Block {
   explicit Block(int threads, size_t smem_bytes)
       : all(threads),
         shuffle(static_cast<size_t>(threads), 0.0f),
         scratch(static_cast<size_t>(threads / kWarp) * kScratchWords, 0),
-        smem(smem_bytes / sizeof(float4) + 1) {
+        smem(smem_bytes / sizeof(float4) + 1 + kSmemAlign / sizeof(float4)) {
     for (int w = 0; w < threads / kWarp; ++w) warps.push_back(std::make_unique<std::barrier<>>(kWarp));
     // A block that is not whole warpgroups has none (warpgroup_barrier fails).
     if (threads % kWarpgroup == 0) {
@@ -41,6 +45,9 @@ struct Block {
     }
     // Shared memory starts as NaN: a read before a write poisons the result.
     for (auto& v : smem) v = make_float4(NAN, NAN, NAN, NAN);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(smem.data());
+    smem_base = smem.data() + ((kSmemAlign - at % kSmemAlign) % kSmemAlign) / sizeof(float4);
+    smem_bytes_from_base = (smem_bytes / sizeof(float4) + 1) * sizeof(float4);
   }
   std::barrier<> all;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
@@ -51,6 +58,8 @@ struct Block {
   std::vector<uint64_t> scratch;  // kScratchWords per warp
   std::atomic<int> any{0};
   std::vector<float4> smem;
+  float4* smem_base = nullptr;  // the block's dynamic shared memory: kSmemAlign-aligned, as on the GPU
+  size_t smem_bytes_from_base = 0;
 };
 
 thread_local Block* current = nullptr;
@@ -79,9 +88,9 @@ void run_grid_impl(dim3 grid, int threads, size_t smem_bytes, Body body) {
 
 }  // namespace
 
-float4* dynamic_smem() { return current->smem.data(); }
+float4* dynamic_smem() { return current->smem_base; }
 
-size_t dynamic_smem_bytes() { return current->smem.size() * sizeof(float4); }
+size_t dynamic_smem_bytes() { return current->smem_bytes_from_base; }
 
 void run_grid(dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body) {
   run_grid_impl(grid, threads, smem_bytes, body);
