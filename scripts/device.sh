@@ -19,7 +19,7 @@
 #              then again with GAUGEWATCH_GPROJ_KERNEL=key_outer (the key-outer gproj at both head dims),
 #              with that and GAUGEWATCH_BF16_KERNEL=key_outer (the key-outer kernel without
 #              warp specialization, every backend), and with GAUGEWATCH_GPROJ_KERNEL=key_outer and
-#              GAUGEWATCH_GPROJ_PASS2_KEYS=256 (gproj's second pass over 256-key blocks at head dim 128);
+#              GAUGEWATCH_GPROJ_PASS2_KEYS=256 (gproj's second pass over 256-key blocks);
 #              GW_SANITIZE_VARIANTS picks among default gproj_key_outer key_outer gproj_pass2_256
 #   bench      every build/bin bench_* / *_bench binary and bench/**/*.py script
 # Output (flat, under $OUT): device.log env.log build.log ctest.log pytest.log

@@ -37,7 +37,7 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   warp-specialized one (<backend>_ws_over_no_ws; gproj's
                   against gw_gproj_key_outer)
   gw_gproj_pass2_256  gproj with GAUGEWATCH_GPROJ_PASS2_KEYS=256: its second
-                  pass over 256-key blocks (head dim 128 shapes only; a child
+                  pass over 256-key blocks (head dims 64 and 128; a child
                   process, likewise), against gw_gproj
                   (gproj_pass2_256_over_128) and by the second pass's kernel
                   time (kernels_us_pass2_256)
@@ -102,7 +102,7 @@ VARIANTS = {
     "gproj_pass2_256": ({"GAUGEWATCH_GPROJ_PASS2_KEYS": "256"}, ("gproj",), "_pass2_256"),
 }
 # The head dims a variant changes anything at (the others are not timed).
-VARIANT_HEAD_DIMS = {"gproj_pass2_256": (128,)}
+VARIANT_HEAD_DIMS = {"gproj_pass2_256": (64, 128)}
 
 
 def effective_flops(B, Hq, N, d, causal):

@@ -36,8 +36,8 @@ cudaError_t launch_keyouter_ws(const Args& args, cudaStream_t stream);
 
 // Whether encode_maps (bf16_keyouter_ws_kernel.cuh) accepts the operands.
 bool keyouter_ws_maps_encodable(const Args& args, int head_dim);
-// bf16_gproj_keys_ws_wide.cu: gproj_keys_ws::key_map_encodable<128, 256>.
-bool gproj_wide_key_map_encodable(const Args& args);
+// bf16_gproj_keys_ws_wide.cu: gproj_keys_ws::key_map_encodable<head_dim, 256>.
+bool gproj_wide_key_map_encodable(const Args& args, int head_dim);
 
 }  // namespace bf16
 
@@ -256,8 +256,8 @@ bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) { return bf16_uses_key_
 
 int gproj_pass2_block_keys(const Bf16BackwardParams& p) {
   if (p.projection != Projection::kGproj || !bf16_uses_key_outer(p)) return 0;
-  const bool wide = p.shape.head_dim == 128 && p.gproj_pass2_keys == bf16::kWideKeyBlockKeys &&
-                    key_outer_ws_possible(p) && bf16::gproj_wide_key_map_encodable(operand_args(p));
+  const bool wide = p.gproj_pass2_keys == bf16::kWideKeyBlockKeys && key_outer_ws_possible(p) &&
+                    bf16::gproj_wide_key_map_encodable(operand_args(p), static_cast<int>(p.shape.head_dim));
   return wide ? bf16::kWideKeyBlockKeys : bf16::kKeyBlockKeys;
 }
 

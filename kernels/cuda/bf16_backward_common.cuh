@@ -67,7 +67,7 @@ struct Args {
   // for the key-block grids (wide_kv_sections: blocks of kWideKeyBlockKeys
   // keys), of the query heads for the query-tile grid; 1 to the heads' count.
   int kv_sections, q_sections, wide_kv_sections;
-  // gproj's warp-specialized second pass at head dim 128: keys per block,
+  // gproj's warp-specialized second pass: keys per block,
   // kKeyBlockKeys or kWideKeyBlockKeys (Bf16BackwardParams::gproj_pass2_keys).
   int gproj_pass2_keys;
 };

@@ -177,9 +177,14 @@ inline constexpr bool kUSplitsColumns = D == 128;
 // scale-d 0 needs no zeroing). kOwnKeys (D = 64, the warp-specialized pass):
 // all 64 columns over this warpgroup's 64 keys only, 4 steps, a partial that
 // the caller sums with the other warpgroup's (gproj_keys_ws::kUSplitsKeys).
-template <int D, bool kOwnKeys = false, int kKeys = kKvKeys>
-__device__ __forceinline__ void u_mma(float (&u)[32], const uint16_t* r_tiles, const uint16_t* k_tile, int wg) {
+// kFloats = 16 (D = 64, the warp-specialized pass over 256 keys): columns
+// 32 wg.. by m64n32 steps (B starts 64 bytes into K's swizzled rows for
+// warpgroup 1, as the first pass's dQ at D = 64), every step accumulating
+// (the caller zeroes u).
+template <int D, bool kOwnKeys = false, int kKeys = kKvKeys, int kFloats>
+__device__ __forceinline__ void u_mma(float (&u)[kFloats], const uint16_t* r_tiles, const uint16_t* k_tile, int wg) {
   static_assert(!kOwnKeys || (D == 64 && kKeys == kKvKeys), "own keys: all of U's 64 columns");
+  static_assert(kFloats == 32 || (kFloats == 16 && D == 64 && !kOwnKeys), "m64n64, or m64n32 columns at D = 64");
   constexpr int kScoreTile = kKvRows * 64;
   constexpr uint32_t kKeySubTile = kKeys * 64 * 2;  // bytes between the K tile's 64-column blocks
 #pragma unroll
@@ -187,10 +192,15 @@ __device__ __forceinline__ void u_mma(float (&u)[32], const uint16_t* r_tiles, c
     const int k = kOwnKeys ? 4 * wg + kk : kk;  // keys 16 k.. of the block
     const uint64_t r_desc =
         wgmma::desc_k_major(r_tiles, (k >> 2) * kScoreTile + wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3)));
-    const uint64_t k_desc = wgmma::desc_mn_major(
-        k_tile, wgmma::chunk_offset<kKeys>(16 * k, kUSplitsColumns<D> ? 8 * wg : 0), kKeySubTile);
-    if (kk == 0) {
-      wgmma::mma_ss_first<false, true>(u, r_desc, k_desc);
+    const int column_chunk = kFloats == 16 ? 4 * wg : (kUSplitsColumns<D> ? 8 * wg : 0);
+    const uint64_t k_desc =
+        wgmma::desc_mn_major(k_tile, wgmma::chunk_offset<kKeys>(16 * k, column_chunk), kKeySubTile);
+    if constexpr (kFloats == 32) {
+      if (kk == 0) {
+        wgmma::mma_ss_first<false, true>(u, r_desc, k_desc);
+      } else {
+        wgmma::mma_ss<false, true>(u, r_desc, k_desc);
+      }
     } else {
       wgmma::mma_ss<false, true>(u, r_desc, k_desc);
     }
@@ -232,20 +242,22 @@ __device__ __forceinline__ void add_u(const Args& a, const float (&u)[32], const
   }
 }
 
-// The warp-specialized pass at D = 128 (gproj_keys_ws::kUWriter): -lambda_i
-// U_i of this thread's rows g, g + 8 and its warpgroup's 64 U columns
-// (64 wg..) into the FP32 staging tile ([64 rows][128] in
-// tma::f32_tile_offset's swizzled layout), which the writer warp adds to
-// dQacc by tensor reductions; the same FP32 product per element as add_u
-// (rows past N are staged and not added).
-__device__ __forceinline__ void stage_u(const float (&u)[32], const TileRows& tr, float* staging, int row0, int g,
+// The warp-specialized pass with the writer warp (gproj_keys_ws::kUWriter:
+// D = 128, and D = 64 over 256-key blocks): -lambda_i U_i of this thread's
+// rows g, g + 8 and its warpgroup's D / 2 U columns (D / 2 wg..) into the
+// FP32 staging tile ([64 rows][D] in tma::f32_tile_offset's swizzled
+// layout), which the writer warp adds to dQacc by tensor reductions; the
+// same FP32 product per element as add_u (rows past N are staged and not
+// added).
+template <int D>
+__device__ __forceinline__ void stage_u(const float (&u)[D / 4], const TileRows& tr, float* staging, int row0, int g,
                                         int c, int wg) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const float neg_lambda = -tr.lambda[hh];
-    const int x = tma::f32_tile_offset<kKvRows>(row0 + g + 8 * hh, 64 * wg + 2 * c);
+    const int x = tma::f32_tile_offset<kKvRows>(row0 + g + 8 * hh, D / 2 * wg + 2 * c);
 #pragma unroll
-    for (int jn = 0; jn < 8; ++jn) {
+    for (int jn = 0; jn < D / 16; ++jn) {
       *reinterpret_cast<float2*>(staging + tma::f32_tile_step<kKvRows>(x, jn)) =
           make_float2(neg_lambda * u[4 * jn + 2 * hh], neg_lambda * u[4 * jn + 2 * hh + 1]);
     }

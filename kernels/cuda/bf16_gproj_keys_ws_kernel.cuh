@@ -55,23 +55,24 @@
 // (round & 1) ^ 1 (mbarrier.cuh).
 // TMA maps (host, encode_maps): Q (B, Hq, N, d) at its strides, K (B, Hkv,
 // M, d) at its strides, bf16(-lambda Q) (B, Hq, N, d) dense in the
-// workspace; boxes of 64 (Q rows) or 128 (keys) rows x 64 columns, 128-byte
+// workspace; boxes of 64 (Q rows) or kKeys (keys) rows x 64 columns, 128-byte
 // swizzle, rows past N (M) read as zeros, as gproj_keys_kernel's zero-filled
-// cp.async; at D = 128 dQacc (B Hq, N, d) FP32 for the writer's reductions
-// (boxes of 64 rows x 32 floats; rows past N are not written).
-// Wide blocks (kKeys = 256, head dim 128 only; Bf16BackwardParams::
+// cp.async; with the writer (kUWriter) dQacc (B Hq, N, d) FP32 for its
+// reductions (boxes of 64 rows x 32 floats; rows past N are not written).
+// Wide blocks (kKeys = 256, head dims 64 and 128; Bf16BackwardParams::
 // gproj_pass2_keys): each warpgroup owns two 64-key tiles (keys
-// 64 (2 wg + h).., h = 0, 1) and holds C for both (two m64n128
-// accumulators), S of both tiles is issued at once and r of the first is
-// stored while the second's MMAs run, and U runs over all 256 keys (16
-// steps): one -lambda U tile, so one set of tensor reductions, per 256 keys
-// and query tile, and one load of each Q and bf16(-lambda Q) tile per 256
-// keys, half the 128-key pass's traffic for the same products. The
-// per-tile code is the same, so dK is bit for bit the 128-key pass's (each
-// key's C sums the same tiles in the same order; a tile past a key's
-// visible rows adds exact zeros) and the U terms differ only in how the
-// block sums its keys. Two stages (the 256-key K tile takes the third's
-// room).
+// 64 (2 wg + h).., h = 0, 1) and holds C for both (two m64nD accumulators),
+// S of both tiles is issued at once and r of the first is stored while the
+// second's MMAs run, and U runs over all 256 keys (16 steps; each
+// warpgroup D / 2 columns, at D = 64 by m64n32): one -lambda U tile, so one
+// set of tensor reductions by the writer warp, per 256 keys and query tile,
+// and one load of each Q and bf16(-lambda Q) tile per 256 keys, half the
+// 128-key pass's traffic for the same products; one block per SM (at
+// D = 64 the 128-key pass runs two and adds U by atomics). The per-tile
+// code is the same, so dK is bit for bit the 128-key pass's (each key's C
+// sums the same tiles in the same order; a tile past a key's visible rows
+// adds exact zeros) and the U terms differ only in how the block sums its
+// keys. At D = 128 two stages (the 256-key K tile takes the third's room).
 // Build: launched by bf16_keyouter_launch.cuh (launch_keyouter_finish; the
 // wide pass instantiated in bf16_gproj_keys_ws_wide.cu); emulation:
 // tests/cuda/emulation/bf16_launcher.cpp. Tests:
@@ -93,9 +94,9 @@ namespace gaugewatch::gpu::bf16::gproj_keys_ws {
 using hopper::kKvKeys;
 using hopper::kKvRows;
 
-// Stages of the ring: 3 for 128-key blocks; 2 for 256 (shared memory).
-template <int kKeys>
-inline constexpr int kRingStages = kKeys == kKvKeys ? 3 : 2;
+// Stages of the ring: 3; 2 for 256-key blocks at D = 128 (shared memory).
+template <int D, int kKeys>
+inline constexpr int kRingStages = D == 128 && kKeys == kWideKeyBlockKeys ? 2 : 3;
 // 64-key tiles per warpgroup (r, C).
 template <int kKeys>
 inline constexpr int kTilesPerWg = kKeys / kKvKeys;
@@ -107,17 +108,24 @@ inline constexpr uint32_t kFullArrivals = 1 + 32;  // lane 0's expect_tx + every
 inline constexpr int kComputeBarrier = 3;
 static_assert(keyouter::DqHandoff::kFull > kComputeBarrier, "barrier ids");
 // Blocks per SM as gproj_keys_kernel (its accumulators are C, D / 2
-// registers, and S, 32).
-template <int D>
-inline constexpr int kBlocksPerSm = gproj_keys::kBlocksPerSm<D>;
+// registers, and S, 32); 256-key blocks: one (C and S of two tiles).
+template <int D, int kKeys = kKvKeys>
+inline constexpr int kBlocksPerSm = kKeys == kKvKeys ? gproj_keys::kBlocksPerSm<D> : 1;
 // Whether -lambda U goes to dQacc through a staging tile and the writer warp
-// (D = 128: keyouter::DqHandoff, the first pass's dQ hand-over) rather than
-// by the compute threads' float4 atomics (gproj_keys::add_u). On the H200
-// (ncu, B4 H16 N4096 d128 causal) the atomics' register reads held the
-// compute threads for 31% of the pass's stall samples. D = 64 runs two
-// blocks per SM, whose register pool has no room for the writer.
-template <int D>
-inline constexpr bool kUWriter = D == 128;
+// (D = 128, and 256-key blocks at D = 64: keyouter::DqHandoff, the first
+// pass's dQ hand-over) rather than by the compute threads' float4 atomics
+// (gproj_keys::add_u). On the H200 (ncu, B4 H16 N4096 d128 causal) the
+// atomics' register reads held the compute threads for 31% of the pass's
+// stall samples. 128-key blocks at D = 64 run two blocks per SM, whose
+// register pool has no room for the writer (the writer at one block per SM
+// measured 1.158x there, kernels/cuda/README.md).
+template <int D, int kKeys = kKvKeys>
+inline constexpr bool kUWriter = D == 128 || kKeys == kWideKeyBlockKeys;
+// With the writer each warpgroup computes U's D / 2 columns D / 2 wg.. over
+// all the block's keys (m64n64, at D = 64 m64n32), kUFloats accumulators;
+// otherwise (D = 64, 128 keys) all 64 columns over its own keys.
+template <int D, int kKeys = kKvKeys>
+inline constexpr int kUFloats = kUWriter<D, kKeys> ? D / 4 : 32;
 // D = 64: whether each warpgroup computes U over its own 64 keys only (4
 // steps, not gproj_keys_kernel's 8 over all 128 keys in both warpgroups)
 // and the two partials are summed through shared memory before the atomics
@@ -126,8 +134,8 @@ inline constexpr bool kUWriter = D == 128;
 // as many as before (each warpgroup adds its 32 columns). On the H200 the
 // pass took 0.934x its time with both warpgroups computing all of U (B4 H16
 // N4096 d64 causal, 2026-12-03).
-template <int D>
-inline constexpr bool kUSplitsKeys = D == 64;
+template <int D, int kKeys = kKvKeys>
+inline constexpr bool kUSplitsKeys = D == 64 && kKeys == kKvKeys;
 
 // The exchange tile of kUSplitsKeys: a warpgroup's [64 rows][64 keys] BF16 r
 // tile read as FP32 [64 rows][32 columns], the 8-column groups of row r
@@ -174,18 +182,21 @@ __device__ __forceinline__ void add_u_partial(float (&u)[32], const float* their
   }
 }
 // The block's register pool is what it launches with (65,536 / (384 x
-// blocks per SM), rounded down to a multiple of 8: 168 at D = 128, 80 at
-// D = 64), shared as producer + 2 x compute <= 3 x launch (setmaxnreg.cuh;
-// more and setmaxnreg.inc waits forever).
-template <int D>
-inline constexpr int kLaunchRegs = (65536 / (kThreads * kBlocksPerSm<D>)) / 8 * 8;
+// blocks per SM), rounded down to a multiple of 8: 168 at one block per SM,
+// 80 at two), shared as producer + 2 x compute <= 3 x launch
+// (setmaxnreg.cuh; more and setmaxnreg.inc waits forever).
+template <int D, int kKeys = kKvKeys>
+inline constexpr int kLaunchRegs = (65536 / (kThreads * kBlocksPerSm<D, kKeys>)) / 8 * 8;
 // The writer warp's loop and reductions spill at 40 here (ptxas -v).
-template <int D>
-inline constexpr int kProducerRegs = kUWriter<D> ? 48 : 24;
-template <int D>
-inline constexpr int kComputeRegs = ((3 * kLaunchRegs<D> - kProducerRegs<D>) / 2) / 8 * 8;
-static_assert(kProducerRegs<64> + 2 * kComputeRegs<64> <= 3 * kLaunchRegs<64> &&
-                  kProducerRegs<128> + 2 * kComputeRegs<128> <= 3 * kLaunchRegs<128>,
+template <int D, int kKeys = kKvKeys>
+inline constexpr int kProducerRegs = kUWriter<D, kKeys> ? 48 : 24;
+template <int D, int kKeys = kKvKeys>
+inline constexpr int kComputeRegs = ((3 * kLaunchRegs<D, kKeys> - kProducerRegs<D, kKeys>) / 2) / 8 * 8;
+template <int D, int kKeys>
+inline constexpr bool kFitsPool =
+    kProducerRegs<D, kKeys> + 2 * kComputeRegs<D, kKeys> <= 3 * kLaunchRegs<D, kKeys>;
+static_assert(kFitsPool<64, kKvKeys> && kFitsPool<128, kKvKeys> && kFitsPool<64, kWideKeyBlockKeys> &&
+                  kFitsPool<128, kWideKeyBlockKeys>,
               "the block's register pool");
 
 // The operands' maps; with the writer (kUWriter) also dQacc's, the
@@ -201,11 +212,12 @@ struct Maps {
 // tile of -lambda U ([64 rows][D], tma::f32_tile_offset), per stage the rows'
 // lse, first and end key and lambda, then the mbarriers full[kStages],
 // empty[kStages], k_full. The slack: GAUGEWATCH_BF16_SMEM's array is
-// 128-byte aligned, so wgmma::align_1024 skips at most 896 bytes (the wide
-// layout, 231,464 bytes, leaves 984 of the 227 KiB a block may have).
+// 128-byte aligned, so wgmma::align_1024 skips at most 896 bytes (the
+// 256-key layout at D = 128 takes 232,360 bytes with it, of the 232,448 a
+// block may have).
 template <int D, int kKeys = kKvKeys>
 struct Layout {
-  static constexpr int kStages = kRingStages<kKeys>;
+  static constexpr int kStages = kRingStages<D, kKeys>;
   static constexpr int kRowTile = kKvRows * D;
   static constexpr int kK = 0;
   static constexpr int kStage0 = kKeys * D;  // Q of stage s at kStage0 + 2 s kRowTile, then its bf16(-lambda Q)
@@ -213,7 +225,7 @@ struct Layout {
   static constexpr int kSetTiles = kKeys / 64;                 // r tiles per set
   static constexpr int kR = kStage0 + 2 * kStages * kRowTile;  // r tile t of set e: kR + (kSetTiles e + t) kScoreTile
   static constexpr int kStaging = kR + 2 * kSetTiles * kScoreTile;
-  static constexpr int kStagingElements = kUWriter<D> ? kKvRows * D * 2 : 0;  // BF16 elements
+  static constexpr int kStagingElements = kUWriter<D, kKeys> ? kKvRows * D * 2 : 0;  // BF16 elements
   static constexpr int kRows = kStaging + kStagingElements;
   static constexpr size_t kBarriers = static_cast<size_t>(kRows) * 2 + kStages * gproj_keys::kRowArrays * kKvRows * 4;
   static constexpr int kBarrierCount = 2 * kStages + 1;
@@ -244,7 +256,7 @@ inline bool encode_maps(const Args& a, Maps* maps) {
   for (const tma::EncodeStatus s : st) {
     if (s != tma::EncodeStatus::kOk) return false;
   }
-  return !kUWriter<D> || tma::encode_f32_reduce_map(&maps->dq_accum, keyouter_ws::dq_accum_tensor<D>(a), kKvRows) ==
+  return !kUWriter<D, kKeys> || tma::encode_f32_reduce_map(&maps->dq_accum, keyouter_ws::dq_accum_tensor<D>(a), kKvRows) ==
                              tma::EncodeStatus::kOk;
 }
 
@@ -260,10 +272,9 @@ inline bool key_map_encodable(const Args& a) {
 }
 
 template <int D, int kKeys = kKvKeys>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kernel(const __grid_constant__ Maps maps,
-                                                                                  const Args a) {
-  static_assert(kKeys == kKvKeys || (kKeys == kWideKeyBlockKeys && kUWriter<D>),
-                "256-key blocks: head dim 128 (one block per SM, the writer warp)");
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D, kKeys>)
+    gproj_keys_ws_kernel(const __grid_constant__ Maps maps, const Args a) {
+  static_assert(kKeys == kKvKeys || kKeys == kWideKeyBlockKeys, "128- or 256-key blocks");
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = Layout<D, kKeys>;
@@ -288,9 +299,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
   __syncthreads();  // the barriers' init, before the roles part (the only block-wide barrier)
 
   if (threadIdx.x < kProducerThreads) {
-    regs::setmaxnreg_dec<kProducerRegs<D>>();
+    regs::setmaxnreg_dec<kProducerRegs<D, kKeys>>();
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-    if constexpr (kUWriter<D>) {
+    if constexpr (kUWriter<D, kKeys>) {
       if (warp == keyouter::DqHandoff::kWriterWarp) {
         keyouter::DqHandoff::writer_loop(iters, [&](int it) {
           keyouter::DqHandoff::add_tile<D>(&maps.dq_accum, b * a.hq + head_of(it), tile_row0(it), staging, lane);
@@ -336,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     return;
   }
 
-  regs::setmaxnreg_inc<kComputeRegs<D>>();
+  regs::setmaxnreg_inc<kComputeRegs<D, kKeys>>();
   const int tid = static_cast<int>(threadIdx.x) - kProducerThreads;
   const int warp = tid >> 5, lane = tid & 31;
   const int wg = warp >> 2, v = warp & 3, g = lane >> 2, c = lane & 3;
@@ -376,19 +387,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
       gproj_keys::store_r(a, sc[h], tr, j0 + 64 * (tile0 + h), row0, g, c, r_tile + h * L::kScoreTile);
     }
     wgmma::fence_proxy_async();
-    if constexpr (kUSplitsKeys<D>) {
+    if constexpr (kUSplitsKeys<D, kKeys>) {
       wgmma::warpgroup_barrier(1 + wg);  // the warpgroup's r rows, which its MMAs alone read
     } else {
       wgmma::named_barrier<kComputeThreads>(kComputeBarrier);  // U reads both warpgroups' r
     }
 
-    float (&u)[32] = sc[0];  // S is dead once r is stored
+    // U in S's first registers (S is dead once r is stored).
+    constexpr int kU = kUFloats<D, kKeys>;
+    float(&u)[kU] = *reinterpret_cast<float(*)[kU]>(&sc[0][0]);
+    if constexpr (kU != 32) hopper::zero(u);  // m64n32: the first step accumulates too
     wgmma::fence();
 #pragma unroll
     for (int h = 0; h < kTiles; ++h) {
       gproj_keys::c_mma<D>(acc[h], r_tile + h * L::kScoreTile, smem + L::neg_lambda_q(s));
     }
-    gproj_keys::u_mma<D, kUSplitsKeys<D>, kKeys>(u, r_set, smem + L::kK, wg);
+    gproj_keys::u_mma<D, kUSplitsKeys<D, kKeys>, kKeys>(u, r_set, smem + L::kK, wg);
     wgmma::commit();
     wgmma::wait<0>();
 #pragma unroll
@@ -399,12 +413,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_ws_kerne
     // rows it spilled).
     if constexpr (kTiles > 1) gproj_keys::tile_lambda(staged, row0, g, tr.lambda);
     mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
-    if constexpr (kUWriter<D>) {
+    if constexpr (kUWriter<D, kKeys>) {
       keyouter::DqHandoff::acquire(it, wg);
-      gproj_keys::stage_u(u, tr, staging, row0, g, c, wg);
+      gproj_keys::stage_u<D>(u, tr, staging, row0, g, c, wg);
       keyouter::DqHandoff::release();
     } else {
-      if constexpr (kUSplitsKeys<D>) {
+      if constexpr (kUSplitsKeys<D, kKeys>) {
         // The r tile is free: this warpgroup's MMAs, its only readers, are
         // done. The other warpgroup rewrites its own tile of this set two
         // iterations on, after the next compute barrier, which this

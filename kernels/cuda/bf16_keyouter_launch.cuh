@@ -26,7 +26,7 @@ bool launch_gproj_keys_ws(const Args& a, cudaStream_t stream, cudaError_t* err) 
   gproj_keys_ws::Maps maps{};
   if (!gproj_keys_ws::encode_maps<D, kKeys>(a, &maps)) return false;
   constexpr int kSmem = static_cast<int>(gproj_keys_ws::Layout<D, kKeys>::kBytes);
-  static_assert(gproj_keys_ws::kBlocksPerSm<D> * (kSmem + 1024) <= 228 * 1024,
+  static_assert(gproj_keys_ws::kBlocksPerSm<D, kKeys> * (kSmem + 1024) <= 228 * 1024,
                 "gproj second pass (warp-specialized): blocks do not fit one SM's shared memory");
   *err = cudaFuncSetAttribute(gproj_keys_ws::gproj_keys_ws_kernel<D, kKeys>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -38,21 +38,19 @@ bool launch_gproj_keys_ws(const Args& a, cudaStream_t stream, cudaError_t* err) 
   }
   return true;
 }
-// The 256-key pass has its own translation unit (bf16_gproj_keys_ws_wide.cu).
+// The 256-key passes have their own translation unit (bf16_gproj_keys_ws_wide.cu).
+extern template bool launch_gproj_keys_ws<64, kWideKeyBlockKeys>(const Args&, cudaStream_t, cudaError_t*);
 extern template bool launch_gproj_keys_ws<128, kWideKeyBlockKeys>(const Args&, cudaStream_t, cudaError_t*);
 
 // gproj's second pass: gproj_keys_ws_kernel when warp_specialized and its
-// TMA maps encode (at head dim 128 over 256-key blocks where
-// a.gproj_pass2_keys asks for them), gproj_keys_kernel otherwise (the same
-// dK).
+// TMA maps encode (over 256-key blocks where a.gproj_pass2_keys asks for
+// them), gproj_keys_kernel otherwise (the same dK).
 template <int D>
 cudaError_t launch_gproj_keys(const Args& a, cudaStream_t stream, bool warp_specialized) {
   if (warp_specialized) {
     cudaError_t err = cudaSuccess;
-    if constexpr (D == 128) {
-      if (a.gproj_pass2_keys == kWideKeyBlockKeys && launch_gproj_keys_ws<D, kWideKeyBlockKeys>(a, stream, &err)) {
-        return err;
-      }
+    if (a.gproj_pass2_keys == kWideKeyBlockKeys && launch_gproj_keys_ws<D, kWideKeyBlockKeys>(a, stream, &err)) {
+      return err;
     }
     if (launch_gproj_keys_ws<D, kKeyBlockKeys>(a, stream, &err)) return err;
   }

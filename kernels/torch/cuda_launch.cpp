@@ -97,7 +97,7 @@ int grid_section_from_environment() {
 const int kGridSection = grid_section_from_environment();
 
 // GAUGEWATCH_GPROJ_PASS2_KEYS (Bf16BackwardParams::gproj_pass2_keys): keys
-// per block of gproj's warp-specialized second pass at head dim 128. Unset,
+// per block of gproj's warp-specialized second pass (head dims 64 and 128). Unset,
 // empty or "128": 128 (the default); "256": 256-key blocks (half the
 // second pass's dQ reductions and loads). Any other value keeps the
 // default and says so once, on stderr (a static initializer: it must not

@@ -69,7 +69,7 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // it runs warp-specialized (gpu::GprojPath::kAuto has the measured times);
 // another value warns once on stderr and keeps the default.
 // GAUGEWATCH_GPROJ_PASS2_KEYS=256 runs gproj's warp-specialized second pass
-// at head dim 128 over 256-key blocks (gpu::Bf16BackwardParams::
+// over 256-key blocks (gpu::Bf16BackwardParams::
 // gproj_pass2_keys); unset or "128" the default, 128. The metrics run
 // deterministic (the pair): their backends' runs are bit-repeatable.
 Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection, const at::Tensor& grad_out,

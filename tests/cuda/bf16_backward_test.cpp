@@ -795,28 +795,33 @@ TEST(Bf16Backward, GprojKeyOuterSinkLikeRowMass) {
   }
 }
 
-// gproj's warp-specialized second pass over 256-key blocks at head dim 128
-// (gproj_pass2_keys = 256; bf16_gproj_keys_ws_kernel.cuh) against the
-// 128-key pass on the same first pass: dV and dK bit for bit (each key's C
-// sums the same r and bf16(-lambda q) tiles in the same order; a tile past
-// a key's visible rows adds exact zeros), dQ to 1e-2 (the U terms of 256
-// rather than 128 keys per partial, and the atomics' order), the
-// reference's tolerances; and on sink-like inputs dQ against FP64 as close
-// as the 128-key pass's. Shapes: one ragged block (M < 256), two blocks with
-// a tail (M = 300) under each causal mode, GQA, packed segments.
+// gproj's warp-specialized second pass over 256-key blocks (gproj_pass2_keys
+// = 256; bf16_gproj_keys_ws_kernel.cuh) against the 128-key pass on the
+// same first pass, at head dims 64 (where U goes through the writer warp
+// instead of atomics) and 128: dV and dK bit for bit (each key's C sums the
+// same r and bf16(-lambda q) tiles in the same order; a tile past a key's
+// visible rows adds exact zeros), dQ to 1e-2 (the U terms of 256 rather
+// than 128 keys per partial, and the atomics' order), the reference's
+// tolerances; and on sink-like inputs dQ against FP64 as close as the
+// 128-key pass's. Shapes: one ragged block (M < 256), two blocks with a
+// tail (M = 300) under each causal mode, GQA, packed segments.
 TEST(Bf16Backward, GprojWideSecondPass) {
   SKIP_WITHOUT_GPU();
   using CM = ref::CausalMode;
   std::vector<Bf16Case> shapes;
-  shapes.push_back(make_case("gqa_multi_tile_d128", {1, 4, 2, 130, 100, 128}, CM::kBottomRight));
-  for (const CM causal : {CM::kNone, CM::kTopLeft, CM::kBottomRight}) {
-    shapes.push_back(make_case("two_blocks_" + std::string(ref::to_string(causal)), {1, 2, 1, 200, 300, 128}, causal));
+  for (const int64_t d : {int64_t{64}, int64_t{128}}) {
+    const std::string dim = "_d" + std::to_string(d);
+    shapes.push_back(make_case("gqa_multi_tile" + dim, {1, 4, 2, 130, 100, d}, CM::kBottomRight));
+    for (const CM causal : {CM::kNone, CM::kTopLeft, CM::kBottomRight}) {
+      shapes.push_back(
+          make_case("two_blocks_" + std::string(ref::to_string(causal)) + dim, {1, 2, 1, 200, 300, d}, causal));
+    }
+    shapes.push_back(packed_case("packed" + dim, 2, d));
+    Bf16Case sink = make_case("sink_gqa" + dim, {1, 4, 2, 150, 300, d}, CM::kTopLeft);
+    sink.key_offset = 200.0f;
+    sink.q_gain = 3.0f;
+    shapes.push_back(sink);
   }
-  shapes.push_back(packed_case("packed_d128", 2, 128));
-  Bf16Case sink = make_case("sink_gqa", {1, 4, 2, 150, 300, 128}, CM::kTopLeft);
-  sink.key_offset = 200.0f;
-  sink.q_gain = 3.0f;
-  shapes.push_back(sink);
   for (const Bf16Case& c : shapes) {
     SCOPED_TRACE(c.name);
     const ref::AttentionInputs in = make_inputs(c);
@@ -848,18 +853,17 @@ TEST(Bf16Backward, GprojWideSecondPass) {
       EXPECT_LE(ew, 1.25 * en + 1e-3);
     }
   }
-  // Where the wide pass does not apply, the 128-key pass runs.
-  const Bf16Case d64 = make_case("d64", {1, 2, 1, 70, 90, 64});
-  const ref::AttentionInputs in64 = make_inputs(d64);
-  const KernelRun narrow64 = run_kernel(in64, ref::forward_fused_bf16(in64), gpu::Projection::kGproj,
-                                        gpu::Bf16KernelPair::kHopper, Path::kKeyOuter, true, false,
-                                        Outputs::kContiguous, 0, 256);
-  ASSERT_TRUE(narrow64.status.ok()) << narrow64.status.message;
-  EXPECT_EQ(narrow64.pass2_keys, 128);
-  // The pair has no second pass over the keys.
-  const KernelRun pair = run_kernel(in64, ref::forward_fused_bf16(in64), gpu::Projection::kGproj,
-                                    gpu::Bf16KernelPair::kHopper, Path::kPair, true, false, Outputs::kContiguous, 0,
-                                    256);
+  // Where the wide pass does not apply: the second pass without warp
+  // specialization has 128-key blocks only, and the pair none.
+  const Bf16Case small = make_case("small", {1, 2, 1, 70, 90, 64});
+  const ref::AttentionInputs in = make_inputs(small);
+  const ref::SavedForward saved = ref::forward_fused_bf16(in);
+  const KernelRun plain = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper,
+                                     Path::kKeyOuter, false, false, Outputs::kContiguous, 0, 256);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.message;
+  EXPECT_EQ(plain.pass2_keys, 128);
+  const KernelRun pair = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper, Path::kPair,
+                                    true, false, Outputs::kContiguous, 0, 256);
   ASSERT_TRUE(pair.status.ok()) << pair.status.message;
   EXPECT_EQ(pair.pass2_keys, 0);
 }

@@ -22,7 +22,7 @@ specialization and its finish, on the same cases, and with both variables
 gproj too (then on the key-outer kernel and the cp.async second pass):
 device.sh's third run under each tool. With GAUGEWATCH_GPROJ_KERNEL=key_outer
 and GAUGEWATCH_GPROJ_PASS2_KEYS=256 the key-outer gproj's second pass runs
-over 256-key blocks at head dim 128 (one case spans two such blocks):
+over 256-key blocks (at each head dim one case spans two such blocks):
 device.sh's fourth run.
 """
 
@@ -48,6 +48,7 @@ CASES = [
     dict(B=1, Hq=4, Hkv=2, N=130, M=70, d=256, causal=True, alignment="bottom_right"),
     # Two 256-key blocks of gproj's wide second pass, the second ragged.
     dict(B=1, Hq=2, Hkv=1, N=200, M=300, d=128, causal=True, alignment="top_left"),
+    dict(B=1, Hq=2, Hkv=1, N=200, M=300, d=64, causal=True, alignment="bottom_right"),
 ]
 
 for case in CASES:

@@ -17,7 +17,7 @@
   process, at both head dims) against the pair: dV bit for bit, dQ/dK to summation order, and
   on sink-like inputs dQ as close to FP64 as the pair's;
 - gproj's second pass over 256-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=256,
-  head dim 128) against the 128-key pass, each in a child process: dV and dK
+  head dims 64 and 128) against the 128-key pass, each in a child process: dV and dK
   bit for bit, dQ to summation order, sink-like dQ as close to FP64;
 - the warp-specialized key-outer kernel (GAUGEWATCH_BF16_KERNEL=ws) against
   the key-outer kernel without warp specialization (=key_outer), each in a
@@ -388,13 +388,14 @@ sys.path.insert(0, sys.argv[1])
 from test_gpu_bf16_backward import make_inputs, ours, strided_problem
 from test_ops import ops
 got = {}
-for layout, args in (("strided", strided_problem(128)), ("contiguous", [t.contiguous() for t in strided_problem(128)])):
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        got[layout] = [t.cpu() for t in ops.attention_backward(*args, is_causal=True, backend="gproj")]
-        torch.cuda.synchronize()
-    got["kernels", layout] = sorted({e.key for e in prof.key_averages() if "gaugewatch" in e.key})
-q, k, v, grad_out = make_inputs("sink", d=128, seed=135)
-got["sink"] = [t.cpu() for t in ours(q, k, v, grad_out, "gproj", causal=True, scale=128 ** -0.5)]
+for d in (64, 128):
+    for layout, args in (("strided", strided_problem(d)), ("contiguous", [t.contiguous() for t in strided_problem(d)])):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got[layout, d] = [t.cpu() for t in ops.attention_backward(*args, is_causal=True, backend="gproj")]
+            torch.cuda.synchronize()
+        got["kernels", layout, d] = sorted({e.key for e in prof.key_averages() if "gaugewatch" in e.key})
+    q, k, v, grad_out = make_inputs("sink", d=d, seed=d + 7)
+    got["sink", d] = [t.cpu() for t in ours(q, k, v, grad_out, "gproj", causal=True, scale=d ** -0.5)]
 torch.save(got, sys.argv[2])
 """
 
@@ -402,8 +403,8 @@ torch.save(got, sys.argv[2])
 def test_gproj_second_pass_over_256_keys(tmp_path, record_line):
     """GAUGEWATCH_GPROJ_PASS2_KEYS=256 (read once, when the library loads: one
     child process each way, both on gproj's warp-specialized key-outer path)
-    runs gproj's second pass at head dim 128 over 256-key blocks: the same
-    first pass and the same per-key C sums as the 128-key pass, so dV and dK
+    runs gproj's second pass over 256-key blocks at head dims 64 and 128:
+    the same first pass and the same per-key C sums as the 128-key pass, so dV and dK
     bit for bit; dQ to the FP32 order of U's sums and the atomics (1e-2);
     on sink-like inputs its dQ error against FP64 within 1.25x the 128-key
     pass's. A value other than 128 or 256 keeps the default and says so on
@@ -421,22 +422,24 @@ def test_gproj_second_pass_over_256_keys(tmp_path, record_line):
                    GAUGEWATCH_BF16_KERNEL="ws")
         subprocess.run([sys.executable, "-c", _PASS2_CHILD, here, str(saved)], env=env, check=True, timeout=600)
         got[keys] = torch.load(saved)
-    wide_kernel = "gproj_keys_ws_kernel<128, 256>"
-    kernels = got["256"]["kernels", "contiguous"]
-    record_line(f"GAUGEWATCH_GPROJ_PASS2_KEYS=256 gproj d=128 contiguous: {', '.join(kernels)}")
-    assert any(wide_kernel in name for name in kernels), f"the 256-key second pass did not run: {kernels}"
-    assert not any(wide_kernel in name for name in got["128"]["kernels", "contiguous"]), \
-        "GAUGEWATCH_GPROJ_PASS2_KEYS=128 ran the 256-key pass"
-    for layout in ("strided", "contiguous"):
-        wide, narrow = got["256"][layout], got["128"][layout]
-        assert torch.equal(wide[2], narrow[2]), f"{layout} dv: 256-key vs 128-key second pass"
-        assert torch.equal(wide[1], narrow[1]), f"{layout} dk: 256-key vs 128-key second pass"
-        assert rel(wide[0], narrow[0]) <= 1e-2, f"{layout} dq: 256-key vs 128-key second pass"
-    q, k, v, grad_out = make_inputs("sink", d=128, seed=135)
-    truth = exact_grads(q, k, v, grad_out, causal=True, scale=128 ** -0.5)
-    err = {keys: rel(got[keys]["sink"][0], truth[0]) for keys in ("128", "256")}
-    record_line(f"gproj sink d=128 dQ err vs FP64: second pass over 256 keys {err['256']:.3%}, 128 {err['128']:.3%}")
-    assert err["256"] <= 1.25 * err["128"] + 1e-4
+    for d in (64, 128):
+        wide_kernel = f"gproj_keys_ws_kernel<{d}, 256>"
+        kernels = got["256"]["kernels", "contiguous", d]
+        record_line(f"GAUGEWATCH_GPROJ_PASS2_KEYS=256 gproj d={d} contiguous: {', '.join(kernels)}")
+        assert any(wide_kernel in name for name in kernels), f"d{d}: the 256-key second pass did not run: {kernels}"
+        assert not any(wide_kernel in name for name in got["128"]["kernels", "contiguous", d]), \
+            f"d{d}: GAUGEWATCH_GPROJ_PASS2_KEYS=128 ran the 256-key pass"
+        for layout in ("strided", "contiguous"):
+            wide, narrow = got["256"][layout, d], got["128"][layout, d]
+            assert torch.equal(wide[2], narrow[2]), f"d{d} {layout} dv: 256-key vs 128-key second pass"
+            assert torch.equal(wide[1], narrow[1]), f"d{d} {layout} dk: 256-key vs 128-key second pass"
+            assert rel(wide[0], narrow[0]) <= 1e-2, f"d{d} {layout} dq: 256-key vs 128-key second pass"
+        q, k, v, grad_out = make_inputs("sink", d=d, seed=d + 7)
+        truth = exact_grads(q, k, v, grad_out, causal=True, scale=d ** -0.5)
+        err = {keys: rel(got[keys]["sink", d][0], truth[0]) for keys in ("128", "256")}
+        record_line(f"gproj sink d={d} dQ err vs FP64: second pass over 256 keys {err['256']:.3%}, "
+                    f"128 {err['128']:.3%}")
+        assert err["256"] <= 1.25 * err["128"] + 1e-4, f"d{d}: the 256-key pass's dQ error vs the 128-key pass's"
     bad = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from test_ops import ops",
                           here], env=dict(os.environ, GAUGEWATCH_GPROJ_PASS2_KEYS="192"), capture_output=True,
                          text=True, timeout=600)

@@ -90,8 +90,8 @@ void launch_keyouter_finish(const Args& a, bool ws_second_pass) {
     }
   }
   if constexpr (P == Projection::kGproj) {
-    // launch_gproj_keys: the 256-key pass at head dim 128 where asked for,
-    // else the 128-key one, where their maps encode.
+    // launch_gproj_keys: the 256-key pass where asked for, else the
+    // 128-key one, where their maps encode.
     auto run_ws = [&a]<int kKeys>() {
       gproj_keys_ws::Maps maps{};
       if (!gproj_keys_ws::encode_maps<D, kKeys>(a, &maps)) return false;
@@ -102,11 +102,8 @@ void launch_keyouter_finish(const Args& a, bool ws_second_pass) {
       }
       return true;
     };
-    bool ran = false;
-    if constexpr (D == 128) {
-      ran = ws_second_pass && a.gproj_pass2_keys == kWideKeyBlockKeys &&
-            run_ws.template operator()<kWideKeyBlockKeys>();
-    }
+    bool ran = ws_second_pass && a.gproj_pass2_keys == kWideKeyBlockKeys &&
+               run_ws.template operator()<kWideKeyBlockKeys>();
     if (!ran) ran = ws_second_pass && run_ws.template operator()<kKeyBlockKeys>();
     if (!ran && kv_grid.x > 0) {
       gaugewatch_emulation::run_grid(kv_grid, keyouter::kThreads, gproj_keys::Layout<D>::kBytes,
@@ -150,7 +147,10 @@ cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
 
 bool keyouter_ws_maps_encodable(const Args& a, int head_dim) { return keyouter_ws::maps_encodable(a, head_dim); }
 
-bool gproj_wide_key_map_encodable(const Args& a) { return gproj_keys_ws::key_map_encodable<128, kWideKeyBlockKeys>(a); }
+bool gproj_wide_key_map_encodable(const Args& a, int head_dim) {
+  return head_dim == 64 ? gproj_keys_ws::key_map_encodable<64, kWideKeyBlockKeys>(a)
+                        : gproj_keys_ws::key_map_encodable<128, kWideKeyBlockKeys>(a);
+}
 
 template cudaError_t launch_keyouter_ws<64, Projection::kNone>(const Args&, cudaStream_t);
 template cudaError_t launch_keyouter_ws<64, Projection::kPivot>(const Args&, cudaStream_t);
