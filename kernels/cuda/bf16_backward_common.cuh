@@ -105,6 +105,18 @@ __device__ __forceinline__ int block_y_again() {
 #endif
 }
 
+// blockIdx.x read again, as block_y_again: what is divided out of it after a
+// main loop needs no register across it.
+__device__ __forceinline__ int block_x_again() {
+#if defined(GAUGEWATCH_CUDA_EMULATION)
+  return static_cast<int>(blockIdx.x);
+#else
+  int x;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
+  return x;
+#endif
+}
+
 // Row `row` of head h of batch element b in a (B, H, L, d) output (dq, dk, dv
 // at their strides).
 __device__ __forceinline__ uint16_t* output_row(uint16_t* base, const OperandStrides& s, int64_t b, int64_t h,

@@ -439,15 +439,17 @@ inline dim3 key_block_grid(const Args& a) {
 struct KeyBlock {
   int j0, b, hk;
 };
+// The block's (first key, batch, kv head); `block` is blockIdx.x (an
+// opaque read of it, block_x_again, recomputes them after a main loop
+// instead of holding them in registers across it).
 template <int kKeys = kKvKeys>
-__device__ __forceinline__ KeyBlock key_block(const Args& a) {
+__device__ __forceinline__ KeyBlock key_block(const Args& a, int block = static_cast<int>(blockIdx.x)) {
   const int blocks = (a.m + kKeys - 1) / kKeys;
   if constexpr (kKeys == kKvKeys) {
-    const auto [kb, bhk] = grid_order::sectioned(static_cast<int>(blockIdx.x), a.batch * a.hkv, blocks, a.kv_sections);
+    const auto [kb, bhk] = grid_order::sectioned(block, a.batch * a.hkv, blocks, a.kv_sections);
     return {kb * kKeys, bhk / a.hkv, bhk % a.hkv};
   } else {
-    const auto [kb, bhk] =
-        grid_order::sectioned(static_cast<int>(blockIdx.x), a.batch * a.hkv, blocks, a.wide_kv_sections);
+    const auto [kb, bhk] = grid_order::sectioned(block, a.batch * a.hkv, blocks, a.wide_kv_sections);
     return {kb * kKeys, bhk / a.hkv, bhk % a.hkv};
   }
 }

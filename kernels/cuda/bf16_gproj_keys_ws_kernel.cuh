@@ -368,7 +368,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D, kKeys>)
     uint16_t* r_tile = r_set + tile0 * L::kScoreTile;  // this warpgroup's first
 
     // S of each tile, one commit group each, so that the first tile's r is
-    // stored while the second's MMAs run.
+    // stored while the second's MMAs run; wide blocks then issue the first
+    // tile's C (it reads only this warpgroup's r) while the second tile's r
+    // is formed. Groups complete in order, so wait<kTiles - 1> finds S of
+    // tile h done with at most the next group (S of tile 1, then C of tile
+    // 0) in flight.
     float sc[kTiles][32];  // written by scores_mma (its first step does not read them)
     wgmma::fence();
 #pragma unroll
@@ -378,13 +382,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D, kKeys>)
     }
 #pragma unroll
     for (int h = 0; h < kTiles; ++h) {
-      if (h == 0) {
-        wgmma::wait<kTiles - 1>();
-      } else {
-        wgmma::wait<0>();
-      }
+      wgmma::wait<kTiles - 1>();
       wgmma::fence_operand(sc[h]);
       gproj_keys::store_r(a, sc[h], tr, j0 + 64 * (tile0 + h), row0, g, c, r_tile + h * L::kScoreTile);
+      if (h + 1 < kTiles) {
+        wgmma::fence_proxy_async();
+        wgmma::warpgroup_barrier(1 + wg);  // this warpgroup's r rows of tile h, which its C reads
+        wgmma::fence();
+        gproj_keys::c_mma<D>(acc[h], r_tile + h * L::kScoreTile, smem + L::neg_lambda_q(s));
+        wgmma::commit();
+      }
     }
     wgmma::fence_proxy_async();
     if constexpr (kUSplitsKeys<D, kKeys>) {
@@ -398,10 +405,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D, kKeys>)
     float(&u)[kU] = *reinterpret_cast<float(*)[kU]>(&sc[0][0]);
     if constexpr (kU != 32) hopper::zero(u);  // m64n32: the first step accumulates too
     wgmma::fence();
-#pragma unroll
-    for (int h = 0; h < kTiles; ++h) {
-      gproj_keys::c_mma<D>(acc[h], r_tile + h * L::kScoreTile, smem + L::neg_lambda_q(s));
-    }
+    gproj_keys::c_mma<D>(acc[kTiles - 1], r_tile + (kTiles - 1) * L::kScoreTile, smem + L::neg_lambda_q(s));
     gproj_keys::u_mma<D, kUSplitsKeys<D, kKeys>, kKeys>(u, r_set, smem + L::kK, wg);
     wgmma::commit();
     wgmma::wait<0>();
@@ -431,8 +435,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D, kKeys>)
       gproj_keys::add_u<D>(a, u, tr, row_base, i0, row0, g, c, wg);
     }
   }
+  if constexpr (kTiles == 1) {
+    gproj_keys::write_dk<D>(a, acc[0], j0 + 64 * tile0, b, hk, row0, g, c);
+  } else {
+    // The block's coordinates again (held across the loop beside C of two
+    // tiles, they spilled).
+    const hopper::KeyBlock kb = hopper::key_block<kKeys>(a, block_x_again());
 #pragma unroll
-  for (int h = 0; h < kTiles; ++h) gproj_keys::write_dk<D>(a, acc[h], j0 + 64 * (tile0 + h), b, hk, row0, g, c);
+    for (int h = 0; h < kTiles; ++h) {
+      gproj_keys::write_dk<D>(a, acc[h], kb.j0 + 64 * (tile0 + h), kb.b, kb.hk, row0, g, c);
+    }
+  }
 }
 
 }  // namespace gaugewatch::gpu::bf16::gproj_keys_ws
