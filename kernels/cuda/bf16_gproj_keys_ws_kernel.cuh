@@ -63,7 +63,9 @@
 // gproj_pass2_keys): each warpgroup owns two 64-key tiles (keys
 // 64 (2 wg + h).., h = 0, 1) and holds C for both (two m64nD accumulators),
 // S of both tiles is issued at once and r of the first is stored while the
-// second's MMAs run, and U runs over all 256 keys (16 steps; each
+// second's MMAs run, then C of the first tile (it reads only this
+// warpgroup's r) runs while r of the second is formed, and U runs over all
+// 256 keys (16 steps; each
 // warpgroup D / 2 columns, at D = 64 by m64n32): one -lambda U tile, so one
 // set of tensor reductions by the writer warp, per 256 keys and query tile,
 // and one load of each Q and bf16(-lambda Q) tile per 256 keys, half the
