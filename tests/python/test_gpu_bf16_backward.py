@@ -407,8 +407,7 @@ def test_gproj_second_pass_over_256_keys(tmp_path, record_line):
     the same first pass and the same per-key C sums as the 128-key pass, so dV and dK
     bit for bit; dQ to the FP32 order of U's sums and the atomics (1e-2);
     on sink-like inputs its dQ error against FP64 within 1.25x the 128-key
-    pass's. A value other than 128 or 256 keeps the default and says so on
-    stderr."""
+    pass's (an unknown value's warning: test_ops.py, on the CPU)."""
     import os
     import subprocess
     import sys
@@ -440,11 +439,6 @@ def test_gproj_second_pass_over_256_keys(tmp_path, record_line):
         record_line(f"gproj sink d={d} dQ err vs FP64: second pass over 256 keys {err['256']:.3%}, "
                     f"128 {err['128']:.3%}")
         assert err["256"] <= 1.25 * err["128"] + 1e-4, f"d{d}: the 256-key pass's dQ error vs the 128-key pass's"
-    bad = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from test_ops import ops",
-                          here], env=dict(os.environ, GAUGEWATCH_GPROJ_PASS2_KEYS="192"), capture_output=True,
-                         text=True, timeout=600)
-    assert bad.returncode == 0, bad.stderr
-    assert "GAUGEWATCH_GPROJ_PASS2_KEYS=192 is not 128 or 256" in bad.stderr, bad.stderr
 
 
 _WS_CHILD = """

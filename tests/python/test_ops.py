@@ -420,3 +420,41 @@ def test_second_copy_from_another_path_stays_inert(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["20", "(1,", "1,", "4,", "64)"]
     assert result.stderr.count("already registered by another copy") == 1, result.stderr
+
+
+# --- the kernel choices read from the environment ----------------------------------------------
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("GAUGEWATCH_BF16_KERNEL", "fast", "is not one of ws, key_outer, mma_sync: the default kernels run"),
+    ("GAUGEWATCH_GPROJ_KERNEL", "fused", "is not one of auto, key_outer, pair: gproj runs its default"),
+    ("GAUGEWATCH_GRID_SECTION", "-3", "is not auto, all or a positive number of kv heads"),
+    ("GAUGEWATCH_GPROJ_PASS2_KEYS", "192", "is not 128 or 256: gproj's second pass runs its default"),
+])
+def test_unknown_kernel_choice_warns_once_and_keeps_the_default(name, value, says):
+    """The fused backward's kernel choices are read once, when the library
+    loads (kernels/torch/cuda_launch.cpp): a value it does not know is named
+    on stderr, once, with what runs instead, and the library still loads and
+    runs; a known value says nothing."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        f"torch.ops.load_library({str(_LIB)!r})\n"
+        "q = torch.randn(1, 1, 4, 64).bfloat16()\n"
+        "dq, dk, dv = torch.ops.gaugewatch.attention_backward(q, q, q, q, q, torch.zeros(1, 1, 4), backend='gproj')\n"
+        "print(tuple(dq.shape))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GAUGEWATCH_") or k == "GAUGEWATCH_OPS_LIB"}
+    bad = subprocess.run([sys.executable, "-c", code], env=dict(env, **{name: value}), capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 0, bad.stderr
+    assert bad.stdout.strip() == "(1, 1, 4, 64)"
+    assert bad.stderr.count(f"{name}={value} {says}") == 1, bad.stderr
+    good = {"GAUGEWATCH_BF16_KERNEL": "ws", "GAUGEWATCH_GPROJ_KERNEL": "auto", "GAUGEWATCH_GRID_SECTION": "all",
+            "GAUGEWATCH_GPROJ_PASS2_KEYS": "256"}[name]
+    fine = subprocess.run([sys.executable, "-c", code], env=dict(env, **{name: good}), capture_output=True,
+                          text=True, timeout=120)
+    assert fine.returncode == 0, fine.stderr
+    assert name not in fine.stderr, fine.stderr
