@@ -117,6 +117,25 @@ int gproj_pass2_keys_from_environment() {
 
 const int kGprojPass2Keys = gproj_pass2_keys_from_environment();
 
+// GAUGEWATCH_GPROJ_PASS2_KEYS=256 beside a kernel choice under which no call
+// runs the warp-specialized second pass (the only one with 256-key blocks)
+// says so once, on stderr, rather than being ignored without a word.
+// Per call, deterministic=True and head dim 256 run the pair as documented.
+const bool kGprojPass2KeysChecked = [] {
+  if (kGprojPass2Keys != 256) return true;
+  const char* why = kBf16Kernel.pair == gpu::Bf16KernelPair::kMmaSyncBaseline ? "GAUGEWATCH_BF16_KERNEL=mma_sync"
+                    : !kBf16Kernel.warp_specialized                             ? "GAUGEWATCH_BF16_KERNEL=key_outer"
+                    : kGprojPath == gpu::GprojPath::kPair                       ? "GAUGEWATCH_GPROJ_KERNEL=pair"
+                                                                                : nullptr;
+  if (why != nullptr) {
+    std::fprintf(stderr,
+                 "[gaugewatch] GAUGEWATCH_GPROJ_PASS2_KEYS=256 has no effect with %s: only gproj's "
+                 "warp-specialized second pass has 256-key blocks (the default kernels run it)\n",
+                 why);
+  }
+  return true;
+}();
+
 at::Tensor checked_offsets(const at::Tensor& t, int64_t length, const char* name, const at::Tensor& q) {
   if (t.device().is_cpu()) {
     const at::Tensor l = t.to(at::kLong).contiguous();

@@ -458,3 +458,22 @@ def test_unknown_kernel_choice_warns_once_and_keeps_the_default(name, value, say
                           text=True, timeout=120)
     assert fine.returncode == 0, fine.stderr
     assert name not in fine.stderr, fine.stderr
+
+
+@pytest.mark.parametrize("other", ["GAUGEWATCH_BF16_KERNEL=key_outer", "GAUGEWATCH_BF16_KERNEL=mma_sync",
+                                   "GAUGEWATCH_GPROJ_KERNEL=pair"])
+def test_gproj_pass2_keys_under_a_choice_that_cannot_run_it_says_so(other):
+    """GAUGEWATCH_GPROJ_PASS2_KEYS=256 only changes gproj's warp-specialized
+    second pass: beside a kernel choice under which that pass never runs,
+    the library names the conflict once on stderr and runs as that choice
+    says."""
+    import subprocess
+    import sys
+
+    name, value = other.split("=")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GAUGEWATCH_") or k == "GAUGEWATCH_OPS_LIB"}
+    code = f"import torch\ntorch.ops.load_library({str(_LIB)!r})\n"
+    env = dict(env, GAUGEWATCH_GPROJ_PASS2_KEYS="256", **{name: value})
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count(f"GAUGEWATCH_GPROJ_PASS2_KEYS=256 has no effect with {other}") == 1, result.stderr
