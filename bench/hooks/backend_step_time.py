@@ -14,8 +14,9 @@ layer's backward on one backend, and the monitor's overhead at its defaults:
                       head dim 64)
   gproj_pair          gproj on the two-kernel pair at every head dim
                       (GAUGEWATCH_GPROJ_KERNEL=pair; gproj's default at 128)
-  gproj_pass2_256     gproj's default with its second pass over 256-key
-                      blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=256; opt-in)
+  gproj_pass2_128     gproj's default with its second pass over 128-key
+                      blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=128; the default
+                      is 256)
   pivot_no_ws, bf16_no_ws  pivot, bf16 on the key-outer kernel without warp
                       specialization (GAUGEWATCH_BF16_KERNEL=key_outer; their
                       default is the warp-specialized one)
@@ -118,7 +119,7 @@ VARIANTS = {
     "gproj": {**OFF, "GAUGEWATCH_BACKEND": "gproj"},
     "gproj_key_outer": {**OFF, "GAUGEWATCH_BACKEND": "gproj", "GAUGEWATCH_GPROJ_KERNEL": "key_outer"},
     "gproj_pair": {**OFF, "GAUGEWATCH_BACKEND": "gproj", "GAUGEWATCH_GPROJ_KERNEL": "pair"},
-    "gproj_pass2_256": {**OFF, "GAUGEWATCH_BACKEND": "gproj", "GAUGEWATCH_GPROJ_PASS2_KEYS": "256"},
+    "gproj_pass2_128": {**OFF, "GAUGEWATCH_BACKEND": "gproj", "GAUGEWATCH_GPROJ_PASS2_KEYS": "128"},
     "pivot": {**OFF, "GAUGEWATCH_BACKEND": "pivot"},
     "bf16": {**OFF, "GAUGEWATCH_BACKEND": "bf16"},
     "pivot_no_ws": {**OFF, "GAUGEWATCH_BACKEND": "pivot", "GAUGEWATCH_BF16_KERNEL": "key_outer"},

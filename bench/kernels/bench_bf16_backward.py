@@ -36,11 +36,11 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   thread; a child process, likewise), the baseline of the
                   warp-specialized one (<backend>_ws_over_no_ws; gproj's
                   against gw_gproj_key_outer)
-  gw_gproj_pass2_256  gproj with GAUGEWATCH_GPROJ_PASS2_KEYS=256: its second
-                  pass over 256-key blocks (head dims 64 and 128; a child
-                  process, likewise), against gw_gproj
-                  (gproj_pass2_256_over_128) and by the second pass's kernel
-                  time (kernels_us_pass2_256)
+  gw_gproj_pass2_128  gproj with GAUGEWATCH_GPROJ_PASS2_KEYS=128: its second
+                  pass over 128-key blocks (head dims 64 and 128; a child
+                  process, likewise), the baseline of the default 256-key
+                  pass: gw_gproj against it (gproj_pass2_256_over_128) and
+                  the second pass's kernel time (kernels_us_pass2_128)
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
@@ -55,7 +55,7 @@ dK fix-up lands on one key), q[..., 0] = 4, k_0 = (2 sqrt(d), 0, ..., 0).
 Run (needs a GPU and the built ops library; GAUGEWATCH_GPROJ_KERNEL unset):
   python3 bench/kernels/bench_bf16_backward.py [--json F] [--markdown F] [--shapes A,B]
       [--skip-fp32] [--skip-mma-sync] [--skip-gproj-key-outer] [--skip-no-ws]
-      [--skip-gproj-pass2-256]
+      [--skip-gproj-pass2-128]
 Writes $GAUGEWATCH_BENCH_OUT/bench_bf16_backward.json when that is set (device.sh).
 Exits 1 (after writing the results) when a child process failed.
 """
@@ -99,10 +99,10 @@ VARIANTS = {
     "mma_sync": ({"GAUGEWATCH_BF16_KERNEL": "mma_sync"}, MMA_SYNC, "_mma_sync"),
     "gproj_key_outer": ({"GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, ("gproj",), "_key_outer"),
     "no_ws": ({"GAUGEWATCH_BF16_KERNEL": "key_outer", "GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, NO_WS, "_no_ws"),
-    "gproj_pass2_256": ({"GAUGEWATCH_GPROJ_PASS2_KEYS": "256"}, ("gproj",), "_pass2_256"),
+    "gproj_pass2_128": ({"GAUGEWATCH_GPROJ_PASS2_KEYS": "128"}, ("gproj",), "_pass2_128"),
 }
 # The head dims a variant changes anything at (the others are not timed).
-VARIANT_HEAD_DIMS = {"gproj_pass2_256": (64, 128)}
+VARIANT_HEAD_DIMS = {"gproj_pass2_128": (64, 128)}
 
 
 def effective_flops(B, Hq, N, d, causal):
@@ -165,8 +165,8 @@ def main():
     parser.add_argument("--skip-no-ws", action="store_true",
                         help="leave out the key-outer kernel without warp specialization "
                              "(GAUGEWATCH_BF16_KERNEL=key_outer)")
-    parser.add_argument("--skip-gproj-pass2-256", action="store_true",
-                        help="leave out gproj's second pass over 256-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=256)")
+    parser.add_argument("--skip-gproj-pass2-128", action="store_true",
+                        help="leave out gproj's second pass over 128-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=128)")
     parser.add_argument("--variant-child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant_child:
@@ -272,8 +272,8 @@ def main():
         children_ok &= merge_variant(cases, args, "gproj_key_outer")
     if not args.skip_no_ws and cases:
         children_ok &= merge_variant(cases, args, "no_ws")
-    if not args.skip_gproj_pass2_256 and cases:
-        children_ok &= merge_variant(cases, args, "gproj_pass2_256")
+    if not args.skip_gproj_pass2_128 and cases:
+        children_ok &= merge_variant(cases, args, "gproj_pass2_128")
     for row in cases:
         ms, pair, cudnn = row.get("gw_gproj_key_outer_ms"), row["gw_gproj_pair_ms"], row.get("sdpa_cudnn_ms")
         flops = effective_flops(row["B"], row["Hq"], row["N"], row["d"], row["causal"])
@@ -287,10 +287,10 @@ def main():
             row[f"gw_{backend}_no_ws_ms"] = ms
             row[f"gw_{backend}_no_ws_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
             row[f"{backend}_ws_over_no_ws"] = None if ms is None or ws is None else ws / ms
-        ms = row.get("gw_gproj_pass2_256_ms")
-        row["gw_gproj_pass2_256_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
-        row["gw_gproj_pass2_256_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
-        row["gproj_pass2_256_over_128"] = None if ms is None else ms / row["gw_gproj_ms"]
+        ms = row.get("gw_gproj_pass2_128_ms")
+        row["gw_gproj_pass2_128_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
+        row["gw_gproj_pass2_128_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
+        row["gproj_pass2_256_over_128"] = None if ms is None else row["gw_gproj_ms"] / ms
 
     def fmt(row, key):
         ms = row.get(key + "_ms")
@@ -339,20 +339,21 @@ def main():
                          f"{ratio(row.get('gw_bf16_vs_cudnn'))} | {ratio(row.get('gw_pivot_vs_cudnn'))} | "
                          f"{ratio(row['bf16_ws_over_no_ws'])} | {ratio(row['pivot_ws_over_no_ws'])} | "
                          f"{ratio(row['gproj_ws_over_no_ws'])} |")
-    if any(row.get("gw_gproj_pass2_256_ms") is not None for row in cases):
+    if any(row.get("gw_gproj_pass2_128_ms") is not None for row in cases):
         pass2 = "gproj_keys_ws_kernel"
-        lines += ["", "gproj's second pass over 256-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=256, a child process) "
-                  "against the default 128: ms (effective TFLOP/s), and the second pass's kernel (us, profiler)", "",
-                  "| shape | sdpa_cudnn | gw_gproj | gw_gproj pass 2 over 256 | 256/128 | gproj/cuDNN | "
-                  "gproj 256/cuDNN | pass 2 us (128) | pass 2 us (256) |", "|---" * 9 + "|"]
+        lines += ["", "gproj's second pass over 256-key blocks (the default) against 128-key blocks "
+                  "(GAUGEWATCH_GPROJ_PASS2_KEYS=128, a child process): ms (effective TFLOP/s), and the second "
+                  "pass's kernel (us, profiler)", "",
+                  "| shape | sdpa_cudnn | gw_gproj pass 2 over 128 | gw_gproj | 256/128 | gproj 128/cuDNN | "
+                  "gproj/cuDNN | pass 2 us (128) | pass 2 us (256) |", "|---" * 9 + "|"]
         for row in cases:
-            if row.get("gw_gproj_pass2_256_ms") is None:
+            if row.get("gw_gproj_pass2_128_ms") is None:
                 continue
-            us128 = row.get("kernels_us", {}).get("gproj", {}).get(pass2)
-            us256 = row.get("kernels_us_pass2_256", {}).get("gproj", {}).get(pass2)
-            lines.append(f"| {row['shape']} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, 'gw_gproj')} | "
-                         f"{fmt(row, 'gw_gproj_pass2_256')} | {ratio(row['gproj_pass2_256_over_128'])} | "
-                         f"{ratio(row.get('gw_gproj_vs_cudnn'))} | {ratio(row['gw_gproj_pass2_256_vs_cudnn'])} | "
+            us128 = row.get("kernels_us_pass2_128", {}).get("gproj", {}).get(pass2)
+            us256 = row.get("kernels_us", {}).get("gproj", {}).get(pass2)
+            lines.append(f"| {row['shape']} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, 'gw_gproj_pass2_128')} | "
+                         f"{fmt(row, 'gw_gproj')} | {ratio(row['gproj_pass2_256_over_128'])} | "
+                         f"{ratio(row['gw_gproj_pass2_128_vs_cudnn'])} | {ratio(row.get('gw_gproj_vs_cudnn'))} | "
                          f"{'n/a' if us128 is None else f'{us128:.1f}'} | "
                          f"{'n/a' if us256 is None else f'{us256:.1f}'} |")
     if any("gw_bf16_mma_sync_ms" in row for row in cases):

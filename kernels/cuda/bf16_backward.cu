@@ -256,7 +256,7 @@ bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) { return bf16_uses_key_
 
 int gproj_pass2_block_keys(const Bf16BackwardParams& p) {
   if (p.projection != Projection::kGproj || !bf16_uses_key_outer(p)) return 0;
-  const bool wide = p.gproj_pass2_keys == bf16::kWideKeyBlockKeys && key_outer_ws_possible(p) &&
+  const bool wide = p.gproj_pass2_keys != bf16::kKeyBlockKeys && key_outer_ws_possible(p) &&
                     bf16::gproj_wide_key_map_encodable(operand_args(p), static_cast<int>(p.shape.head_dim));
   return wide ? bf16::kWideKeyBlockKeys : bf16::kKeyBlockKeys;
 }
@@ -313,7 +313,8 @@ void set_grid_sections(const Bf16BackwardParams& p, bool key_outer, bf16::Args& 
 bf16::Args make_args(const Bf16BackwardParams& p, char* ws, const Layout& w) {
   bf16::Args a = operand_args(p);
   set_grid_sections(p, w.key_outer, a);
-  a.gproj_pass2_keys = p.gproj_pass2_keys == bf16::kWideKeyBlockKeys ? bf16::kWideKeyBlockKeys : bf16::kKeyBlockKeys;
+  // 0 (the default) and 256: 256-key blocks; 128: the 128-key pass.
+  a.gproj_pass2_keys = p.gproj_pass2_keys == bf16::kKeyBlockKeys ? bf16::kKeyBlockKeys : bf16::kWideKeyBlockKeys;
   a.delta = reinterpret_cast<float*>(ws + w.delta);
   a.row_factor = reinterpret_cast<float*>(ws + w.row_factor);
   a.pivot_key = reinterpret_cast<int32_t*>(ws + w.pivot_key);

@@ -184,14 +184,16 @@ struct Bf16BackwardParams {
   // kernels/cuda/README.md). Ignored by the pair.
   bool keyouter_warp_specialized = true;
   // Keys per block of gproj's second pass where it runs warp-specialized
-  // (head dims 64 and 128; bf16_gproj_keys_ws_kernel.cuh): 0 or 128 the
-  // default, 128-key blocks; 256 blocks of 256 keys (each warpgroup 128:
-  // half the -lambda U reductions and the Q and bf16(-lambda Q) loads of the
-  // 128-key pass for the same products, one block per SM, at head dim 64 U
-  // through the writer warp instead of atomics; the same dK bit for bit, dQ
-  // within the atomics' rounding). Not measured on a GPU yet
-  // (kernels/cuda/README.md); ignored elsewhere (the pair, the
-  // non-warp-specialized pass).
+  // (head dims 64 and 128; bf16_gproj_keys_ws_kernel.cuh): 0 (the default)
+  // or 256, blocks of 256 keys (each warpgroup 128: half the -lambda U
+  // reductions and the Q and bf16(-lambda Q) loads of the 128-key pass for
+  // the same products, one block per SM, at head dim 64 U through the
+  // writer warp instead of atomics; the same dK bit for bit, dQ within the
+  // atomics' rounding); 128, the 128-key pass (the measured baseline: on
+  // the H200 the 256-key pass takes 0.78-0.88x its kernel time,
+  // kernels/cuda/README.md). Where K's 256-row map does not encode, the
+  // 128-key pass runs (gproj_pass2_block_keys says which); ignored elsewhere
+  // (the pair, the non-warp-specialized pass).
   int gproj_pass2_keys = 0;
   // The order of the 1-D grids (grid_order.cuh): heads in sections, block
   // index first within one. 0: sections whose query-side (key blocks) or
@@ -229,7 +231,7 @@ bool bf16_uses_key_outer_ws(const Bf16BackwardParams& params);
 
 // Keys per block of gproj's second pass for `params`: 0 where gproj's
 // key-outer path does not run (other backends, the pair), 256 where the
-// 256-key warp-specialized pass runs (gproj_pass2_keys 256 on the
+// 256-key warp-specialized pass runs (gproj_pass2_keys 0 or 256 on the
 // warp-specialized path, K's map in 256-row boxes encodes), 128
 // otherwise (host call: encodes maps, launches nothing).
 int gproj_pass2_block_keys(const Bf16BackwardParams& params);

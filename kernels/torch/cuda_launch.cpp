@@ -97,11 +97,10 @@ int grid_section_from_environment() {
 const int kGridSection = grid_section_from_environment();
 
 // GAUGEWATCH_GPROJ_PASS2_KEYS (Bf16BackwardParams::gproj_pass2_keys): keys
-// per block of gproj's warp-specialized second pass (head dims 64 and 128). Unset,
-// empty or "128": 128 (the default); "256": 256-key blocks (half the
-// second pass's dQ reductions and loads). Any other value keeps the
-// default and says so once, on stderr (a static initializer: it must not
-// throw).
+// per block of gproj's warp-specialized second pass (head dims 64 and 128).
+// Unset, empty or "256": 256 (the default); "128": the 128-key pass (the
+// measured baseline). Any other value keeps the default and says so once,
+// on stderr (a static initializer: it must not throw).
 int gproj_pass2_keys_from_environment() {
   const char* env = std::getenv("GAUGEWATCH_GPROJ_PASS2_KEYS");
   if (env == nullptr || *env == '\0') return 0;
@@ -110,28 +109,29 @@ int gproj_pass2_keys_from_environment() {
   if (value == "256") return 256;
   std::fprintf(stderr,
                "[gaugewatch] GAUGEWATCH_GPROJ_PASS2_KEYS=%s is not 128 or 256: gproj's second pass runs its default "
-               "(128-key blocks)\n",
+               "(256-key blocks)\n",
                env);
   return 0;
 }
 
 const int kGprojPass2Keys = gproj_pass2_keys_from_environment();
 
-// GAUGEWATCH_GPROJ_PASS2_KEYS=256 beside a kernel choice under which no call
-// runs the warp-specialized second pass (the only one with 256-key blocks)
-// says so once, on stderr, rather than being ignored without a word.
-// Per call, deterministic=True and head dim 256 run the pair as documented.
+// GAUGEWATCH_GPROJ_PASS2_KEYS set to 128 or 256 beside a kernel choice under
+// which no call runs the warp-specialized second pass (the only one whose
+// block size it chooses) says so once, on stderr, rather than being ignored
+// without a word. Per call, deterministic=True and head dim 256 run the pair
+// as documented.
 const bool kGprojPass2KeysChecked = [] {
-  if (kGprojPass2Keys != 256) return true;
+  if (kGprojPass2Keys == 0) return true;
   const char* why = kBf16Kernel.pair == gpu::Bf16KernelPair::kMmaSyncBaseline ? "GAUGEWATCH_BF16_KERNEL=mma_sync"
                     : !kBf16Kernel.warp_specialized                             ? "GAUGEWATCH_BF16_KERNEL=key_outer"
                     : kGprojPath == gpu::GprojPath::kPair                       ? "GAUGEWATCH_GPROJ_KERNEL=pair"
                                                                                 : nullptr;
   if (why != nullptr) {
     std::fprintf(stderr,
-                 "[gaugewatch] GAUGEWATCH_GPROJ_PASS2_KEYS=256 has no effect with %s: only gproj's "
-                 "warp-specialized second pass has 256-key blocks (the default kernels run it)\n",
-                 why);
+                 "[gaugewatch] GAUGEWATCH_GPROJ_PASS2_KEYS=%d has no effect with %s: it sets the block size of "
+                 "gproj's warp-specialized second pass, which the default kernels run\n",
+                 kGprojPass2Keys, why);
   }
   return true;
 }();

@@ -68,9 +68,9 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // "auto" the default, the key-outer kernel at head dim 64, and at 128 where
 // it runs warp-specialized (gpu::GprojPath::kAuto has the measured times);
 // another value warns once on stderr and keeps the default.
-// GAUGEWATCH_GPROJ_PASS2_KEYS=256 runs gproj's warp-specialized second pass
-// over 256-key blocks (gpu::Bf16BackwardParams::
-// gproj_pass2_keys); unset or "128" the default, 128. The metrics run
+// GAUGEWATCH_GPROJ_PASS2_KEYS (gpu::Bf16BackwardParams::gproj_pass2_keys):
+// keys per block of gproj's warp-specialized second pass; unset, empty or
+// "256" the default, 256; "128" the 128-key pass. The metrics run
 // deterministic (the pair): their backends' runs are bit-repeatable.
 Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection, const at::Tensor& grad_out,
                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,

@@ -796,7 +796,8 @@ TEST(Bf16Backward, GprojKeyOuterSinkLikeRowMass) {
 }
 
 // gproj's warp-specialized second pass over 256-key blocks (gproj_pass2_keys
-// = 256; bf16_gproj_keys_ws_kernel.cuh) against the 128-key pass on the
+// 0, the default, and 256; bf16_gproj_keys_ws_kernel.cuh) against the
+// 128-key pass (gproj_pass2_keys = 128) on the
 // same first pass, at head dims 64 (where U goes through the writer warp
 // instead of atomics) and 128: dV and dK bit for bit (each key's C sums the
 // same r and bf16(-lambda q) tiles in the same order; a tile past a key's
@@ -831,12 +832,12 @@ TEST(Bf16Backward, GprojWideSecondPass) {
       return run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter,
                         /*warp_specialized=*/true, false, Outputs::kContiguous, 0, keys);
     };
-    const KernelRun narrow = run(0), wide = run(256);
+    const KernelRun narrow = run(128), wide = run(0);
     ASSERT_TRUE(narrow.status.ok()) << narrow.status.message;
     ASSERT_TRUE(wide.status.ok()) << wide.status.message;
     ASSERT_TRUE(wide.key_outer_ws);
     EXPECT_EQ(narrow.pass2_keys, 128);
-    ASSERT_EQ(wide.pass2_keys, 256) << "the launcher did not choose the 256-key second pass";
+    ASSERT_EQ(wide.pass2_keys, 256) << "the default did not choose the 256-key second pass";
     if (c.key_offset == 0.0f) {
       ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(wide, want, gpu::Projection::kGproj, c, " wide pass 2"));
     }
@@ -853,11 +854,16 @@ TEST(Bf16Backward, GprojWideSecondPass) {
       EXPECT_LE(ew, 1.25 * en + 1e-3);
     }
   }
-  // Where the wide pass does not apply: the second pass without warp
-  // specialization has 128-key blocks only, and the pair none.
+  // 256 asked for explicitly is the default; where the wide pass does not
+  // apply, the second pass without warp specialization has 128-key blocks
+  // only, and the pair none.
   const Bf16Case small = make_case("small", {1, 2, 1, 70, 90, 64});
   const ref::AttentionInputs in = make_inputs(small);
   const ref::SavedForward saved = ref::forward_fused_bf16(in);
+  const KernelRun asked = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper,
+                                     Path::kKeyOuter, true, false, Outputs::kContiguous, 0, 256);
+  ASSERT_TRUE(asked.status.ok()) << asked.status.message;
+  EXPECT_EQ(asked.pass2_keys, 256);
   const KernelRun plain = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper,
                                      Path::kKeyOuter, false, false, Outputs::kContiguous, 0, 256);
   ASSERT_TRUE(plain.status.ok()) << plain.status.message;

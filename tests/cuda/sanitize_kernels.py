@@ -20,10 +20,11 @@ GAUGEWATCH_BF16_KERNEL=key_outer it runs only bf16 and pivot on their
 key-outer path (deterministic=False) on the key-outer kernel without warp
 specialization and its finish, on the same cases, and with both variables
 gproj too (then on the key-outer kernel and the cp.async second pass):
-device.sh's third run under each tool. With GAUGEWATCH_GPROJ_KERNEL=key_outer
-and GAUGEWATCH_GPROJ_PASS2_KEYS=256 the key-outer gproj's second pass runs
-over 256-key blocks (at each head dim one case spans two such blocks):
-device.sh's fourth run.
+device.sh's third run under each tool. The key-outer gproj's second pass
+runs over 256-key blocks by default (at each head dim one case spans two
+such blocks); with GAUGEWATCH_GPROJ_KERNEL=key_outer and
+GAUGEWATCH_GPROJ_PASS2_KEYS=128 over 128-key blocks: device.sh's fourth
+run.
 """
 
 import os

@@ -79,7 +79,7 @@ def test_backend_step_time_tiny(binaries, tmp_path):
     report = json.loads(out.read_text())
     results = report["results"]
     assert set(results) == {"no_library", "stock", "monitor_defaults", "gproj", "gproj_key_outer", "gproj_pair",
-                            "gproj_pass2_256", "pivot", "bf16", "pivot_no_ws", "bf16_no_ws", "center"}
+                            "gproj_pass2_128", "pivot", "bf16", "pivot_no_ws", "bf16_no_ws", "center"}
     # The profile: every variant's operators; the hooked backends run the library's ops.
     assert set(report["profiles"]) == set(results)
     assert any("gaugewatch" in op for op in report["profiles"]["gproj"]), sorted(report["profiles"]["gproj"])

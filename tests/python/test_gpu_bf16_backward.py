@@ -16,8 +16,9 @@
 - the key-outer gproj (GAUGEWATCH_GPROJ_KERNEL=key_outer, in a child
   process, at both head dims) against the pair: dV bit for bit, dQ/dK to summation order, and
   on sink-like inputs dQ as close to FP64 as the pair's;
-- gproj's second pass over 256-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=256,
-  head dims 64 and 128) against the 128-key pass, each in a child process: dV and dK
+- gproj's second pass over 256-key blocks (the default, head dims 64 and
+  128) against the 128-key pass (GAUGEWATCH_GPROJ_PASS2_KEYS=128), each in a
+  child process: dV and dK
   bit for bit, dQ to summation order, sink-like dQ as close to FP64;
 - the warp-specialized key-outer kernel (GAUGEWATCH_BF16_KERNEL=ws) against
   the key-outer kernel without warp specialization (=key_outer), each in a
@@ -401,30 +402,31 @@ torch.save(got, sys.argv[2])
 
 
 def test_gproj_second_pass_over_256_keys(tmp_path, record_line):
-    """GAUGEWATCH_GPROJ_PASS2_KEYS=256 (read once, when the library loads: one
-    child process each way, both on gproj's warp-specialized key-outer path)
-    runs gproj's second pass over 256-key blocks at head dims 64 and 128:
-    the same first pass and the same per-key C sums as the 128-key pass, so dV and dK
-    bit for bit; dQ to the FP32 order of U's sums and the atomics (1e-2);
-    on sink-like inputs its dQ error against FP64 within 1.25x the 128-key
-    pass's (an unknown value's warning: test_ops.py, on the CPU)."""
+    """gproj's default call (no kernel-choice variable set; the variables are
+    read once, when the library loads: one child process each way) runs its
+    second pass over 256-key blocks at head dims 64 and 128, and
+    GAUGEWATCH_GPROJ_PASS2_KEYS=128 the 128-key pass on the same first
+    pass: the same per-key C sums, so dV and dK bit for bit; dQ to the FP32
+    order of U's sums and the atomics (1e-2); on sink-like inputs its dQ
+    error against FP64 within 1.25x the 128-key pass's (an unknown value's
+    warning: test_ops.py, on the CPU)."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     here = str(Path(__file__).resolve().parent)
+    plain = {k: v for k, v in os.environ.items()
+             if k not in ("GAUGEWATCH_GPROJ_PASS2_KEYS", "GAUGEWATCH_GPROJ_KERNEL", "GAUGEWATCH_BF16_KERNEL")}
     got = {}
-    for keys in ("128", "256"):
+    for keys, env in (("128", dict(plain, GAUGEWATCH_GPROJ_PASS2_KEYS="128")), ("256", plain)):
         saved = tmp_path / f"pass2_{keys}.pt"
-        env = dict(os.environ, GAUGEWATCH_GPROJ_PASS2_KEYS=keys, GAUGEWATCH_GPROJ_KERNEL="key_outer",
-                   GAUGEWATCH_BF16_KERNEL="ws")
         subprocess.run([sys.executable, "-c", _PASS2_CHILD, here, str(saved)], env=env, check=True, timeout=600)
         got[keys] = torch.load(saved)
     for d in (64, 128):
         wide_kernel = f"gproj_keys_ws_kernel<{d}, 256>"
         kernels = got["256"]["kernels", "contiguous", d]
-        record_line(f"GAUGEWATCH_GPROJ_PASS2_KEYS=256 gproj d={d} contiguous: {', '.join(kernels)}")
+        record_line(f"gproj (default) d={d} contiguous: {', '.join(kernels)}")
         assert any(wide_kernel in name for name in kernels), f"d{d}: the 256-key second pass did not run: {kernels}"
         assert not any(wide_kernel in name for name in got["128"]["kernels", "contiguous", d]), \
             f"d{d}: GAUGEWATCH_GPROJ_PASS2_KEYS=128 ran the 256-key pass"

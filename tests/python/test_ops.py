@@ -453,27 +453,33 @@ def test_unknown_kernel_choice_warns_once_and_keeps_the_default(name, value, say
     assert bad.stdout.strip() == "(1, 1, 4, 64)"
     assert bad.stderr.count(f"{name}={value} {says}") == 1, bad.stderr
     good = {"GAUGEWATCH_BF16_KERNEL": "ws", "GAUGEWATCH_GPROJ_KERNEL": "auto", "GAUGEWATCH_GRID_SECTION": "all",
-            "GAUGEWATCH_GPROJ_PASS2_KEYS": "256"}[name]
+            "GAUGEWATCH_GPROJ_PASS2_KEYS": "128"}[name]
     fine = subprocess.run([sys.executable, "-c", code], env=dict(env, **{name: good}), capture_output=True,
                           text=True, timeout=120)
     assert fine.returncode == 0, fine.stderr
     assert name not in fine.stderr, fine.stderr
 
 
+@pytest.mark.parametrize("keys", ["128", "256"])
 @pytest.mark.parametrize("other", ["GAUGEWATCH_BF16_KERNEL=key_outer", "GAUGEWATCH_BF16_KERNEL=mma_sync",
                                    "GAUGEWATCH_GPROJ_KERNEL=pair"])
-def test_gproj_pass2_keys_under_a_choice_that_cannot_run_it_says_so(other):
-    """GAUGEWATCH_GPROJ_PASS2_KEYS=256 only changes gproj's warp-specialized
-    second pass: beside a kernel choice under which that pass never runs,
-    the library names the conflict once on stderr and runs as that choice
-    says."""
+def test_gproj_pass2_keys_under_a_choice_that_cannot_run_it_says_so(other, keys):
+    """GAUGEWATCH_GPROJ_PASS2_KEYS (128 or 256) only sets the block size of
+    gproj's warp-specialized second pass: beside a kernel choice under which
+    that pass never runs, the library names the conflict once on stderr and
+    runs as that choice says; unset, it says nothing."""
     import subprocess
     import sys
 
     name, value = other.split("=")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GAUGEWATCH_") or k == "GAUGEWATCH_OPS_LIB"}
     code = f"import torch\ntorch.ops.load_library({str(_LIB)!r})\n"
-    env = dict(env, GAUGEWATCH_GPROJ_PASS2_KEYS="256", **{name: value})
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], env=dict(env, GAUGEWATCH_GPROJ_PASS2_KEYS=keys,
+                                                                  **{name: value}),
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count(f"GAUGEWATCH_GPROJ_PASS2_KEYS=256 has no effect with {other}") == 1, result.stderr
+    assert result.stderr.count(f"GAUGEWATCH_GPROJ_PASS2_KEYS={keys} has no effect with {other}") == 1, result.stderr
+    unset = subprocess.run([sys.executable, "-c", code], env=dict(env, **{name: value}), capture_output=True,
+                           text=True, timeout=120)
+    assert unset.returncode == 0, unset.stderr
+    assert "GAUGEWATCH_GPROJ_PASS2_KEYS" not in unset.stderr, unset.stderr
