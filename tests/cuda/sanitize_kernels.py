@@ -25,8 +25,16 @@ runs over 256-key blocks by default (at each head dim one case spans two
 such blocks); with GAUGEWATCH_GPROJ_KERNEL=key_outer and
 GAUGEWATCH_GPROJ_PASS2_KEYS=128 over 128-key blocks: device.sh's fourth
 run.
+
+To narrow a report down: --cases 5,6 runs only those entries of CASES (by
+index), --runs pivot:pair,bf16:default only those backends on that path
+(default: deterministic=False; pair: deterministic=True), and
+--no-centring leaves out the centring calls, e.g.
+  compute-sanitizer --tool racecheck --kernel-name kns=dkdv_kernel \
+    python3 tests/cuda/sanitize_kernels.py --cases 5 --runs pivot:pair --no-centring
 """
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -52,6 +60,26 @@ CASES = [
     dict(B=1, Hq=2, Hkv=1, N=200, M=300, d=64, causal=True, alignment="bottom_right"),
 ]
 
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--cases", default="", help="comma-separated indices into CASES (default: all)")
+parser.add_argument("--runs", default="", help="comma-separated backend:path, path default or pair (default: all)")
+parser.add_argument("--no-centring", action="store_true", help="leave out the centring calls")
+args = parser.parse_args()
+if args.cases:
+    try:
+        CASES = [CASES[int(i)] for i in args.cases.split(",")]
+    except (ValueError, IndexError):
+        parser.error(f"--cases {args.cases}: give indices 0..{len(CASES) - 1}, comma-separated")
+RUNS = None
+if args.runs:
+    RUNS = []
+    for item in args.runs.split(","):
+        backend, _, path = item.partition(":")
+        if backend not in ("bf16", "gproj", "pivot", "fp32") or path not in ("", "default", "pair"):
+            parser.error(f"--runs {item}: give backend:path, backend bf16, gproj, pivot or fp32, "
+                         f"path default or pair")
+        RUNS.append((backend, path == "pair"))
+
 for case in CASES:
     if (GPROJ_KEY_OUTER or PLAIN_KEY_OUTER) and case["d"] == 256:
         continue  # no key-outer kernel at head dim 256: the default variant runs its pair
@@ -73,6 +101,8 @@ for case in CASES:
     else:
         runs = ([(b, False) for b in ("bf16", "gproj", "pivot", "fp32")] +
                 [(b, True) for b in ("bf16", "gproj", "pivot")])
+    if RUNS is not None:
+        runs = [r for r in runs if r in RUNS]
     for backend, deterministic in runs:
         grads = ops.attention_backward(do, q, k, v, out, lse, backend=backend, deterministic=deterministic, **kw)
         torch.cuda.synchronize()
@@ -92,7 +122,7 @@ CENTRING = [dict(B=2, Hq=4, Hkv=2, N=300, L=320, d=d) for d in (64, 128, 256)]
 # 7000 keys of d = 128 over a cluster of 8: 875 a block, 14 batches of the
 # summation order; the apply kernel's blocks take 64 keys or more each.
 CENTRING.append(dict(B=1, Hq=2, Hkv=1, N=7000, L=7000, d=128))
-for case in CENTRING:
+for case in [] if args.no_centring else CENTRING:
     g = torch.Generator(device="cuda").manual_seed(1)
     B, Hq, Hkv, N, L, d = (case[x] for x in ("B", "Hq", "Hkv", "N", "L", "d"))
     q = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
@@ -106,4 +136,4 @@ for case in CENTRING:
             print(f"non-finite centring output: policy {policy}, case {case}")
             sys.exit(1)
 print(f"sanitize_kernels: {len(CASES)} cases x {len(runs)} runs (backends, default path and pair) "
-      f"and {len(CENTRING)} centring cases ran")
+      f"and {0 if args.no_centring else len(CENTRING)} centring cases ran")
