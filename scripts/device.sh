@@ -20,7 +20,8 @@
 #              with that and GAUGEWATCH_BF16_KERNEL=key_outer (the key-outer kernel without
 #              warp specialization, every backend), and with GAUGEWATCH_GPROJ_KERNEL=key_outer and
 #              GAUGEWATCH_GPROJ_PASS2_KEYS=128 (gproj's second pass over 128-key blocks; 256 the default);
-#              GW_SANITIZE_VARIANTS picks among default gproj_key_outer key_outer gproj_pass2_128
+#              and with GAUGEWATCH_D256_KERNEL=key_outer (bf16 at head dim 256 on its key-outer kernel);
+#              GW_SANITIZE_VARIANTS picks among default gproj_key_outer key_outer gproj_pass2_128 d256_key_outer
 #   bench      every build/bin bench_* / *_bench binary and bench/**/*.py script
 # Output (flat, under $OUT): device.log env.log build.log ctest.log pytest.log
 # sanitizer.log bench.log bench.json results.json. A short table is printed last.
@@ -409,19 +410,21 @@ fi
 # and the key-outer gproj on the key-outer kernel without warp specialization
 # (the default is the warp-specialized one), and the key-outer gproj with its
 # second pass over 128-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=128; 256-key
-# blocks are the default; the library reads the variables once, when it
-# loads).
+# blocks are the default), and bf16 at head dim 256 on its key-outer kernel
+# (GAUGEWATCH_D256_KERNEL=key_outer; the library reads the variables once,
+# when it loads).
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_ops.so" ]]; then
   : >"$OUT/sanitizer.log"
   t0=$(date +%s); worst=0; notes=()
-  for variant in ${GW_SANITIZE_VARIANTS:-default gproj_key_outer key_outer gproj_pass2_128}; do
+  for variant in ${GW_SANITIZE_VARIANTS:-default gproj_key_outer key_outer gproj_pass2_128 d256_key_outer}; do
     case $variant in
-      default) variant_env=(GAUGEWATCH_GPROJ_KERNEL=pair GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=) ;;
-      gproj_key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=) ;;
-      key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL=key_outer GAUGEWATCH_GPROJ_PASS2_KEYS=) ;;
-      gproj_pass2_128) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=128) ;;
-      *) echo "GW_SANITIZE_VARIANTS: unknown variant $variant (default gproj_key_outer key_outer gproj_pass2_128)" >&2
+      default) variant_env=(GAUGEWATCH_GPROJ_KERNEL=pair GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS= GAUGEWATCH_D256_KERNEL=) ;;
+      gproj_key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS= GAUGEWATCH_D256_KERNEL=) ;;
+      key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL=key_outer GAUGEWATCH_GPROJ_PASS2_KEYS= GAUGEWATCH_D256_KERNEL=) ;;
+      gproj_pass2_128) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=128 GAUGEWATCH_D256_KERNEL=) ;;
+      d256_key_outer) variant_env=(GAUGEWATCH_D256_KERNEL=key_outer GAUGEWATCH_GPROJ_KERNEL= GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=) ;;
+      *) echo "GW_SANITIZE_VARIANTS: unknown variant $variant (default gproj_key_outer key_outer gproj_pass2_128 d256_key_outer)" >&2
          exit 2 ;;
     esac
     for tool in memcheck racecheck synccheck; do

@@ -41,6 +41,11 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   process, likewise), the baseline of the default 256-key
                   pass: gw_gproj against it (gproj_pass2_256_over_128) and
                   the second pass's kernel time (kernels_us_pass2_128)
+  gw_bf16_d256_key_outer  bf16 with GAUGEWATCH_D256_KERNEL=key_outer: head dim
+                  256 on the key-outer kernel (tensor cores; opt-in) instead
+                  of the mma.sync pair (the head-dim-256 shape only; a child
+                  process, likewise): d256_key_outer_over_pair and its
+                  kernel time (kernels_us_d256_key_outer)
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
@@ -55,7 +60,7 @@ dK fix-up lands on one key), q[..., 0] = 4, k_0 = (2 sqrt(d), 0, ..., 0).
 Run (needs a GPU and the built ops library; GAUGEWATCH_GPROJ_KERNEL unset):
   python3 bench/kernels/bench_bf16_backward.py [--json F] [--markdown F] [--shapes A,B]
       [--skip-fp32] [--skip-mma-sync] [--skip-gproj-key-outer] [--skip-no-ws]
-      [--skip-gproj-pass2-128]
+      [--skip-gproj-pass2-128] [--skip-d256-key-outer]
 Writes $GAUGEWATCH_BENCH_OUT/bench_bf16_backward.json when that is set (device.sh).
 Exits 1 (after writing the results) when a child process failed.
 """
@@ -100,9 +105,10 @@ VARIANTS = {
     "gproj_key_outer": ({"GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, ("gproj",), "_key_outer"),
     "no_ws": ({"GAUGEWATCH_BF16_KERNEL": "key_outer", "GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, NO_WS, "_no_ws"),
     "gproj_pass2_128": ({"GAUGEWATCH_GPROJ_PASS2_KEYS": "128"}, ("gproj",), "_pass2_128"),
+    "d256_key_outer": ({"GAUGEWATCH_D256_KERNEL": "key_outer"}, ("bf16",), "_d256_key_outer"),
 }
 # The head dims a variant changes anything at (the others are not timed).
-VARIANT_HEAD_DIMS = {"gproj_pass2_128": (64, 128)}
+VARIANT_HEAD_DIMS = {"gproj_pass2_128": (64, 128), "d256_key_outer": (256,)}
 
 
 def effective_flops(B, Hq, N, d, causal):
@@ -167,6 +173,8 @@ def main():
                              "(GAUGEWATCH_BF16_KERNEL=key_outer)")
     parser.add_argument("--skip-gproj-pass2-128", action="store_true",
                         help="leave out gproj's second pass over 128-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=128)")
+    parser.add_argument("--skip-d256-key-outer", action="store_true",
+                        help="leave out bf16 on the head-dim-256 key-outer kernel (GAUGEWATCH_D256_KERNEL=key_outer)")
     parser.add_argument("--variant-child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant_child:
@@ -274,6 +282,8 @@ def main():
         children_ok &= merge_variant(cases, args, "no_ws")
     if not args.skip_gproj_pass2_128 and cases:
         children_ok &= merge_variant(cases, args, "gproj_pass2_128")
+    if not args.skip_d256_key_outer and cases:
+        children_ok &= merge_variant(cases, args, "d256_key_outer")
     for row in cases:
         ms, pair, cudnn = row.get("gw_gproj_key_outer_ms"), row["gw_gproj_pair_ms"], row.get("sdpa_cudnn_ms")
         flops = effective_flops(row["B"], row["Hq"], row["N"], row["d"], row["causal"])
@@ -291,6 +301,10 @@ def main():
         row["gw_gproj_pass2_128_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
         row["gw_gproj_pass2_128_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
         row["gproj_pass2_256_over_128"] = None if ms is None else row["gw_gproj_ms"] / ms
+        ms = row.get("gw_bf16_d256_key_outer_ms")
+        row["gw_bf16_d256_key_outer_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
+        row["gw_bf16_d256_key_outer_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
+        row["d256_key_outer_over_pair"] = None if ms is None else ms / row["gw_bf16_ms"]
 
     def fmt(row, key):
         ms = row.get(key + "_ms")
@@ -356,6 +370,20 @@ def main():
                          f"{ratio(row['gw_gproj_pass2_128_vs_cudnn'])} | {ratio(row.get('gw_gproj_vs_cudnn'))} | "
                          f"{'n/a' if us128 is None else f'{us128:.1f}'} | "
                          f"{'n/a' if us256 is None else f'{us256:.1f}'} |")
+    if any(row.get("gw_bf16_d256_key_outer_ms") is not None for row in cases):
+        lines += ["", "bf16 at head dim 256 on the key-outer kernel (GAUGEWATCH_D256_KERNEL=key_outer, a child "
+                  "process) against the mma.sync pair (the default there): ms (effective TFLOP/s), and the "
+                  "key-outer kernel's time (us, profiler)", "",
+                  "| shape | sdpa_cudnn | gw_bf16 (pair) | gw_bf16 key-outer | key-outer/pair | pair/cuDNN | "
+                  "key-outer/cuDNN | key-outer kernel us |", "|---" * 8 + "|"]
+        for row in cases:
+            if row.get("gw_bf16_d256_key_outer_ms") is None:
+                continue
+            us = row.get("kernels_us_d256_key_outer", {}).get("bf16", {}).get("keyouter_d256_kernel")
+            lines.append(f"| {row['shape']} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, 'gw_bf16')} | "
+                         f"{fmt(row, 'gw_bf16_d256_key_outer')} | {ratio(row['d256_key_outer_over_pair'])} | "
+                         f"{ratio(row.get('gw_bf16_vs_cudnn'))} | {ratio(row['gw_bf16_d256_key_outer_vs_cudnn'])} | "
+                         f"{'n/a' if us is None else f'{us:.1f}'} |")
     if any("gw_bf16_mma_sync_ms" in row for row in cases):
         lines += ["", "Hopper (wgmma) pair against the mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync): "
                   "ms Hopper / mma.sync", "", "| shape | " + " | ".join(MMA_SYNC) + " |",

@@ -34,6 +34,10 @@ cudaError_t launch_keyouter(const Args& args, cudaStream_t stream, bool ws_secon
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& args, cudaStream_t stream);
 
+// The head-dim-256 key-outer kernel (bf16) and its dQ finish
+// (bf16_keyouter_d256.cu).
+cudaError_t launch_keyouter_d256(const Args& args, cudaStream_t stream);
+
 // Whether encode_maps (bf16_keyouter_ws_kernel.cuh) accepts the operands.
 bool keyouter_ws_maps_encodable(const Args& args, int head_dim);
 // bf16_gproj_keys_ws_wide.cu: gproj_keys_ws::key_map_encodable<head_dim, 256>.
@@ -133,6 +137,10 @@ Status validate(const Bf16BackwardParams& params) {
     return invalid("gproj_pass2_keys must be 0 (the default), 128 or 256, not " +
                    std::to_string(params.gproj_pass2_keys));
   }
+  if (params.d256_key_outer && p.head_dim == 256 && p.batch * p.kv_heads * ((p.kv_len + 63) / 64) > INT32_MAX) {
+    return invalid("with d256_key_outer, batch * kv_heads * ceil(kv_len / 64) must be at most 2^31 - 1 (one block "
+                   "per 64 keys of each head); leave d256_key_outer off for this shape");
+  }
   if (params.diagnostics.any() && proj != Projection::kNone) {
     return invalid("row diagnostics are computed by the bf16 variant (projection kNone) only");
   }
@@ -226,6 +234,12 @@ bool has_key_outer_kernels(const Bf16BackwardParams& p) {
   return p.shape.head_dim == 64 || p.shape.head_dim == 128;
 }
 
+// Whether the head-dim-256 key-outer kernel runs for p (bf16 only, where
+// d256_key_outer asks for it).
+bool d256_key_outer(const Bf16BackwardParams& p) {
+  return p.shape.head_dim == 256 && p.d256_key_outer && p.projection == Projection::kNone;
+}
+
 // Whether the warp-specialized key-outer kernels can run for p: asked for,
 // valid parameters, and TMA maps the driver encodes for its operands.
 bool key_outer_ws_possible(const Bf16BackwardParams& p) {
@@ -245,7 +259,7 @@ bool gproj_runs_key_outer(const Bf16BackwardParams& p) {
 }
 
 bool bf16_uses_key_outer(const Bf16BackwardParams& p) {
-  if (!has_key_outer_kernels(p)) return false;
+  if (!has_key_outer_kernels(p) && !d256_key_outer(p)) return false;
   const bool opted_in = p.projection != Projection::kGproj || gproj_runs_key_outer(p);
   return opted_in && !p.deterministic && p.kernel_pair == Bf16KernelPair::kHopper && !p.diagnostics.any();
 }
@@ -402,8 +416,11 @@ Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, siz
     err = zero_key_outer_accumulators(p, ws, w, stream);
     if (err != cudaSuccess) return checks::cuda_failure("key-outer accumulators", err);
     const bool specialized = p.keyouter_warp_specialized;
-    err = p.shape.head_dim == 64 ? launch_key_outer<64>(a, p.projection, specialized, stream)
-                                 : launch_key_outer<128>(a, p.projection, specialized, stream);
+    switch (p.shape.head_dim) {
+      case 64: err = launch_key_outer<64>(a, p.projection, specialized, stream); break;
+      case 128: err = launch_key_outer<128>(a, p.projection, specialized, stream); break;
+      default: err = bf16::launch_keyouter_d256(a, stream); break;  // bf16 only (d256_key_outer)
+    }
   } else {
     switch (p.shape.head_dim) {
       case 64: err = launch_projection<64>(a, p.projection, p.kernel_pair, stream); break;

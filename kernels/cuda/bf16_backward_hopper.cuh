@@ -112,26 +112,29 @@ __device__ __forceinline__ float probability(const Args& a, float s, float lse_l
 }
 
 // The key of accumulator element i (0..31) of lane quad position c in an
-// m64n64 tile whose first key is j_base (wgmma.cuh's fragment layout).
+// m64n64 tile whose first key is j_base (wgmma.cuh's fragment layout; the
+// same for elements 0..15 of an m64n32 tile).
 __device__ __forceinline__ int element_key(int j_base, int c, int i) {
   return j_base + 8 * (i >> 2) + 2 * c + (i & 1);
 }
 
-// Calls element(i, test) for the 32 accumulator elements i of this thread's
-// two rows (key ranges [kb, ke) each) in an m64n64 tile whose first key is
-// j_base: test is std::false_type where every row of the warp sees all 64
-// keys (a warp vote: every tile off the mask's edge), so the caller can drop
-// its per-element visibility test there, and std::true_type otherwise.
-template <class Element>
+// Calls element(i, test) for the E accumulator elements i of this thread's
+// two rows (key ranges [kb, ke) each) in an m64n(2 E) tile whose first key is
+// j_base (E = 32: m64n64; 16: m64n32, the head-dim-256 kernel's S): test is
+// std::false_type where every row of the warp sees all 2 E keys (a warp
+// vote: every tile off the mask's edge), so the caller can drop its
+// per-element visibility test there, and std::true_type otherwise.
+template <int E = 32, class Element>
 __device__ __forceinline__ void for_each_tile_element(const int (&kb)[2], const int (&ke)[2], int j_base,
                                                       Element&& element) {
-  const bool sees_all = kb[0] <= j_base && ke[0] >= j_base + 64 && kb[1] <= j_base && ke[1] >= j_base + 64;
+  const bool sees_all =
+      kb[0] <= j_base && ke[0] >= j_base + 2 * E && kb[1] <= j_base && ke[1] >= j_base + 2 * E;
   if (__ballot_sync(0xffffffffu, sees_all) == 0xffffffffu) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) element(i, std::false_type{});
+    for (int i = 0; i < E; ++i) element(i, std::false_type{});
   } else {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) element(i, std::true_type{});
+    for (int i = 0; i < E; ++i) element(i, std::true_type{});
   }
 }
 
@@ -147,8 +150,9 @@ __device__ __forceinline__ void for_each_tile_element(const int (&kb)[2], const 
 // takes a loop without the per-element visibility test: the same
 // instructions on the visible elements, so the same bits, for about half the
 // integer and select work per element.
-template <bool kRound = true, class Visit>
-__device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], float (&dp)[32], const RowInputs& in,
+// E: the fragment's elements per thread (32: m64n64, 16: m64n32).
+template <bool kRound = true, int E, class Visit>
+__device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[E], float (&dp)[E], const RowInputs& in,
                                              int j_base, Visit&& visit) {
   const int c = threadIdx.x & 3;
   const float scale_log2 = a.scale_log2;
@@ -167,7 +171,7 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[32], floa
     s[i] = r;
     dp[i] = t;
   };
-  for_each_tile_element(in.kb, in.ke, j_base, element);
+  for_each_tile_element<E>(in.kb, in.ke, j_base, element);
 }
 
 // Accumulator columns 16 k .. 16 k + 15 as the A operand of step k.

@@ -136,6 +136,36 @@ const bool kGprojPass2KeysChecked = [] {
   return true;
 }();
 
+// GAUGEWATCH_D256_KERNEL (Bf16BackwardParams::d256_key_outer): bf16's
+// kernel at head dim 256 without bitwise determinism. Unset, empty or
+// "pair": the mma.sync pair (the default); "key_outer": the key-outer
+// kernel on the tensor cores (opt-in, not yet measured on a GPU). Any other
+// value keeps the default and says so once, on stderr; beside
+// GAUGEWATCH_BF16_KERNEL=mma_sync, under which it never runs, "key_outer"
+// says that once too (static initializers: they must not throw).
+bool d256_key_outer_from_environment() {
+  const char* env = std::getenv("GAUGEWATCH_D256_KERNEL");
+  if (env == nullptr || *env == '\0') return false;
+  const std::string_view value(env);
+  if (value == "key_outer") {
+    if (kBf16Kernel.pair == gpu::Bf16KernelPair::kMmaSyncBaseline) {
+      std::fprintf(stderr,
+                   "[gaugewatch] GAUGEWATCH_D256_KERNEL=key_outer has no effect with GAUGEWATCH_BF16_KERNEL=mma_sync: "
+                   "every call runs the mma.sync pair\n");
+    }
+    return true;
+  }
+  if (value != "pair") {
+    std::fprintf(stderr,
+                 "[gaugewatch] GAUGEWATCH_D256_KERNEL=%s is not one of pair, key_outer: head dim 256 runs its default "
+                 "(the pair)\n",
+                 env);
+  }
+  return false;
+}
+
+const bool kD256KeyOuter = d256_key_outer_from_environment();
+
 at::Tensor checked_offsets(const at::Tensor& t, int64_t length, const char* name, const at::Tensor& q) {
   if (t.device().is_cpu()) {
     const at::Tensor l = t.to(at::kLong).contiguous();
@@ -255,6 +285,7 @@ Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection,
   p.gproj_path = kGprojPath;
   p.grid_section = kGridSection;
   p.gproj_pass2_keys = kGprojPass2Keys;
+  p.d256_key_outer = kD256KeyOuter;
   p.diagnostics = diag;
   const size_t bytes = gpu::bf16_backward_workspace_bytes(p);
   const at::Tensor workspace = workspace_of(q, bytes);

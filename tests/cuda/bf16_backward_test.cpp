@@ -152,7 +152,8 @@ std::vector<float> gather_output(const std::vector<uint16_t>& bits, const Output
 KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& saved, gpu::Projection projection,
                      gpu::Bf16KernelPair pair = gpu::Bf16KernelPair::kHopper, Path path = Path::kPair,
                      bool warp_specialized = false, bool sdpa_strides = false,
-                     Outputs outputs = Outputs::kContiguous, int grid_section = 0, int gproj_pass2_keys = 0) {
+                     Outputs outputs = Outputs::kContiguous, int grid_section = 0, int gproj_pass2_keys = 0,
+                     bool d256_key_outer = false) {
   const auto& sh = in.shape;
   const int64_t d = sh.head_dim;
   auto layout = [&](const std::vector<float>& x, int64_t heads, int64_t len) {
@@ -192,6 +193,7 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   p.keyouter_warp_specialized = warp_specialized;
   p.grid_section = grid_section;
   p.gproj_pass2_keys = gproj_pass2_keys;
+  p.d256_key_outer = d256_key_outer;
   p.set_contiguous_strides();
   if (sdpa_strides) {
     const gpu::OperandStrides query{sh.q_len * sh.q_heads * d, d, sh.q_heads * d};
@@ -1166,6 +1168,60 @@ TEST(Bf16Backward, HeadDim256PairMatchesReference) {
       }
     }
   }
+}
+
+// Head dim 256 on the key-outer kernel (d256_key_outer, bf16;
+// bf16_keyouter_d256_kernel.cuh): the reference's tolerances and the
+// mma.sync pair's gradients within 1e-2 on multi-tile shapes with ragged
+// 64-key blocks under every causal mode, GQA, packed segments, SDPA-strided
+// operands and outputs at their strides, sink-like inputs; the dispatch
+// (only bf16, only without determinism, diagnostics and with the option).
+TEST(Bf16Backward, HeadDim256KeyOuter) {
+  SKIP_WITHOUT_GPU();
+  using CM = ref::CausalMode;
+  std::vector<Bf16Case> shapes;
+  shapes.push_back(make_case("d256_noncausal_gqa", {1, 4, 2, 100, 90, 256}));
+  shapes.push_back(make_case("d256_top_left", {1, 2, 1, 130, 150, 256}, CM::kTopLeft));
+  shapes.push_back(make_case("d256_bottom_right", {2, 1, 1, 150, 130, 256}, CM::kBottomRight));
+  shapes.push_back(packed_case("d256_packed", 2, 256));
+  shapes.push_back(sinklike_case("d256_sinklike", 256));
+  for (const Bf16Case& c : shapes) {
+    SCOPED_TRACE(c.name);
+    const ref::AttentionInputs in = make_inputs(c);
+    const ref::SavedForward saved = ref::forward_fused_bf16(in);
+    const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+    const KernelRun pair = run_kernel(in, saved, gpu::Projection::kNone);
+    ASSERT_TRUE(pair.status.ok()) << pair.status.message;
+    const bool strided = c.name == "d256_bottom_right";
+    const KernelRun got = run_kernel(in, saved, gpu::Projection::kNone, gpu::Bf16KernelPair::kHopper,
+                                     Path::kKeyOuter, true, strided,
+                                     strided ? Outputs::kProjection : Outputs::kContiguous, 0, 0, true);
+    ASSERT_TRUE(got.status.ok()) << got.status.message;
+    ASSERT_TRUE(got.key_outer) << "d256_key_outer did not choose the key-outer kernel";
+    EXPECT_FALSE(got.key_outer_ws);
+    ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, gpu::Projection::kNone, c, " d256 key-outer"));
+    const double eq = relative(got.grads.dq, pair.grads.dq), ek = relative(got.grads.dk, pair.grads.dk),
+                 ev = relative(got.grads.dv, pair.grads.dv);
+    std::printf("[ %s ] d256 key-outer vs the mma.sync pair: dq %.2e dk %.2e dv %.2e\n", c.name.c_str(), eq, ek, ev);
+    EXPECT_LE(eq, 1e-2);
+    EXPECT_LE(ek, 1e-2);
+    EXPECT_LE(ev, 1e-2);
+  }
+  // Elsewhere the option changes nothing: gproj and pivot, deterministic
+  // calls and head dims 64 and 128 keep their kernels.
+  const Bf16Case small = make_case("small", {1, 2, 1, 70, 90, 256});
+  const ref::AttentionInputs in = make_inputs(small);
+  const ref::SavedForward saved = ref::forward_fused_bf16(in);
+  for (const auto projection : {gpu::Projection::kGproj, gpu::Projection::kPivot}) {
+    const KernelRun other = run_kernel(in, saved, projection, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter, true,
+                                       false, Outputs::kContiguous, 0, 0, true);
+    ASSERT_TRUE(other.status.ok()) << other.status.message;
+    EXPECT_FALSE(other.key_outer) << name_of(projection);
+  }
+  const KernelRun deterministic = run_kernel(in, saved, gpu::Projection::kNone, gpu::Bf16KernelPair::kHopper,
+                                             Path::kPair, true, false, Outputs::kContiguous, 0, 0, true);
+  ASSERT_TRUE(deterministic.status.ok()) << deterministic.status.message;
+  EXPECT_FALSE(deterministic.key_outer);
 }
 
 TEST(Bf16Backward, RejectsUnsupportedInputsWithReasons) {

@@ -24,7 +24,10 @@ device.sh's third run under each tool. The key-outer gproj's second pass
 runs over 256-key blocks by default (at each head dim one case spans two
 such blocks); with GAUGEWATCH_GPROJ_KERNEL=key_outer and
 GAUGEWATCH_GPROJ_PASS2_KEYS=128 over 128-key blocks: device.sh's fourth
-run.
+run. With GAUGEWATCH_D256_KERNEL=key_outer it runs only bf16 at head dim
+256 (deterministic=False), on the head-dim-256 key-outer kernel (two cases:
+GQA, several query tiles and 64-key blocks, a ragged last one): device.sh's
+fifth run.
 
 To narrow a report down: --cases 5,6 runs only those entries of CASES (by
 index), --runs pivot:pair,bf16:default only those backends on that path
@@ -47,6 +50,7 @@ torch.ops.load_library(os.environ.get("GAUGEWATCH_OPS_LIB", str(build / "lib" / 
 ops = torch.ops.gaugewatch
 GPROJ_KEY_OUTER = os.environ.get("GAUGEWATCH_GPROJ_KERNEL") == "key_outer"
 PLAIN_KEY_OUTER = os.environ.get("GAUGEWATCH_BF16_KERNEL") == "key_outer"
+D256_KEY_OUTER = os.environ.get("GAUGEWATCH_D256_KERNEL") == "key_outer"
 
 CASES = [
     dict(B=1, Hq=2, Hkv=1, N=70, M=130, d=64, causal=True, alignment="top_left"),
@@ -55,6 +59,7 @@ CASES = [
     dict(B=1, Hq=2, Hkv=2, N=100, M=90, d=128, causal=True, alignment="top_left",
          cu_q=[0, 1, 60, 60, 100], cu_k=[0, 30, 31, 50, 90]),
     dict(B=1, Hq=4, Hkv=2, N=130, M=70, d=256, causal=True, alignment="bottom_right"),
+    dict(B=1, Hq=2, Hkv=1, N=150, M=200, d=256, causal=True, alignment="top_left"),
     # Two 256-key blocks of gproj's wide second pass, the second ragged.
     dict(B=1, Hq=2, Hkv=1, N=200, M=300, d=128, causal=True, alignment="top_left"),
     dict(B=1, Hq=2, Hkv=1, N=200, M=300, d=64, causal=True, alignment="bottom_right"),
@@ -83,6 +88,8 @@ if args.runs:
 for case in CASES:
     if (GPROJ_KEY_OUTER or PLAIN_KEY_OUTER) and case["d"] == 256:
         continue  # no key-outer kernel at head dim 256: the default variant runs its pair
+    if D256_KEY_OUTER and case["d"] != 256:
+        continue
     g = torch.Generator(device="cuda").manual_seed(0)
     B, Hq, Hkv, N, M, d = (case[x] for x in ("B", "Hq", "Hkv", "N", "M", "d"))
     q = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()
@@ -95,7 +102,9 @@ for case in CASES:
     if "cu_q" in case:
         kw.update(cu_seqlens_q=torch.tensor(case["cu_q"], dtype=torch.int32, device="cuda"),
                   cu_seqlens_k=torch.tensor(case["cu_k"], dtype=torch.int32, device="cuda"))
-    if GPROJ_KEY_OUTER or PLAIN_KEY_OUTER:
+    if D256_KEY_OUTER:
+        runs = [("bf16", False)]
+    elif GPROJ_KEY_OUTER or PLAIN_KEY_OUTER:
         runs = ([("gproj", False)] if GPROJ_KEY_OUTER else []) + (
             [("bf16", False), ("pivot", False)] if PLAIN_KEY_OUTER else [])
     else:
@@ -110,6 +119,10 @@ for case in CASES:
             print(f"non-finite gradient: backend {backend}, deterministic {deterministic}, case {case}")
             sys.exit(1)
 
+if D256_KEY_OUTER:
+    cases = sum(c["d"] == 256 for c in CASES)
+    print(f"sanitize_kernels: {cases} head-dim-256 cases of bf16 on the key-outer kernel ran")
+    sys.exit(0)
 if GPROJ_KEY_OUTER or PLAIN_KEY_OUTER:
     ran = ", ".join(backend for backend, _ in runs)
     kernel = ("the key-outer kernel without warp specialization" if PLAIN_KEY_OUTER

@@ -430,6 +430,7 @@ def test_second_copy_from_another_path_stays_inert(tmp_path):
     ("GAUGEWATCH_GPROJ_KERNEL", "fused", "is not one of auto, key_outer, pair: gproj runs its default"),
     ("GAUGEWATCH_GRID_SECTION", "-3", "is not auto, all or a positive number of kv heads"),
     ("GAUGEWATCH_GPROJ_PASS2_KEYS", "192", "is not 128 or 256: gproj's second pass runs its default"),
+    ("GAUGEWATCH_D256_KERNEL", "wgmma", "is not one of pair, key_outer: head dim 256 runs its default"),
 ])
 def test_unknown_kernel_choice_warns_once_and_keeps_the_default(name, value, says):
     """The fused backward's kernel choices are read once, when the library
@@ -453,7 +454,7 @@ def test_unknown_kernel_choice_warns_once_and_keeps_the_default(name, value, say
     assert bad.stdout.strip() == "(1, 1, 4, 64)"
     assert bad.stderr.count(f"{name}={value} {says}") == 1, bad.stderr
     good = {"GAUGEWATCH_BF16_KERNEL": "ws", "GAUGEWATCH_GPROJ_KERNEL": "auto", "GAUGEWATCH_GRID_SECTION": "all",
-            "GAUGEWATCH_GPROJ_PASS2_KEYS": "128"}[name]
+            "GAUGEWATCH_GPROJ_PASS2_KEYS": "128", "GAUGEWATCH_D256_KERNEL": "key_outer"}[name]
     fine = subprocess.run([sys.executable, "-c", code], env=dict(env, **{name: good}), capture_output=True,
                           text=True, timeout=120)
     assert fine.returncode == 0, fine.stderr
@@ -483,3 +484,21 @@ def test_gproj_pass2_keys_under_a_choice_that_cannot_run_it_says_so(other, keys)
                            text=True, timeout=120)
     assert unset.returncode == 0, unset.stderr
     assert "GAUGEWATCH_GPROJ_PASS2_KEYS" not in unset.stderr, unset.stderr
+
+
+def test_d256_key_outer_beside_the_mma_sync_pair_says_so():
+    """GAUGEWATCH_D256_KERNEL=key_outer asks for a Hopper kernel: beside
+    GAUGEWATCH_BF16_KERNEL=mma_sync, under which every call runs the
+    mma.sync pair, the library names the conflict once on stderr and runs as
+    that choice says."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GAUGEWATCH_") or k == "GAUGEWATCH_OPS_LIB"}
+    code = f"import torch\ntorch.ops.load_library({str(_LIB)!r})\n"
+    result = subprocess.run([sys.executable, "-c", code],
+                            env=dict(env, GAUGEWATCH_D256_KERNEL="key_outer", GAUGEWATCH_BF16_KERNEL="mma_sync"),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("GAUGEWATCH_D256_KERNEL=key_outer has no effect with "
+                               "GAUGEWATCH_BF16_KERNEL=mma_sync") == 1, result.stderr

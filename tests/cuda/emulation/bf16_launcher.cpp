@@ -9,6 +9,7 @@
 #include "kernels/cuda/bf16_delta_kernel.cuh"
 #include "kernels/cuda/bf16_gproj_keys_kernel.cuh"
 #include "kernels/cuda/bf16_gproj_keys_ws_kernel.cuh"
+#include "kernels/cuda/bf16_keyouter_d256_kernel.cuh"
 #include "kernels/cuda/bf16_keyouter_finish_kernels.cuh"
 #include "kernels/cuda/bf16_keyouter_kernel.cuh"
 #include "kernels/cuda/bf16_keyouter_ws_kernel.cuh"
@@ -142,6 +143,18 @@ cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
                                    [&a, &maps] { keyouter_ws::keyouter_ws_kernel<D, P>(maps, a); });
   }
   launch_keyouter_finish<D, P>(a, /*ws_second_pass=*/true);
+  return cudaSuccess;
+}
+
+// ... and bf16_keyouter_d256.cu's: the head-dim-256 key-outer kernel (bf16)
+// and its dQ finish.
+cudaError_t launch_keyouter_d256(const Args& a, cudaStream_t /*stream*/) {
+  const dim3 grid = keyouter256::grid(a);
+  if (grid.x > 0) {
+    gaugewatch_emulation::run_grid(grid, keyouter256::kThreads, keyouter256::Layout::kBytes,
+                                   [&a] { keyouter256::keyouter_d256_kernel(a); });
+  }
+  launch_finish_rows<keyouter256::kD, Projection::kNone>(a);
   return cudaSuccess;
 }
 

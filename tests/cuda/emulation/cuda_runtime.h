@@ -104,6 +104,7 @@ float __uint_as_float(unsigned x);
 int atomicMin(int* address, int value);
 int atomicMax(int* address, int value);
 float4 atomicAdd(float4* address, float4 value);
+float2 atomicAdd(float2* address, float2 value);
 float atomicAdd(float* address, float value);
 unsigned long long atomicMax(unsigned long long* address, unsigned long long value);
 float __fmul_rn(float a, float b);

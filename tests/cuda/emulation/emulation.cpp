@@ -252,6 +252,14 @@ float4 atomicAdd(float4* address, float4 value) {
   return old;
 }
 
+float2 atomicAdd(float2* address, float2 value) {
+  const std::lock_guard lock(gaugewatch_emulation::atomic_mutex);
+  const float2 old = *address;
+  address->x += value.x;
+  address->y += value.y;
+  return old;
+}
+
 float atomicAdd(float* address, float value) {
   const std::lock_guard lock(gaugewatch_emulation::atomic_mutex);
   const float old = *address;
