@@ -421,6 +421,30 @@ __device__ __forceinline__ RowInputs staged_row_inputs(const StagedRows& ra, int
   return in;
 }
 
+// The cp.async loads of the query tile of head h at rows i0.. into q_dst and
+// g_dst (Q and dO, [64][D] each) and of its rows' inputs (lse, delta; the
+// visible key range by plain stores) into buffer `buf` of the staged rows at
+// rows_base (rows past N: zeros and an empty key range). Every thread of the
+// block takes part, threads 0 .. 63 stage the rows; the caller commits.
+// keyouter_kernel's and the head-dim-256 key-outer kernel's loads.
+template <int D>
+__device__ __forceinline__ void load_query_tile(const Args& a, int b, int h, int i0, uint16_t* q_dst, uint16_t* g_dst,
+                                                float* rows_base, int buf) {
+  const QueryHead qh = query_head(a, b, h);
+  load_rows<kKvRows, D>(q_dst, qh.q, a.q_strides.row, i0, a.n);
+  load_rows<kKvRows, D>(g_dst, qh.grad_out, a.grad_out_strides.row, i0, a.n);
+  if (threadIdx.x < kKvRows) {
+    const StagedRows sr = staged_rows(rows_base, buf);
+    const int r = threadIdx.x, row = i0 + r;
+    const bool ok = row < a.n;
+    const KeyRange kr = row_keys(a, row);
+    sr.kb[r] = kr.begin;
+    sr.ke[r] = kr.end;
+    mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
+    mma::cp_async_4(sr.delta + r, a.delta + qh.row_base + (ok ? row : 0), ok);
+  }
+}
+
 // The grid of the dkdv kernel and the key-outer kernels (keyouter_kernel,
 // keyouter_ws_kernel, gproj_keys_kernel, gproj_keys_ws_kernel): 1-D, one
 // block per (batch, kv head, block of kKvKeys keys), in a.kv_sections

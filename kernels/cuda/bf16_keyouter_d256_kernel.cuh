@@ -118,22 +118,10 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a
   auto tile_row0 = [&](int it) { return (t_begin + it % tiles) * kRows; };
   auto head_of = [&](int it) { return hk * a.group + it / tiles; };
   // The loads of iteration `it` into buffer `buf`: Q, dO and the per-row
-  // inputs (rows past N: zeros and an empty key range).
+  // inputs.
   auto stage = [&](int it, int buf) {
-    const int i0 = tile_row0(it);
-    const QueryHead qh = query_head(a, b, head_of(it));
-    hopper::load_rows<kRows, kD>(smem + (buf ? L::kQ1 : L::kQ0), qh.q, a.q_strides.row, i0, a.n);
-    hopper::load_rows<kRows, kD>(smem + (buf ? L::kG1 : L::kG0), qh.grad_out, a.grad_out_strides.row, i0, a.n);
-    if (threadIdx.x < kRows) {
-      const hopper::StagedRows sr = hopper::staged_rows(rows_base, buf);
-      const int r = static_cast<int>(threadIdx.x), row = i0 + r;
-      const bool ok = row < a.n;
-      const KeyRange kr = row_keys(a, row);
-      sr.kb[r] = kr.begin;
-      sr.ke[r] = kr.end;
-      mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
-      mma::cp_async_4(sr.delta + r, a.delta + qh.row_base + (ok ? row : 0), ok);
-    }
+    hopper::load_query_tile<kD>(a, b, head_of(it), tile_row0(it), smem + (buf ? L::kQ1 : L::kQ0),
+                                smem + (buf ? L::kG1 : L::kG0), rows_base, buf);
   };
   if (iters > 0) stage(0, 0);
   mma::cp_async_commit();

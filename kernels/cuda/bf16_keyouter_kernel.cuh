@@ -600,19 +600,8 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
   // Loads of iteration `it` into buffer `buf`: Q, dO and the per-row inputs.
   auto stage = [&](int it, int buf) {
     const int i0 = kt.tile_row0(it);
-    const QueryHead qh = query_head(a, b, kt.head_of(it));
-    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), qh.q, a.q_strides.row, i0, a.n);
-    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kG1 : L::kG0), qh.grad_out, a.grad_out_strides.row, i0, a.n);
-    if (threadIdx.x < kKvRows) {
-      const hopper::StagedRows sr = hopper::staged_rows(kt.rows_base(), buf);
-      const int r = threadIdx.x, row = i0 + r;
-      const bool ok = row < a.n;
-      const KeyRange kr = row_keys(a, row);
-      sr.kb[r] = kr.begin;
-      sr.ke[r] = kr.end;
-      mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
-      mma::cp_async_4(sr.delta + r, a.delta + qh.row_base + (ok ? row : 0), ok);
-    }
+    hopper::load_query_tile<D>(a, b, kt.head_of(it), i0, smem + (buf ? L::kQ1 : L::kQ0), smem + (buf ? L::kG1 : L::kG0),
+                               kt.rows_base(), buf);
   };
   if (iters > 0) stage(0, 0);
   mma::cp_async_commit();
