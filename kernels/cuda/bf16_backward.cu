@@ -34,9 +34,9 @@ cudaError_t launch_keyouter(const Args& args, cudaStream_t stream, bool ws_secon
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& args, cudaStream_t stream);
 
-// The head-dim-256 key-outer kernel (bf16) and its dQ finish
+// The head-dim-256 key-outer kernel (bf16 and pivot) and its finish
 // (bf16_keyouter_d256.cu).
-cudaError_t launch_keyouter_d256(const Args& args, cudaStream_t stream);
+cudaError_t launch_keyouter_d256(const Args& args, Projection projection, cudaStream_t stream);
 
 // Whether encode_maps (bf16_keyouter_ws_kernel.cuh) accepts the operands.
 bool keyouter_ws_maps_encodable(const Args& args, int head_dim);
@@ -234,10 +234,10 @@ bool has_key_outer_kernels(const Bf16BackwardParams& p) {
   return p.shape.head_dim == 64 || p.shape.head_dim == 128;
 }
 
-// Whether the head-dim-256 key-outer kernel runs for p (bf16 only, where
-// d256_key_outer asks for it).
+// Whether the head-dim-256 key-outer kernel runs for p (bf16 and pivot,
+// where d256_key_outer asks for it).
 bool d256_key_outer(const Bf16BackwardParams& p) {
-  return p.shape.head_dim == 256 && p.d256_key_outer && p.projection == Projection::kNone;
+  return p.shape.head_dim == 256 && p.d256_key_outer && p.projection != Projection::kGproj;
 }
 
 // Whether the warp-specialized key-outer kernels can run for p: asked for,
@@ -419,7 +419,7 @@ Status bf16_attention_backward(const Bf16BackwardParams& p, void* workspace, siz
     switch (p.shape.head_dim) {
       case 64: err = launch_key_outer<64>(a, p.projection, specialized, stream); break;
       case 128: err = launch_key_outer<128>(a, p.projection, specialized, stream); break;
-      default: err = bf16::launch_keyouter_d256(a, stream); break;  // bf16 only (d256_key_outer)
+      default: err = bf16::launch_keyouter_d256(a, p.projection, stream); break;  // d256_key_outer
     }
   } else {
     switch (p.shape.head_dim) {

@@ -183,12 +183,13 @@ struct Bf16BackwardParams {
   // false: keyouter_kernel (12-19% slower on the H200 for bf16 and pivot,
   // kernels/cuda/README.md). Ignored by the pair.
   bool keyouter_warp_specialized = true;
-  // Head dim 256, backend bf16 (projection kNone), not deterministic, the
-  // Hopper pair, no diagnostics: true runs the key-outer kernel on the
-  // tensor cores (bf16_keyouter_d256_kernel.cuh: 64 keys per block, 5
-  // products per tile pair, dQ by FP32 atomics) instead of the mma.sync
-  // pair. Opt-in: built and tested in the CPU emulation, not yet measured
-  // on a GPU (kernels/cuda/README.md). Ignored elsewhere.
+  // Head dim 256, backends bf16 and pivot, not deterministic, the Hopper
+  // pair, no diagnostics: true runs the key-outer kernel on the tensor
+  // cores (bf16_keyouter_d256_kernel.cuh: 64 keys per block, 5 products per
+  // tile pair, dQ by FP32 atomics; pivot's fix-up in its finish) instead of
+  // the mma.sync pair. Opt-in: built and tested in the CPU emulation, not
+  // yet measured on a GPU (kernels/cuda/README.md). Ignored elsewhere
+  // (gproj keeps the pair).
   bool d256_key_outer = false;
   // Keys per block of gproj's second pass where it runs warp-specialized
   // (head dims 64 and 128; bf16_gproj_keys_ws_kernel.cuh): 0 (the default)
@@ -222,7 +223,7 @@ Status validate(const Bf16BackwardParams& params);
 // Whether `params` run the key-outer kernel (otherwise the pair): head dim
 // 64 or 128, Hopper pair, not deterministic, no diagnostics, and for gproj
 // where gproj_path chooses it (gproj_runs_key_outer); at head dim 256 bf16
-// where d256_key_outer asks for it.
+// and pivot where d256_key_outer asks for it.
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
 // Whether gproj_path takes gproj's key-outer structure for params (its head

@@ -1,10 +1,10 @@
 #pragma once
-// Key-outer kernel of the fused BF16 backward at head dim 256, backend bf16
-// (math: kernels/cuda/bf16_backward.h): FlashAttention-3's head-dim-256
-// split, 5 products per tile pair on the tensor cores where the mma.sync
-// pair (the default at head dim 256) needs 7 through ldmatrix. Opt-in
-// (Bf16BackwardParams::d256_key_outer; torch ops GAUGEWATCH_D256_KERNEL=
-// key_outer) until it is measured on a GPU.
+// Key-outer kernel of the fused BF16 backward at head dim 256, backends bf16
+// and pivot (math: kernels/cuda/bf16_backward.h): FlashAttention-3's
+// head-dim-256 split, 5 products per tile pair on the tensor cores where the
+// mma.sync pair (the default at head dim 256) needs 7 through ldmatrix.
+// Opt-in (Bf16BackwardParams::d256_key_outer; torch ops
+// GAUGEWATCH_D256_KERNEL=key_outer) until it is measured on a GPU.
 //
 // Block: 256 threads (two warpgroups), 64 keys of one (batch, kv head),
 // one block per SM; a loop over the 64-row query tiles of every query head
@@ -31,21 +31,33 @@
 //                                  (K-major), B = K columns 128 wg..
 //                                  (MN-major); added to the FP32 accumulator
 //                                  dQacc by float2 atomics from the registers
+//   pivot: per row, each warpgroup's partial sum of its rounded t (rho,
+//                                  FP32 adds in the element order, then the
+//                                  quad's) and its largest P with the key
+//                                  (PivotArgmax, as keyouter_kernel's), by
+//                                  atomics (FP32 add; 64-bit max)
 // Registers: dK and dV 64 + 64 FP32 per thread across the loop, dQ 64 while
 // the tile's products run (S and dP, 16 + 16, are dead by then).
 // Shared memory (Layout): K and V 32 KiB each, two buffers of Q and dO
 // (32 KiB each), t and r 8 KiB each, the rows' inputs: 212 KiB.
-// Then finish_rows_kernel<256, kNone> (bf16_keyouter_finish_kernels.cuh):
-// dQ = bf16(alpha dQacc). dK = bf16(alpha dKacc) and dV = bf16(dVacc) are
-// written by the block at the end (keys past M are not).
+// Then finish_rows_kernel<256, P> (bf16_keyouter_finish_kernels.cuh):
+// dQ = bf16(alpha dQacc) (pivot: minus rho_i k_{j*(i)}, and its dK fix-up),
+// and for pivot finish_keys_kernel<256>. dV = bf16(dVacc) and dK =
+// bf16(alpha dKacc) (pivot: dKacc in FP32, for the fix-up) are written by
+// the block at the end (keys past M are not).
 //
 // Rounding (why this path is not bitwise repeatable, as keyouter_kernel):
 // dQacc_i is the FP32 sum of the key blocks' FP32 tile partials in the order
-// the atomics land; every other value is computed as in the pair.
+// the atomics land; pivot's rho_i the FP32 sum of per-(block, warpgroup)
+// partials in landing order, each partial its 32 keys' rounded t summed in
+// FP32 by each lane (8 keys) and then over the quad; dKacc as
+// keyouter_kernel's. The pivot j*(i) is exact (pivot_code). Every other
+// value is computed as in the pair.
 // deterministic = true keeps the mma.sync pair.
 //
 // Layouts: operands and outputs as bf16_backward.h; workspace: dQacc (B, Hq,
-// N, d) FP32, zeroed by the launcher. Build: bf16_keyouter_d256.cu;
+// N, d) FP32, zeroed by the launcher; pivot: rho in row_factor and the
+// pivot codes (zeroed), dKacc (B, Hkv, M, d) FP32 (written whole). Build: bf16_keyouter_d256.cu;
 // emulation: tests/cuda/emulation/bf16_launcher.cpp. Tests:
 // tests/cuda/bf16_backward_test.cpp (HeadDim256KeyOuter).
 
@@ -54,6 +66,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/bf16_backward_hopper.cuh"
+#include "kernels/cuda/pivot_argmax.cuh"
 
 namespace gaugewatch::gpu::bf16::keyouter256 {
 
@@ -91,7 +104,9 @@ __device__ __forceinline__ hopper::KeyBlock key_block(const Args& a) {
   return {kb * kKeys, bhk / a.hkv, bhk % a.hkv};
 }
 
+template <Projection P>
 __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a) {
+  static_assert(P == Projection::kNone || P == Projection::kPivot, "bf16 and pivot");
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = Layout;
@@ -165,6 +180,32 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a
     // scores_to_tr<false>).
     hopper::scores_to_tr<false>(a, s, dp, in, j0 + kWgKeys * wg,
                                 [](int, int, bool, float, float, float, float, int) {});
+    if constexpr (P == Projection::kPivot) {
+      // s holds P (0 where masked), dp the unrounded t: this warpgroup's
+      // argmax and partial rho of rows g and g + 8 (the rounded t, the values
+      // the MMAs consume), over the quad, added by lanes c = 0.
+      keyouter::PivotArgmax argmax;
+      float rho[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int i = 0; i < kWgKeys / 2; ++i) {
+        argmax.add((i >> 1) & 1, i, s[i]);
+        rho[(i >> 1) & 1] += mma::round_bf16(dp[i]);
+      }
+      const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const unsigned long long best =
+            keyouter::quad_max(argmax.code(hh, hopper::element_key(j0 + kWgKeys * wg, c, 0)));
+        float sum = rho[hh];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int row = tile_row0(it) + row0 + g + 8 * hh;
+        if (c == 0 && row < a.n) {
+          if (best != 0) atomicMax(a.pivot_code + row_base + row, best);
+          if (sum != 0.0f) atomicAdd(a.row_factor + row_base + row, sum);
+        }
+      }
+    }
 #pragma unroll
     for (int jn = 0; jn < kWgKeys / 8; ++jn) {
 #pragma unroll
@@ -222,8 +263,10 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a
   }
   mma::cp_async_wait<0>();
 
-  // dK = bf16(alpha dKacc), dV = bf16(dVacc): keys row0 + g and + 8 of this
-  // warp, columns 128 wg + 8 jn + 2 c. Keys past M are not written.
+  // dK = bf16(alpha dKacc) (pivot: dKacc in FP32, for the fix-up), dV =
+  // bf16(dVacc): keys row0 + g and + 8 of this warp, columns 128 wg + 8 jn +
+  // 2 c. Keys past M are not written.
+  const int64_t key_base = (static_cast<int64_t>(b) * a.hkv + hk) * a.m;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int key = j0 + row0 + g + 8 * hh;
@@ -233,8 +276,13 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a
 #pragma unroll
     for (int jn = 0; jn < kWgCols / 8; ++jn) {
       const int col = kWgCols * wg + 8 * jn + 2 * c;
-      *reinterpret_cast<uint32_t*>(dko + col) =
-          mma::pack_bf16(a.scale * dk[4 * jn + 2 * hh], a.scale * dk[4 * jn + 2 * hh + 1]);
+      if constexpr (P == Projection::kPivot) {
+        *reinterpret_cast<float2*>(a.dk_accum + (key_base + key) * kD + col) =
+            make_float2(dk[4 * jn + 2 * hh], dk[4 * jn + 2 * hh + 1]);
+      } else {
+        *reinterpret_cast<uint32_t*>(dko + col) =
+            mma::pack_bf16(a.scale * dk[4 * jn + 2 * hh], a.scale * dk[4 * jn + 2 * hh + 1]);
+      }
       *reinterpret_cast<uint32_t*>(dvo + col) = mma::pack_bf16(dv[4 * jn + 2 * hh], dv[4 * jn + 2 * hh + 1]);
     }
   }

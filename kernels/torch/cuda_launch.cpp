@@ -136,8 +136,8 @@ const bool kGprojPass2KeysChecked = [] {
   return true;
 }();
 
-// GAUGEWATCH_D256_KERNEL (Bf16BackwardParams::d256_key_outer): bf16's
-// kernel at head dim 256 without bitwise determinism. Unset, empty or
+// GAUGEWATCH_D256_KERNEL (Bf16BackwardParams::d256_key_outer): bf16's and
+// pivot's kernel at head dim 256 without bitwise determinism. Unset, empty or
 // "pair": the mma.sync pair (the default); "key_outer": the key-outer
 // kernel on the tensor cores (opt-in, not yet measured on a GPU). Any other
 // value keeps the default and says so once, on stderr; beside

@@ -146,15 +146,24 @@ cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
   return cudaSuccess;
 }
 
-// ... and bf16_keyouter_d256.cu's: the head-dim-256 key-outer kernel (bf16)
-// and its dQ finish.
-cudaError_t launch_keyouter_d256(const Args& a, cudaStream_t /*stream*/) {
+// ... and bf16_keyouter_d256.cu's: the head-dim-256 key-outer kernel (bf16
+// and pivot) and its finish.
+template <Projection P>
+void launch_d256(const Args& a) {
   const dim3 grid = keyouter256::grid(a);
   if (grid.x > 0) {
     gaugewatch_emulation::run_grid(grid, keyouter256::kThreads, keyouter256::Layout::kBytes,
-                                   [&a] { keyouter256::keyouter_d256_kernel(a); });
+                                   [&a] { keyouter256::keyouter_d256_kernel<P>(a); });
   }
-  launch_finish_rows<keyouter256::kD, Projection::kNone>(a);
+  launch_keyouter_finish<keyouter256::kD, P>(a, false);
+}
+
+cudaError_t launch_keyouter_d256(const Args& a, Projection projection, cudaStream_t /*stream*/) {
+  if (projection == Projection::kPivot) {
+    launch_d256<Projection::kPivot>(a);
+  } else {
+    launch_d256<Projection::kNone>(a);
+  }
   return cudaSuccess;
 }
 
