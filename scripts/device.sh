@@ -20,7 +20,7 @@
 #              with that and GAUGEWATCH_BF16_KERNEL=key_outer (the key-outer kernel without
 #              warp specialization, every backend), and with GAUGEWATCH_GPROJ_KERNEL=key_outer and
 #              GAUGEWATCH_GPROJ_PASS2_KEYS=128 (gproj's second pass over 128-key blocks; 256 the default);
-#              and with GAUGEWATCH_D256_KERNEL=key_outer (bf16 and pivot at head dim 256 on their key-outer kernel);
+#              and with GAUGEWATCH_D256_KERNEL=key_outer (bf16, pivot and gproj at head dim 256 on their key-outer kernels);
 #              GW_SANITIZE_VARIANTS picks among default gproj_key_outer key_outer gproj_pass2_128 d256_key_outer
 #   bench      every build/bin bench_* / *_bench binary and bench/**/*.py script
 # Output (flat, under $OUT): device.log env.log build.log ctest.log pytest.log
@@ -410,7 +410,7 @@ fi
 # and the key-outer gproj on the key-outer kernel without warp specialization
 # (the default is the warp-specialized one), and the key-outer gproj with its
 # second pass over 128-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=128; 256-key
-# blocks are the default), and bf16 and pivot at head dim 256 on their key-outer kernel
+# blocks are the default), and bf16, pivot and gproj at head dim 256 on their key-outer kernels
 # (GAUGEWATCH_D256_KERNEL=key_outer; the library reads the variables once,
 # when it loads).
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"

@@ -41,9 +41,10 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   process, likewise), the baseline of the default 256-key
                   pass: gw_gproj against it (gproj_pass2_256_over_128) and
                   the second pass's kernel time (kernels_us_pass2_128)
-  gw_bf16_d256_key_outer, gw_pivot_d256_key_outer  bf16 and pivot with
-                  GAUGEWATCH_D256_KERNEL=key_outer: head dim 256 on the
-                  key-outer kernel (tensor cores; opt-in) instead of the
+  gw_bf16_d256_key_outer, gw_pivot_d256_key_outer, gw_gproj_d256_key_outer
+                  bf16, pivot and gproj with GAUGEWATCH_D256_KERNEL=key_outer:
+                  head dim 256 on the key-outer kernels (tensor cores, gproj
+                  with its second pass; opt-in) instead of the
                   mma.sync pair (the head-dim-256 shape only; a child
                   process, likewise): <backend>_d256_key_outer_over_pair and
                   the kernels' times (kernels_us_d256_key_outer)
@@ -106,7 +107,7 @@ VARIANTS = {
     "gproj_key_outer": ({"GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, ("gproj",), "_key_outer"),
     "no_ws": ({"GAUGEWATCH_BF16_KERNEL": "key_outer", "GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, NO_WS, "_no_ws"),
     "gproj_pass2_128": ({"GAUGEWATCH_GPROJ_PASS2_KEYS": "128"}, ("gproj",), "_pass2_128"),
-    "d256_key_outer": ({"GAUGEWATCH_D256_KERNEL": "key_outer"}, ("bf16", "pivot"), "_d256_key_outer"),
+    "d256_key_outer": ({"GAUGEWATCH_D256_KERNEL": "key_outer"}, ("bf16", "pivot", "gproj"), "_d256_key_outer"),
 }
 # The head dims a variant changes anything at (the others are not timed).
 VARIANT_HEAD_DIMS = {"gproj_pass2_128": (64, 128), "d256_key_outer": (256,)}
@@ -302,7 +303,7 @@ def main():
         row["gw_gproj_pass2_128_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
         row["gw_gproj_pass2_128_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
         row["gproj_pass2_256_over_128"] = None if ms is None else row["gw_gproj_ms"] / ms
-        for backend in ("bf16", "pivot"):
+        for backend in ("bf16", "pivot", "gproj"):
             ms = row.get(f"gw_{backend}_d256_key_outer_ms")
             row[f"gw_{backend}_d256_key_outer_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
             row[f"gw_{backend}_d256_key_outer_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
@@ -373,22 +374,25 @@ def main():
                          f"{'n/a' if us128 is None else f'{us128:.1f}'} | "
                          f"{'n/a' if us256 is None else f'{us256:.1f}'} |")
     if any(row.get("gw_bf16_d256_key_outer_ms") is not None for row in cases):
-        lines += ["", "bf16 and pivot at head dim 256 on the key-outer kernel (GAUGEWATCH_D256_KERNEL=key_outer, a "
-                  "child process) against the mma.sync pair (the default there): ms (effective TFLOP/s), and the "
-                  "key-outer kernel's time (us, profiler)", "",
+        lines += ["", "bf16, pivot and gproj at head dim 256 on the key-outer kernels (GAUGEWATCH_D256_KERNEL="
+                  "key_outer, a child process) against the mma.sync pair (the default there): ms (effective "
+                  "TFLOP/s), the key-outer kernel's time and gproj's second pass's (us, profiler)", "",
                   "| shape | backend | sdpa_cudnn | pair | key-outer | key-outer/pair | pair/cuDNN | "
-                  "key-outer/cuDNN | key-outer kernel us |", "|---" * 9 + "|"]
+                  "key-outer/cuDNN | key-outer kernel us | second pass us |", "|---" * 10 + "|"]
         for row in cases:
-            for backend in ("bf16", "pivot"):
+            for backend in ("bf16", "pivot", "gproj"):
                 if row.get(f"gw_{backend}_d256_key_outer_ms") is None:
                     continue
-                us = row.get("kernels_us_d256_key_outer", {}).get(backend, {}).get("keyouter_d256_kernel")
+                kernels_us = row.get("kernels_us_d256_key_outer", {}).get(backend, {})
+                us = kernels_us.get("keyouter_d256_kernel")
+                us2 = kernels_us.get("gproj_keys_d256_kernel")
                 lines.append(f"| {row['shape']} | {backend} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, f'gw_{backend}')} | "
                              f"{fmt(row, f'gw_{backend}_d256_key_outer')} | "
                              f"{ratio(row[f'{backend}_d256_key_outer_over_pair'])} | "
                              f"{ratio(row.get(f'gw_{backend}_vs_cudnn'))} | "
                              f"{ratio(row[f'gw_{backend}_d256_key_outer_vs_cudnn'])} | "
-                             f"{'n/a' if us is None else f'{us:.1f}'} |")
+                             f"{'n/a' if us is None else f'{us:.1f}'} | "
+                             f"{'n/a' if us2 is None else f'{us2:.1f}'} |")
     if any("gw_bf16_mma_sync_ms" in row for row in cases):
         lines += ["", "Hopper (wgmma) pair against the mma.sync pair (GAUGEWATCH_BF16_KERNEL=mma_sync): "
                   "ms Hopper / mma.sync", "", "| shape | " + " | ".join(MMA_SYNC) + " |",

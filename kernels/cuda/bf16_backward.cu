@@ -34,8 +34,8 @@ cudaError_t launch_keyouter(const Args& args, cudaStream_t stream, bool ws_secon
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& args, cudaStream_t stream);
 
-// The head-dim-256 key-outer kernel (bf16 and pivot) and its finish
-// (bf16_keyouter_d256.cu).
+// The head-dim-256 key-outer kernel and its finish (bf16_keyouter_d256.cu;
+// gproj with its second pass: bf16_keyouter_d256_gproj.cu).
 cudaError_t launch_keyouter_d256(const Args& args, Projection projection, cudaStream_t stream);
 
 // Whether encode_maps (bf16_keyouter_ws_kernel.cuh) accepts the operands.
@@ -137,7 +137,9 @@ Status validate(const Bf16BackwardParams& params) {
     return invalid("gproj_pass2_keys must be 0 (the default), 128 or 256, not " +
                    std::to_string(params.gproj_pass2_keys));
   }
-  if (params.d256_key_outer && p.head_dim == 256 && p.batch * p.kv_heads * ((p.kv_len + 63) / 64) > INT32_MAX) {
+  constexpr int64_t kD256Keys = bf16::kD256KeyBlockKeys;
+  if (params.d256_key_outer && p.head_dim == 256 &&
+      p.batch * p.kv_heads * ((p.kv_len + kD256Keys - 1) / kD256Keys) > INT32_MAX) {
     return invalid("with d256_key_outer, batch * kv_heads * ceil(kv_len / 64) must be at most 2^31 - 1 (one block "
                    "per 64 keys of each head); leave d256_key_outer off for this shape");
   }
@@ -234,10 +236,11 @@ bool has_key_outer_kernels(const Bf16BackwardParams& p) {
   return p.shape.head_dim == 64 || p.shape.head_dim == 128;
 }
 
-// Whether the head-dim-256 key-outer kernel runs for p (bf16 and pivot,
-// where d256_key_outer asks for it).
+// Whether the head-dim-256 key-outer kernels run for p: d256_key_outer asks
+// for them, and for gproj gproj_path is not kPair.
 bool d256_key_outer(const Bf16BackwardParams& p) {
-  return p.shape.head_dim == 256 && p.d256_key_outer && p.projection != Projection::kGproj;
+  return p.shape.head_dim == 256 && p.d256_key_outer &&
+         (p.projection != Projection::kGproj || p.gproj_path != GprojPath::kPair);
 }
 
 // Whether the warp-specialized key-outer kernels can run for p: asked for,
@@ -250,6 +253,7 @@ bool key_outer_ws_possible(const Bf16BackwardParams& p) {
 }  // namespace
 
 bool gproj_runs_key_outer(const Bf16BackwardParams& p) {
+  if (p.shape.head_dim == 256) return d256_key_outer(p);
   if (!has_key_outer_kernels(p)) return false;
   switch (p.gproj_path) {
     case GprojPath::kPair: return false;
@@ -270,6 +274,7 @@ bool bf16_uses_key_outer_ws(const Bf16BackwardParams& p) { return bf16_uses_key_
 
 int gproj_pass2_block_keys(const Bf16BackwardParams& p) {
   if (p.projection != Projection::kGproj || !bf16_uses_key_outer(p)) return 0;
+  if (p.shape.head_dim == 256) return bf16::kD256KeyBlockKeys;
   const bool wide = p.gproj_pass2_keys != bf16::kKeyBlockKeys && key_outer_ws_possible(p) &&
                     bf16::gproj_wide_key_map_encodable(operand_args(p), static_cast<int>(p.shape.head_dim));
   return wide ? bf16::kWideKeyBlockKeys : bf16::kKeyBlockKeys;

@@ -183,13 +183,14 @@ struct Bf16BackwardParams {
   // false: keyouter_kernel (12-19% slower on the H200 for bf16 and pivot,
   // kernels/cuda/README.md). Ignored by the pair.
   bool keyouter_warp_specialized = true;
-  // Head dim 256, backends bf16 and pivot, not deterministic, the Hopper
-  // pair, no diagnostics: true runs the key-outer kernel on the tensor
-  // cores (bf16_keyouter_d256_kernel.cuh: 64 keys per block, 5 products per
-  // tile pair, dQ by FP32 atomics; pivot's fix-up in its finish) instead of
-  // the mma.sync pair. Opt-in: built and tested in the CPU emulation, not
-  // yet measured on a GPU (kernels/cuda/README.md). Ignored elsewhere
-  // (gproj keeps the pair).
+  // Head dim 256, not deterministic, the Hopper pair, no diagnostics: true
+  // runs the key-outer kernel on the tensor cores
+  // (bf16_keyouter_d256_kernel.cuh: 64 keys per block, 5 products per tile
+  // pair, dQ by FP32 atomics; pivot's fix-up in its finish; gproj's second
+  // pass of 3 products, bf16_gproj_keys_d256_kernel.cuh, unless gproj_path
+  // is kPair) instead of the mma.sync pair. Opt-in: built and tested in the
+  // CPU emulation, not yet measured on a GPU (kernels/cuda/README.md).
+  // Ignored at head dims 64 and 128.
   bool d256_key_outer = false;
   // Keys per block of gproj's second pass where it runs warp-specialized
   // (head dims 64 and 128; bf16_gproj_keys_ws_kernel.cuh): 0 (the default)
@@ -222,14 +223,15 @@ Status validate(const Bf16BackwardParams& params);
 
 // Whether `params` run the key-outer kernel (otherwise the pair): head dim
 // 64 or 128, Hopper pair, not deterministic, no diagnostics, and for gproj
-// where gproj_path chooses it (gproj_runs_key_outer); at head dim 256 bf16
-// and pivot where d256_key_outer asks for it.
+// where gproj_path chooses it (gproj_runs_key_outer); at head dim 256
+// where d256_key_outer asks for it (gproj: and gproj_path is not kPair).
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
 // Whether gproj_path takes gproj's key-outer structure for params (its head
 // dim, and with kAuto at head dim 128 whether the warp-specialized kernels
 // would run: keyouter_warp_specialized and maps that encode), whatever the
-// other conditions of bf16_uses_key_outer; never at head dim 256.
+// other conditions of bf16_uses_key_outer; at head dim 256 where
+// d256_key_outer asks for it and gproj_path is not kPair.
 bool gproj_runs_key_outer(const Bf16BackwardParams& params);
 
 // Whether `params` run the warp-specialized key-outer kernel: the key-outer
@@ -241,8 +243,9 @@ bool bf16_uses_key_outer_ws(const Bf16BackwardParams& params);
 // Keys per block of gproj's second pass for `params`: 0 where gproj's
 // key-outer path does not run (other backends, the pair), 256 where the
 // 256-key warp-specialized pass runs (gproj_pass2_keys 0 or 256 on the
-// warp-specialized path, K's map in 256-row boxes encodes), 128
-// otherwise (host call: encodes maps, launches nothing).
+// warp-specialized path, K's map in 256-row boxes encodes), 64 at head
+// dim 256 (d256_key_outer), 128 otherwise (host call: encodes maps,
+// launches nothing).
 int gproj_pass2_block_keys(const Bf16BackwardParams& params);
 
 // Device scratch (delta, lambda or rho/j* per row, and for gproj

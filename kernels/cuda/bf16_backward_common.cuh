@@ -29,6 +29,8 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr int kKeyBlockKeys = 128;
 // Keys per block of gproj's wide second pass (bf16_gproj_keys_ws_kernel.cuh).
 inline constexpr int kWideKeyBlockKeys = 256;
+// Keys per block of the head-dim-256 key-outer kernels (keyouter256::kKeys).
+inline constexpr int kD256KeyBlockKeys = 64;
 inline constexpr int kQueryTileRows = 128;
 
 // Device copy of the launch parameters (by value, in the kernel argument).

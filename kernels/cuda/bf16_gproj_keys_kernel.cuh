@@ -124,6 +124,31 @@ __device__ __forceinline__ TileRows tile_rows(const StagedLse& ra, int row0, int
   return tr;
 }
 
+// The cp.async loads of the query tile of head h at rows i0.. into q_dst
+// and lq_dst (Q and bf16(-lambda Q), [64][D] each) and of its rows' lse and
+// lambda (the visible key range by plain stores) into buffer `buf` of the
+// staged rows at rows_base (rows past N: zeros and an empty key range).
+// Every thread of the block takes part, threads 0 .. 63 stage the rows;
+// the caller commits. gproj_keys_kernel's and the head-dim-256 second
+// pass's loads (bf16_gproj_keys_d256_kernel.cuh).
+template <int D>
+__device__ __forceinline__ void load_query_tile(const Args& a, int b, int h, int i0, uint16_t* q_dst,
+                                                uint16_t* lq_dst, float* rows_base, int buf) {
+  const QueryHead qh = query_head(a, b, h);
+  hopper::load_rows<kKvRows, D>(q_dst, qh.q, a.q_strides.row, i0, a.n);
+  hopper::load_rows<kKvRows, D>(lq_dst, a.neg_lambda_q + qh.row_base * D, D, i0, a.n);
+  if (threadIdx.x < kKvRows) {
+    const StagedLse sr = staged_lse(rows_base, buf);
+    const int r = threadIdx.x, row = i0 + r;
+    const bool ok = row < a.n;
+    const KeyRange kr = row_keys(a, row);
+    sr.kb[r] = kr.begin;
+    sr.ke[r] = kr.end;
+    mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
+    mma::cp_async_4(sr.lambda + r, a.row_factor + qh.row_base + (ok ? row : 0), ok);
+  }
+}
+
 // r = bf16(P) of the scores s into this warpgroup's [64 rows][64 keys] tile
 // (keys j_base + 8 jn + 2 c + e, as hopper::scores_to_tr). A warp whose
 // rows all see the warpgroup's 64 keys takes the loop without the
@@ -265,10 +290,12 @@ __device__ __forceinline__ void stage_u(const float (&u)[D / 4], const TileRows&
 }
 
 // dK = bf16(alpha (dKacc + C)) of this thread's two keys of the
-// warpgroup's 64 keys key0..; keys past M are not written.
-template <int D>
-__device__ __forceinline__ void write_dk(const Args& a, const float (&acc)[D / 2], int key0, int b, int hk, int row0,
-                                         int g, int c) {
+// warpgroup's 64 keys key0.., columns col0 .. col0 + kCols - 1 (C's m64n
+// kCols fragment: all D columns, or the head-dim-256 pass's 128 of the
+// warpgroup); keys past M are not written.
+template <int D, int kCols = D>
+__device__ __forceinline__ void write_dk(const Args& a, const float (&acc)[kCols / 2], int key0, int b, int hk,
+                                         int row0, int g, int c, int col0 = 0) {
   const int64_t key_base = (static_cast<int64_t>(b) * a.hkv + hk) * a.m;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
@@ -277,8 +304,8 @@ __device__ __forceinline__ void write_dk(const Args& a, const float (&acc)[D / 2
     const float* dka = a.dk_accum + (key_base + key) * D;
     uint16_t* dko = output_row(a.dk, a.dk_strides, b, hk, key);
 #pragma unroll
-    for (int jn = 0; jn < D / 8; ++jn) {
-      const int col = 8 * jn + 2 * c;
+    for (int jn = 0; jn < kCols / 8; ++jn) {
+      const int col = col0 + 8 * jn + 2 * c;
       const float2 x = *reinterpret_cast<const float2*>(dka + col);
       *reinterpret_cast<uint32_t*>(dko + col) =
           mma::pack_bf16(a.scale * (x.x + acc[4 * jn + 2 * hh]), a.scale * (x.y + acc[4 * jn + 2 * hh + 1]));
@@ -310,20 +337,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) gproj_keys_kernel(c
 
   // Loads of iteration `it` (query head, query tile) into buffer `buf`.
   auto stage = [&](int it, int buf) {
-    const int i0 = tile_row0(it);
-    const QueryHead qh = query_head(a, b, head_of(it));
-    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kQ1 : L::kQ0), qh.q, a.q_strides.row, i0, a.n);
-    hopper::load_rows<kKvRows, D>(smem + (buf ? L::kL1 : L::kL0), a.neg_lambda_q + qh.row_base * D, D, i0, a.n);
-    if (threadIdx.x < kKvRows) {
-      const StagedLse sr = staged_lse(rows_base, buf);
-      const int r = threadIdx.x, row = i0 + r;
-      const bool ok = row < a.n;
-      const KeyRange kr = row_keys(a, row);
-      sr.kb[r] = kr.begin;
-      sr.ke[r] = kr.end;
-      mma::cp_async_4(sr.lse + r, qh.lse + (ok ? row : 0), ok);
-      mma::cp_async_4(sr.lambda + r, a.row_factor + qh.row_base + (ok ? row : 0), ok);
-    }
+    load_query_tile<D>(a, b, head_of(it), tile_row0(it), smem + (buf ? L::kQ1 : L::kQ0),
+                       smem + (buf ? L::kL1 : L::kL0), rows_base, buf);
   };
   if (iters > 0) stage(0, 0);
   mma::cp_async_commit();

@@ -1,6 +1,6 @@
 #pragma once
-// Key-outer kernel of the fused BF16 backward at head dim 256, backends bf16
-// and pivot (math: kernels/cuda/bf16_backward.h): FlashAttention-3's
+// Key-outer kernel of the fused BF16 backward at head dim 256, backends bf16,
+// pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h): FlashAttention-3's
 // head-dim-256 split, 5 products per tile pair on the tensor cores where the
 // mma.sync pair (the default at head dim 256) needs 7 through ldmatrix.
 // Opt-in (Bf16BackwardParams::d256_key_outer; torch ops
@@ -36,30 +36,39 @@
 //                                  quad's) and its largest P with the key
 //                                  (PivotArgmax, as keyouter_kernel's), by
 //                                  atomics (FP32 add; 64-bit max)
+//   gproj: per row, each warpgroup's partial sums of its rounded t (rho)
+//                                  and r (m), as pivot's rho, by FP32
+//                                  atomics
 // Registers: dK and dV 64 + 64 FP32 per thread across the loop, dQ 64 while
 // the tile's products run (S and dP, 16 + 16, are dead by then).
 // Shared memory (Layout): K and V 32 KiB each, two buffers of Q and dO
 // (32 KiB each), t and r 8 KiB each, the rows' inputs: 212 KiB.
 // Then finish_rows_kernel<256, P> (bf16_keyouter_finish_kernels.cuh):
 // dQ = bf16(alpha dQacc) (pivot: minus rho_i k_{j*(i)}, and its dK fix-up),
-// and for pivot finish_keys_kernel<256>. dV = bf16(dVacc) and dK =
-// bf16(alpha dKacc) (pivot: dKacc in FP32, for the fix-up) are written by
-// the block at the end (keys past M are not).
+// and for pivot finish_keys_kernel<256>; gproj: finish_rows_kernel<256,
+// kGproj> (lambda, bf16(-lambda q)), the second pass
+// (bf16_gproj_keys_d256_kernel.cuh), then finish_rows_kernel<256, kNone>.
+// dV = bf16(dVacc) and dK = bf16(alpha dKacc) (pivot and gproj: dKacc in
+// FP32, for the fix-up or the second pass) are written by the block at the
+// end (keys past M are not).
 //
 // Rounding (why this path is not bitwise repeatable, as keyouter_kernel):
 // dQacc_i is the FP32 sum of the key blocks' FP32 tile partials in the order
 // the atomics land; pivot's rho_i the FP32 sum of per-(block, warpgroup)
 // partials in landing order, each partial its 32 keys' rounded t summed in
-// FP32 by each lane (8 keys) and then over the quad; dKacc as
-// keyouter_kernel's. The pivot j*(i) is exact (pivot_code). Every other
+// FP32 by each lane (8 keys) and then over the quad; gproj's rho_i and m_i
+// likewise (so lambda_i carries their landing order's rounding, as on
+// keyouter_kernel); dKacc as keyouter_kernel's. The pivot j*(i) is exact (pivot_code). Every other
 // value is computed as in the pair.
 // deterministic = true keeps the mma.sync pair.
 //
 // Layouts: operands and outputs as bf16_backward.h; workspace: dQacc (B, Hq,
-// N, d) FP32, zeroed by the launcher; pivot: rho in row_factor and the
-// pivot codes (zeroed), dKacc (B, Hkv, M, d) FP32 (written whole). Build: bf16_keyouter_d256.cu;
+// N, d) FP32, zeroed by the launcher; pivot and gproj: rho in row_factor
+// (zeroed), dKacc (B, Hkv, M, d) FP32 (written whole); pivot: the pivot
+// codes (zeroed); gproj: m in mass_accum (zeroed). Build:
+// bf16_keyouter_d256.cu (bf16, pivot), bf16_keyouter_d256_gproj.cu;
 // emulation: tests/cuda/emulation/bf16_launcher.cpp. Tests:
-// tests/cuda/bf16_backward_test.cpp (HeadDim256KeyOuter).
+// tests/cuda/bf16_backward_test.cpp (HeadDim256KeyOuter, HeadDim256GprojKeyOuter).
 
 #include <cuda_runtime.h>
 
@@ -71,7 +80,7 @@
 namespace gaugewatch::gpu::bf16::keyouter256 {
 
 inline constexpr int kD = 256;
-inline constexpr int kKeys = 64;               // keys per block
+inline constexpr int kKeys = kD256KeyBlockKeys;  // keys per block
 inline constexpr int kRows = hopper::kKvRows;  // query rows per iteration
 inline constexpr int kThreads = 256;
 inline constexpr int kWgKeys = 32;   // S and dP: keys of each warpgroup
@@ -94,6 +103,93 @@ struct Layout {
 };
 static_assert(Layout::kBytes <= 227 * 1024, "one block of the head-dim-256 key-outer kernel per SM");
 
+// Step kk (a constant after unrolling; 16 steps over the head dim) of
+// S = X K_wg^T, m64n32: the tile's 64 rows against this warpgroup's keys
+// 32 wg.. of the block, X a [64][256] tile and the keys the block's
+// [64][256] tile, both K-major. Issued (the caller commits and waits; step
+// 0's scale-d 0 needs no zeroing). The first pass interleaves the steps of
+// S and dP.
+__device__ __forceinline__ void scores_step(float (&s)[kWgKeys / 2], const uint16_t* x, const uint16_t* keys, int wg,
+                                            int kk) {
+  const uint64_t xd = wgmma::desc_k_major(x, wgmma::chunk_offset<kRows>(0, 2 * kk));
+  const uint64_t kd = wgmma::desc_k_major(keys, wgmma::chunk_offset<kKeys>(kWgKeys * wg, 2 * kk));
+  if (kk == 0) {
+    wgmma::mma_ss_first<false, false>(s, xd, kd);
+  } else {
+    wgmma::mma_ss<false, false>(s, xd, kd);
+  }
+}
+
+// Bytes between a [64][256] tile's 64-column sub-tiles (K's too: 64 keys).
+inline constexpr uint32_t kSubTile = kRows * 64 * 2;
+
+// acc[:, 128 wg..] += A^T X over the tile's 64 rows: A a [64 rows][64 keys]
+// score tile (t or r), X a [64 rows][256] tile (dO, Q or bf16(-lambda Q)),
+// both MN-major; m64n128, 4 steps, issued.
+__device__ __forceinline__ void keys_mma(float (&acc)[kWgCols / 2], const uint16_t* score_tile, const uint16_t* x,
+                                         int wg) {
+  const int column_block = 2 * wg * (kRows * 64);  // sub-tiles 2 wg, 2 wg + 1
+#pragma unroll
+  for (int k = 0; k < kRows / 16; ++k) {
+    const int step = wgmma::chunk_offset<kRows>(16 * k, 0);
+    wgmma::mma_ss<true, true>(acc, wgmma::desc_mn_major(score_tile, step, kSubTile),
+                              wgmma::desc_mn_major(x + column_block, step, kSubTile));
+  }
+}
+
+// out[:, 128 wg..] = A K over the block's 64 keys: A a [64 rows][64 keys]
+// score tile (K-major), K the block's [64 keys][256] tile (MN-major);
+// m64n128, 4 steps, issued (the first overwrites out).
+__device__ __forceinline__ void rows_mma(float (&out)[kWgCols / 2], const uint16_t* score_tile, const uint16_t* keys,
+                                         int wg) {
+  wgmma::mma_ss_first<false, true>(
+      out, wgmma::desc_k_major(score_tile, 0),
+      wgmma::desc_mn_major(keys, wgmma::chunk_offset<kKeys>(0, kWgCols / 8 * wg), kSubTile));
+#pragma unroll
+  for (int k = 1; k < kKeys / 16; ++k) {
+    wgmma::mma_ss<false, true>(
+        out, wgmma::desc_k_major(score_tile, wgmma::chunk_offset<kRows>(0, 2 * k)),
+        wgmma::desc_mn_major(keys, wgmma::chunk_offset<kKeys>(16 * k, kWgCols / 8 * wg), kSubTile));
+  }
+}
+
+// A thread's two rows (row, row + 8: row0 + g of its warp) of an m64n32
+// fragment (t or r: the 32 keys of its warpgroup) into a [64 rows][64 keys]
+// tile, columns 32 wg..; packed to BF16 (round to nearest even).
+__device__ __forceinline__ void store_scores(uint16_t* tile, const float (&x)[kWgKeys / 2], int row, int wg, int c) {
+#pragma unroll
+  for (int jn = 0; jn < kWgKeys / 8; ++jn) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int off = wgmma::tile_offset<kRows>(row + 8 * hh, kWgKeys * wg + 8 * jn + 2 * c);
+      *reinterpret_cast<uint32_t*>(tile + off) = mma::pack_bf16(x[4 * jn + 2 * hh], x[4 * jn + 2 * hh + 1]);
+    }
+  }
+}
+
+// dQacc += x: this thread's rows `row` and row + 8 (row0 + g of its warp in
+// a query tile) of the head whose rows start at row_base, columns 128 wg +
+// 8 jn + 2 c.., by float2 atomics from the m64n128 fragment (rows past N
+// are not added).
+__device__ __forceinline__ void add_rows(const Args& a, const float (&x)[kWgCols / 2], int64_t row_base, int row,
+                                         int wg, int c) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    if (row + 8 * hh >= a.n) continue;
+    float* dst = a.dq_accum + (row_base + row + 8 * hh) * kD + kWgCols * wg + 2 * c;
+#pragma unroll
+    for (int jn = 0; jn < kWgCols / 8; ++jn) {
+      atomicAdd(reinterpret_cast<float2*>(dst + 8 * jn), make_float2(x[4 * jn + 2 * hh], x[4 * jn + 2 * hh + 1]));
+    }
+  }
+}
+
+// The sum of a row's value over its quad's four lanes.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 // The grid: one block per (batch, kv head, 64 keys), in a.kv_sections
 // sections of kv heads, key block first within a section (grid_order.cuh).
 inline dim3 grid(const Args& a) { return hopper::key_block_grid<kKeys>(a); }
@@ -106,11 +202,9 @@ __device__ __forceinline__ hopper::KeyBlock key_block(const Args& a) {
 
 template <Projection P>
 __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a) {
-  static_assert(P == Projection::kNone || P == Projection::kPivot, "bf16 and pivot");
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = Layout;
-  constexpr uint32_t kSubTile = kRows * 64 * 2;  // bytes between a tile's 64-column blocks (K's too: 64 keys)
   const auto [j0, b, hk] = key_block(a);
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   // Broadcast from lane 0: ptxas then keeps what depends on the warpgroup
@@ -158,19 +252,15 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a
     const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
     const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
     const RowInputs in = hopper::staged_row_inputs(hopper::staged_rows(rows_base, buf), row0 + g);
+    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
+    const int row = tile_row0(it) + row0 + g;  // this thread's first row (the second: + 8)
 
     float s[kWgKeys / 2], dp[kWgKeys / 2];
     wgmma::fence();
-    wgmma::mma_ss_first<false, false>(s, wgmma::desc_k_major(qs, 0),
-                                      wgmma::desc_k_major(smem + L::kK, wgmma::chunk_offset<kKeys>(kWgKeys * wg, 0)));
-    wgmma::mma_ss_first<false, false>(dp, wgmma::desc_k_major(gos, 0),
-                                      wgmma::desc_k_major(smem + L::kV, wgmma::chunk_offset<kKeys>(kWgKeys * wg, 0)));
 #pragma unroll
-    for (int kk = 1; kk < kD / 16; ++kk) {
-      const int x = wgmma::chunk_offset<kRows>(0, 2 * kk);
-      const int y = wgmma::chunk_offset<kKeys>(kWgKeys * wg, 2 * kk);
-      wgmma::mma_ss<false, false>(s, wgmma::desc_k_major(qs, x), wgmma::desc_k_major(smem + L::kK, y));
-      wgmma::mma_ss<false, false>(dp, wgmma::desc_k_major(gos, x), wgmma::desc_k_major(smem + L::kV, y));
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      scores_step(s, qs, smem + L::kK, wg, kk);
+      scores_step(dp, gos, smem + L::kV, wg, kk);
     }
     wgmma::commit();
     wgmma::wait<0>();
@@ -191,81 +281,59 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a
         argmax.add((i >> 1) & 1, i, s[i]);
         rho[(i >> 1) & 1] += mma::round_bf16(dp[i]);
       }
-      const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const unsigned long long best =
             keyouter::quad_max(argmax.code(hh, hopper::element_key(j0 + kWgKeys * wg, c, 0)));
-        float sum = rho[hh];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const int row = tile_row0(it) + row0 + g + 8 * hh;
-        if (c == 0 && row < a.n) {
-          if (best != 0) atomicMax(a.pivot_code + row_base + row, best);
-          if (sum != 0.0f) atomicAdd(a.row_factor + row_base + row, sum);
+        const float sum = quad_sum(rho[hh]);
+        if (c == 0 && row + 8 * hh < a.n) {
+          if (best != 0) atomicMax(a.pivot_code + row_base + row + 8 * hh, best);
+          if (sum != 0.0f) atomicAdd(a.row_factor + row_base + row + 8 * hh, sum);
         }
       }
     }
+    if constexpr (P == Projection::kGproj) {
+      // This warpgroup's partial sums of rows g and g + 8 of the rounded t
+      // (rho) and r (m), over the quad, added by lanes c = 0 (rho) and 1 (m).
+      float rho[2] = {0.0f, 0.0f}, mass[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int jn = 0; jn < kWgKeys / 8; ++jn) {
+      for (int i = 0; i < kWgKeys / 2; ++i) {
+        rho[(i >> 1) & 1] += mma::round_bf16(dp[i]);
+        mass[(i >> 1) & 1] += mma::round_bf16(s[i]);
+      }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int off = wgmma::tile_offset<kRows>(row0 + g + 8 * hh, kWgKeys * wg + 8 * jn + 2 * c);
-        *reinterpret_cast<uint32_t*>(t_tile + off) = mma::pack_bf16(dp[4 * jn + 2 * hh], dp[4 * jn + 2 * hh + 1]);
-        *reinterpret_cast<uint32_t*>(r_tile + off) = mma::pack_bf16(s[4 * jn + 2 * hh], s[4 * jn + 2 * hh + 1]);
+        const float x = quad_sum(rho[hh]), y = quad_sum(mass[hh]);
+        const float mine = c == 0 ? x : y;
+        if (c < 2 && row + 8 * hh < a.n && mine != 0.0f) {
+          atomicAdd((c == 0 ? a.row_factor : a.mass_accum) + row_base + row + 8 * hh, mine);
+        }
       }
     }
+    store_scores(t_tile, dp, row0 + g, wg, c);
+    store_scores(r_tile, s, row0 + g, wg, c);
     wgmma::fence_proxy_async();
     __syncthreads();  // both warpgroups' halves of t and r
 
-    // dV and dK over the tile's rows 16 k.., dQ over the block's keys 16 k..;
-    // this warpgroup's columns 128 wg.. (sub-tiles 2 wg, 2 wg + 1).
-    const int column_block = 2 * wg * (kRows * 64);
+    // dV and dK over the tile's rows, dQ over the block's keys; this
+    // warpgroup's columns 128 wg...
     float dq[kWgCols / 2];
     wgmma::fence();
-#pragma unroll
-    for (int k = 0; k < kRows / 16; ++k) {
-      const int step = wgmma::chunk_offset<kRows>(16 * k, 0);
-      wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile, step, kSubTile),
-                                wgmma::desc_mn_major(gos + column_block, step, kSubTile));
-      wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile, step, kSubTile),
-                                wgmma::desc_mn_major(qs + column_block, step, kSubTile));
-    }
-    wgmma::mma_ss_first<false, true>(
-        dq, wgmma::desc_k_major(t_tile, 0),
-        wgmma::desc_mn_major(smem + L::kK, wgmma::chunk_offset<kKeys>(0, kWgCols / 8 * wg), kSubTile));
-#pragma unroll
-    for (int k = 1; k < kKeys / 16; ++k) {
-      wgmma::mma_ss<false, true>(
-          dq, wgmma::desc_k_major(t_tile, wgmma::chunk_offset<kRows>(0, 2 * k)),
-          wgmma::desc_mn_major(smem + L::kK, wgmma::chunk_offset<kKeys>(16 * k, kWgCols / 8 * wg), kSubTile));
-    }
+    keys_mma(dv, r_tile, gos, wg);
+    keys_mma(dk, t_tile, qs, wg);
+    rows_mma(dq, t_tile, smem + L::kK, wg);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operand(dk);
     wgmma::fence_operand(dv);
     wgmma::fence_operand(dq);
-
-    // dQacc += the tile's partial, rows g and g + 8 of this warp, columns
-    // 128 wg + 8 jn + 2 c.. (rows past N are not added).
-    const int i0 = tile_row0(it);
-    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = i0 + row0 + g + 8 * hh;
-      if (row >= a.n) continue;
-      float* dst = a.dq_accum + (row_base + row) * kD + kWgCols * wg + 2 * c;
-#pragma unroll
-      for (int jn = 0; jn < kWgCols / 8; ++jn) {
-        atomicAdd(reinterpret_cast<float2*>(dst + 8 * jn), make_float2(dq[4 * jn + 2 * hh], dq[4 * jn + 2 * hh + 1]));
-      }
-    }
+    add_rows(a, dq, row_base, row, wg, c);
   }
   mma::cp_async_wait<0>();
 
-  // dK = bf16(alpha dKacc) (pivot: dKacc in FP32, for the fix-up), dV =
-  // bf16(dVacc): keys row0 + g and + 8 of this warp, columns 128 wg + 8 jn +
-  // 2 c. Keys past M are not written.
+  // dK = bf16(alpha dKacc) (pivot and gproj: dKacc in FP32, for the fix-up
+  // or the second pass), dV = bf16(dVacc): keys row0 + g and + 8 of this
+  // warp, columns 128 wg + 8 jn + 2 c. Keys past M are not written.
   const int64_t key_base = (static_cast<int64_t>(b) * a.hkv + hk) * a.m;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
@@ -276,12 +344,12 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a
 #pragma unroll
     for (int jn = 0; jn < kWgCols / 8; ++jn) {
       const int col = kWgCols * wg + 8 * jn + 2 * c;
-      if constexpr (P == Projection::kPivot) {
-        *reinterpret_cast<float2*>(a.dk_accum + (key_base + key) * kD + col) =
-            make_float2(dk[4 * jn + 2 * hh], dk[4 * jn + 2 * hh + 1]);
-      } else {
+      if constexpr (P == Projection::kNone) {
         *reinterpret_cast<uint32_t*>(dko + col) =
             mma::pack_bf16(a.scale * dk[4 * jn + 2 * hh], a.scale * dk[4 * jn + 2 * hh + 1]);
+      } else {
+        *reinterpret_cast<float2*>(a.dk_accum + (key_base + key) * kD + col) =
+            make_float2(dk[4 * jn + 2 * hh], dk[4 * jn + 2 * hh + 1]);
       }
       *reinterpret_cast<uint32_t*>(dvo + col) = mma::pack_bf16(dv[4 * jn + 2 * hh], dv[4 * jn + 2 * hh + 1]);
     }

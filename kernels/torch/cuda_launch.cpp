@@ -136,10 +136,11 @@ const bool kGprojPass2KeysChecked = [] {
   return true;
 }();
 
-// GAUGEWATCH_D256_KERNEL (Bf16BackwardParams::d256_key_outer): bf16's and
-// pivot's kernel at head dim 256 without bitwise determinism. Unset, empty or
-// "pair": the mma.sync pair (the default); "key_outer": the key-outer
-// kernel on the tensor cores (opt-in, not yet measured on a GPU). Any other
+// GAUGEWATCH_D256_KERNEL (Bf16BackwardParams::d256_key_outer): the kernels
+// at head dim 256 without bitwise determinism. Unset, empty or "pair": the
+// mma.sync pair (the default); "key_outer": the key-outer kernels on the
+// tensor cores (gproj: unless GAUGEWATCH_GPROJ_KERNEL=pair; opt-in, not yet
+// measured on a GPU). Any other
 // value keeps the default and says so once, on stderr; beside
 // GAUGEWATCH_BF16_KERNEL=mma_sync, under which it never runs, "key_outer"
 // says that once too (static initializers: they must not throw).

@@ -973,11 +973,30 @@ TEST(Bf16Backward, GprojStructureByHeadDim) {
     p.projection = projection;
     for (const auto path : {gpu::GprojPath::kAuto, gpu::GprojPath::kKeyOuter}) {
       p.gproj_path = path;
-      EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "no key-outer kernel at head dim 256";
+      EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "no key-outer kernel at head dim 256 unless asked for";
       EXPECT_FALSE(gpu::bf16_uses_key_outer_ws(p));
       EXPECT_FALSE(gpu::gproj_runs_key_outer(p));
     }
   }
+  // ... and with d256_key_outer its key-outer kernels (never
+  // warp-specialized), for gproj unless gproj_path is kPair.
+  p.d256_key_outer = true;
+  for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot, gpu::Projection::kGproj}) {
+    SCOPED_TRACE(name_of(projection));
+    p.projection = projection;
+    for (const auto path : {gpu::GprojPath::kAuto, gpu::GprojPath::kKeyOuter, gpu::GprojPath::kPair}) {
+      p.gproj_path = path;
+      const bool gproj = projection == gpu::Projection::kGproj;
+      const bool key_outer = !gproj || path != gpu::GprojPath::kPair;
+      EXPECT_EQ(gpu::bf16_uses_key_outer(p), key_outer) << "gproj_path " << static_cast<int>(path);
+      EXPECT_FALSE(gpu::bf16_uses_key_outer_ws(p));
+      EXPECT_EQ(gpu::gproj_runs_key_outer(p), key_outer);
+      EXPECT_EQ(gpu::gproj_pass2_block_keys(p), gproj && key_outer ? 64 : 0);
+    }
+  }
+  p.gproj_path = gpu::GprojPath::kAuto;
+  p.deterministic = true;
+  EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "deterministic keeps the pair at head dim 256 too";
 }
 
 // The grids' order (grid_order.cuh): sections of heads of equal width (to
@@ -1212,19 +1231,50 @@ TEST(Bf16Backward, HeadDim256KeyOuter) {
       EXPECT_LE(ev, 1e-2);
     }
   }
-  // Elsewhere the option changes nothing: gproj and deterministic calls keep
-  // the pair.
+  // Deterministic calls keep the pair.
   const Bf16Case small = make_case("small", {1, 2, 1, 70, 90, 256});
   const ref::AttentionInputs in = make_inputs(small);
   const ref::SavedForward saved = ref::forward_fused_bf16(in);
-  const KernelRun gproj = run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper,
-                                     Path::kKeyOuter, true, false, Outputs::kContiguous, 0, 0, true);
-  ASSERT_TRUE(gproj.status.ok()) << gproj.status.message;
-  EXPECT_FALSE(gproj.key_outer);
   const KernelRun deterministic = run_kernel(in, saved, gpu::Projection::kPivot, gpu::Bf16KernelPair::kHopper,
                                              Path::kPair, true, false, Outputs::kContiguous, 0, 0, true);
   ASSERT_TRUE(deterministic.status.ok()) << deterministic.status.message;
   EXPECT_FALSE(deterministic.key_outer);
+}
+
+// gproj at head dim 256 on its key-outer kernels (d256_key_outer): the
+// first pass's rho and m, lambda and bf16(-lambda q), the second pass's C
+// and -lambda U over 64-key blocks, against the reference (the sink-like
+// case's dQ is where the projection matters: bf16's is 0.26 off there) and
+// the mma.sync pair (the same products summed in another order).
+TEST(Bf16Backward, HeadDim256GprojKeyOuter) {
+  SKIP_WITHOUT_GPU();
+  std::vector<Bf16Case> shapes;
+  shapes.push_back(make_case("d256_noncausal_gqa", {1, 4, 2, 100, 90, 256}));
+  shapes.push_back(make_case("d256_bottom_right", {2, 1, 1, 150, 130, 256}, ref::CausalMode::kBottomRight));
+  shapes.push_back(sinklike_case("d256_sinklike", 256));
+  for (const Bf16Case& c : shapes) {
+    SCOPED_TRACE(c.name);
+    const ref::AttentionInputs in = make_inputs(c);
+    const ref::SavedForward saved = ref::forward_fused_bf16(in);
+    const ref::FusedBackward want = ref::backward_fused_bf16(in, saved);
+    const KernelRun pair = run_kernel(in, saved, gpu::Projection::kGproj);
+    ASSERT_TRUE(pair.status.ok()) << pair.status.message;
+    const bool strided = c.name == "d256_bottom_right";
+    const KernelRun got =
+        run_kernel(in, saved, gpu::Projection::kGproj, gpu::Bf16KernelPair::kHopper, Path::kKeyOuter, true, strided,
+                   strided ? Outputs::kProjection : Outputs::kContiguous, 0, 0, true);
+    ASSERT_TRUE(got.status.ok()) << got.status.message;
+    ASSERT_TRUE(got.key_outer) << "d256_key_outer did not choose the key-outer kernels";
+    EXPECT_EQ(got.pass2_keys, 64);
+    ASSERT_NO_FATAL_FAILURE(expect_reference_tolerances(got, want, gpu::Projection::kGproj, c, " d256 key-outer"));
+    const double eq = relative(got.grads.dq, pair.grads.dq), ek = relative(got.grads.dk, pair.grads.dk),
+                 ev = relative(got.grads.dv, pair.grads.dv);
+    std::printf("[ %s gproj ] d256 key-outer vs the mma.sync pair: dq %.2e dk %.2e dv %.2e\n", c.name.c_str(), eq, ek,
+                ev);
+    EXPECT_LE(eq, 1e-2);
+    EXPECT_LE(ek, 1e-2);
+    EXPECT_LE(ev, 1e-2);
+  }
 }
 
 TEST(Bf16Backward, RejectsUnsupportedInputsWithReasons) {

@@ -24,9 +24,9 @@ device.sh's third run under each tool. The key-outer gproj's second pass
 runs over 256-key blocks by default (at each head dim one case spans two
 such blocks); with GAUGEWATCH_GPROJ_KERNEL=key_outer and
 GAUGEWATCH_GPROJ_PASS2_KEYS=128 over 128-key blocks: device.sh's fourth
-run. With GAUGEWATCH_D256_KERNEL=key_outer it runs only bf16 and pivot at
-head dim 256 (deterministic=False), on the head-dim-256 key-outer kernel and
-its finish (two cases:
+run. With GAUGEWATCH_D256_KERNEL=key_outer it runs only bf16, pivot and
+gproj at head dim 256 (deterministic=False), on the head-dim-256 key-outer
+kernel and its finish (gproj: and its second pass) (two cases:
 GQA, several query tiles and 64-key blocks, a ragged last one): device.sh's
 fifth run.
 
@@ -105,7 +105,7 @@ for case in CASES:
         kw.update(cu_seqlens_q=torch.tensor(case["cu_q"], dtype=torch.int32, device="cuda"),
                   cu_seqlens_k=torch.tensor(case["cu_k"], dtype=torch.int32, device="cuda"))
     if D256_KEY_OUTER:
-        runs = [("bf16", False), ("pivot", False)]
+        runs = [("bf16", False), ("pivot", False), ("gproj", False)]
     elif GPROJ_KEY_OUTER or PLAIN_KEY_OUTER:
         runs = ([("gproj", False)] if GPROJ_KEY_OUTER else []) + (
             [("bf16", False), ("pivot", False)] if PLAIN_KEY_OUTER else [])
@@ -123,7 +123,7 @@ for case in CASES:
 
 if D256_KEY_OUTER:
     cases = sum(c["d"] == 256 for c in CASES)
-    print(f"sanitize_kernels: {cases} head-dim-256 cases of bf16 and pivot on the key-outer kernel ran")
+    print(f"sanitize_kernels: {cases} head-dim-256 cases of bf16, pivot and gproj on the key-outer kernels ran")
     sys.exit(0)
 if GPROJ_KEY_OUTER or PLAIN_KEY_OUTER:
     ran = ", ".join(backend for backend, _ in runs)

@@ -454,7 +454,7 @@ from test_gpu_bf16_backward import make_inputs, ours, strided_problem
 from test_ops import ops
 got = {}
 args = strided_problem(256)
-for backend in ("bf16", "pivot"):
+for backend in ("bf16", "pivot", "gproj"):
     for layout, operands in (("strided", args), ("contiguous", [t.contiguous() for t in args])):
         for deterministic in (False, True):
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -472,13 +472,14 @@ torch.save(got, sys.argv[2])
 
 def test_d256_key_outer_agrees_with_the_pair(tmp_path, record_line):
     """GAUGEWATCH_D256_KERNEL=key_outer (read once, when the library loads: a
-    child process) runs bf16 and pivot at head dim 256 on the key-outer
-    kernel (tensor cores, 64 keys per block) where the default runs the
-    mma.sync pair: on SDPA-strided and contiguous operands the key-outer
-    kernel runs (profiler) and its gradients are the pair's
-    (deterministic=True, the same process) to 1e-2; on sink-like inputs its
-    dQ error against FP64 is the pair's (bf16: the stock backward's leak,
-    pivot: corrected) within 1.25x."""
+    child process) runs bf16, pivot and gproj at head dim 256 on the
+    key-outer kernels (tensor cores, 64 keys per block; gproj with its
+    second pass) where the default runs the mma.sync pair: on SDPA-strided
+    and contiguous operands the key-outer kernel runs (profiler; gproj's
+    second pass too) and its gradients are the pair's (deterministic=True,
+    the same process) to 1e-2; on sink-like inputs its dQ error against
+    FP64 is the pair's (bf16: the stock backward's leak, pivot and gproj:
+    corrected) within 1.25x."""
     import os
     import subprocess
     import sys
@@ -492,12 +493,15 @@ def test_d256_key_outer_agrees_with_the_pair(tmp_path, record_line):
     got = torch.load(saved)
     q, k, v, grad_out = make_inputs("sink", d=256, seed=11)
     truth = exact_grads(q, k, v, grad_out, causal=True, scale=256 ** -0.5)
-    for backend in ("bf16", "pivot"):
+    for backend in ("bf16", "pivot", "gproj"):
         for layout in ("strided", "contiguous"):
             kernels = got["kernels", backend, layout, False]
             record_line(f"GAUGEWATCH_D256_KERNEL=key_outer {backend} d=256 {layout}: {', '.join(kernels)}")
             assert any("keyouter_d256_kernel" in name for name in kernels), \
                 f"{backend} {layout}: the d256 key-outer kernel did not run: {kernels}"
+            if backend == "gproj":
+                assert any("gproj_keys_d256_kernel" in name for name in kernels), \
+                    f"gproj {layout}: the d256 second pass did not run: {kernels}"
             assert not any("keyouter_d256_kernel" in name for name in got["kernels", backend, layout, True]), \
                 f"{backend} {layout}: deterministic=True ran the key-outer kernel"
             for label, x, y in zip("qkv", got[backend, layout, False], got[backend, layout, True]):

@@ -7,6 +7,7 @@
 #include "kernels/cuda/bf16_backward.cu"
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bf16_delta_kernel.cuh"
+#include "kernels/cuda/bf16_gproj_keys_d256_kernel.cuh"
 #include "kernels/cuda/bf16_gproj_keys_kernel.cuh"
 #include "kernels/cuda/bf16_gproj_keys_ws_kernel.cuh"
 #include "kernels/cuda/bf16_keyouter_d256_kernel.cuh"
@@ -146,8 +147,9 @@ cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
   return cudaSuccess;
 }
 
-// ... and bf16_keyouter_d256.cu's: the head-dim-256 key-outer kernel (bf16
-// and pivot) and its finish.
+// ... and bf16_keyouter_d256.cu's and bf16_keyouter_d256_gproj.cu's: the
+// head-dim-256 key-outer kernel and its finish (gproj: lambda, the second
+// pass, dQ).
 template <Projection P>
 void launch_d256(const Args& a) {
   const dim3 grid = keyouter256::grid(a);
@@ -155,14 +157,23 @@ void launch_d256(const Args& a) {
     gaugewatch_emulation::run_grid(grid, keyouter256::kThreads, keyouter256::Layout::kBytes,
                                    [&a] { keyouter256::keyouter_d256_kernel<P>(a); });
   }
-  launch_keyouter_finish<keyouter256::kD, P>(a, false);
+  if constexpr (P == Projection::kGproj) {
+    launch_finish_rows<keyouter256::kD, P>(a);
+    if (grid.x > 0) {
+      gaugewatch_emulation::run_grid(grid, gproj_keys256::kThreads, gproj_keys256::Layout::kBytes,
+                                     [&a] { gproj_keys256::gproj_keys_d256_kernel<keyouter256::kD>(a); });
+    }
+    launch_finish_rows<keyouter256::kD, Projection::kNone>(a);
+  } else {
+    launch_keyouter_finish<keyouter256::kD, P>(a, false);
+  }
 }
 
 cudaError_t launch_keyouter_d256(const Args& a, Projection projection, cudaStream_t /*stream*/) {
-  if (projection == Projection::kPivot) {
-    launch_d256<Projection::kPivot>(a);
-  } else {
-    launch_d256<Projection::kNone>(a);
+  switch (projection) {
+    case Projection::kPivot: launch_d256<Projection::kPivot>(a); break;
+    case Projection::kGproj: launch_d256<Projection::kGproj>(a); break;
+    default: launch_d256<Projection::kNone>(a); break;
   }
   return cudaSuccess;
 }
