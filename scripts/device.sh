@@ -433,9 +433,9 @@ if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_
       label="$tool"; [[ $variant != default ]] && label="$tool ($variant)"
       known=""
       if [[ $tool == racecheck && $STEP_RC -eq 3 ]]; then
-        # Reports that are all the tool's known artefact (the D = 64 dQ
-        # exchange beside the pingpong, scripts/racecheck_known.py) pass;
-        # any other hazard keeps the run failed.
+        # Reports that are all the tool's known artefacts beside the pingpong
+        # (the D = 64 dQ exchange, the pair's pivot fix-up;
+        # scripts/racecheck_known.py) pass; any other hazard keeps the run failed.
         if awk -v h="===== sanitizer $tool ($variant):" 'index($0, "===== ") == 1 {on = index($0, h) == 1; if (on) seg = ""} on {seg = seg $0 "\n"} END {printf "%s", seg}' \
              "$OUT/sanitizer.log" | "$SYS_PY" scripts/racecheck_known.py | tee -a "$OUT/sanitizer.log" "$LOG"; then
           STEP_RC=0; known=" (known pingpong reports only)"

@@ -24,7 +24,9 @@
 // read across the __syncthreads: racecheck's reports on kernels with a
 // bar.arrive are not evidence of a race (kernels/cuda/README.md). Variants 3
 // and 4 reported no hazard (2026-12-04): with cp.async writes the pingpong
-// alone does not draw a report.
+// alone does not draw a report. Variant 5 with 8 iterations reported 4
+// hazards (cp.async write against read), variant 6 none (2026-12-05): the
+// pair's pivot fix-up report (kernels/cuda/README.md) is the same artefact.
 #include <cstdio>
 #include <cstdlib>
 __device__ __forceinline__ void copy_async_16(float* dst, const float* src) {

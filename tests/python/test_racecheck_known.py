@@ -2,8 +2,10 @@
 (tests/python/data/racecheck_pingpong_reports.log: the default run of
 tests/cuda/sanitize_kernels.py at cd3606b, 2026-12-02;
 racecheck_pingpong_reports_writer.log: the same at 2cdea46, with KeyTile's
-writer-warp parameter and add_dq_tile's thread-count template, 2026-12-02)
-and on variants of them that the classifier must not accept."""
+writer-warp parameter and add_dq_tile's thread-count template, 2026-12-02;
+racecheck_pair_pivot_fixup_reports.log: the pair's pivot fix-up reports,
+sanitize_kernels.py --cases 5 and --cases 6 --runs pivot:pair at 5b606a4,
+2026-12-05) and on variants of them that the classifier must not accept."""
 import pathlib
 import subprocess
 import sys
@@ -14,6 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "racecheck_known.py"
 RECORDED = (ROOT / "tests" / "python" / "data" / "racecheck_pingpong_reports.log").read_text()
 RECORDED_WRITER = (ROOT / "tests" / "python" / "data" / "racecheck_pingpong_reports_writer.log").read_text()
+RECORDED_FIXUP = (ROOT / "tests" / "python" / "data" / "racecheck_pair_pivot_fixup_reports.log").read_text()
 
 
 def classify(text):
@@ -21,8 +24,8 @@ def classify(text):
     return run.returncode, run.stdout
 
 
-@pytest.mark.parametrize("recorded, reports", [(RECORDED, 6), (RECORDED_WRITER, 10)],
-                         ids=["cd3606b", "2cdea46_writer_parameter"])
+@pytest.mark.parametrize("recorded, reports", [(RECORDED, 6), (RECORDED_WRITER, 10), (RECORDED_FIXUP, 4)],
+                         ids=["cd3606b", "2cdea46_writer_parameter", "5b606a4_pair_pivot_fixup"])
 def test_the_recorded_pingpong_reports_are_known(recorded, reports):
     rc, out = classify(recorded)
     assert rc == 0, out
@@ -85,3 +88,36 @@ def test_a_write_write_hazard_is_not_known():
 def test_output_without_reports_is_left_to_the_caller():
     rc, out = classify("========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed\n")
     assert rc == 2, out
+
+
+def test_both_artefacts_in_one_run_are_known():
+    rc, out = classify(RECORDED + RECORDED_FIXUP)
+    assert rc == 0, out
+    assert "all 10 reports are known artefacts across the pingpong (6 the D = 64 dQ exchange, 4 the pair's pivot " \
+           "fix-up" in out, out
+
+
+def test_the_fixup_reads_in_a_dkdv_kernel_without_the_fixup_are_not_known():
+    # bf16's and gproj's dkdv kernels have no fix-up: the same reads there
+    # are not the artefact.
+    for projection in ("0", "1"):
+        changed = RECORDED_FIXUP.replace("(gaugewatch::gpu::Projection)2>", f"(gaugewatch::gpu::Projection){projection}>",
+                                         1)
+        rc, out = classify(changed)
+        assert rc == 1, out
+        assert "1 of 4 reports" in out
+
+
+def test_fixup_reads_against_a_write_of_another_function_are_not_known():
+    changed = RECORDED_FIXUP.replace("Write access at gaugewatch::gpu::mma::cp_async_16(",
+                                     "Write access at gaugewatch::gpu::mma::store_tile(", 1)
+    rc, out = classify(changed)
+    assert rc == 1, out
+    assert "1 of 4 reports" in out
+
+
+def test_a_cp_async_write_against_another_read_is_not_known():
+    changed = RECORDED_FIXUP.replace("[lambda(unsigned long, int) (instance 1)]", "[lambda(int, int) (instance 2)]", 1)
+    rc, out = classify(changed)
+    assert rc == 1, out
+    assert "1 of 4 reports" in out
