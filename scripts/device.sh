@@ -411,7 +411,8 @@ fi
 # (the default is the warp-specialized one), and the key-outer gproj with its
 # second pass over 128-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=128; 256-key
 # blocks are the default), and bf16, pivot and gproj at head dim 256 on their key-outer kernels
-# (GAUGEWATCH_D256_KERNEL=key_outer; the library reads the variables once,
+# (GAUGEWATCH_D256_KERNEL=key_outer GAUGEWATCH_GPROJ_KERNEL=key_outer: bf16's
+# and pivot's run by default too; the library reads the variables once,
 # when it loads).
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_ops.so" ]]; then
@@ -423,7 +424,7 @@ if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_
       gproj_key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS= GAUGEWATCH_D256_KERNEL=) ;;
       key_outer) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL=key_outer GAUGEWATCH_GPROJ_PASS2_KEYS= GAUGEWATCH_D256_KERNEL=) ;;
       gproj_pass2_128) variant_env=(GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=128 GAUGEWATCH_D256_KERNEL=) ;;
-      d256_key_outer) variant_env=(GAUGEWATCH_D256_KERNEL=key_outer GAUGEWATCH_GPROJ_KERNEL= GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=) ;;
+      d256_key_outer) variant_env=(GAUGEWATCH_D256_KERNEL=key_outer GAUGEWATCH_GPROJ_KERNEL=key_outer GAUGEWATCH_BF16_KERNEL= GAUGEWATCH_GPROJ_PASS2_KEYS=) ;;
       *) echo "GW_SANITIZE_VARIANTS: unknown variant $variant (default gproj_key_outer key_outer gproj_pass2_128 d256_key_outer)" >&2
          exit 2 ;;
     esac

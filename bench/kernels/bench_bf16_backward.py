@@ -41,20 +41,19 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   process, likewise), the baseline of the default 256-key
                   pass: gw_gproj against it (gproj_pass2_256_over_128) and
                   the second pass's kernel time (kernels_us_pass2_128)
-  gw_bf16_d256_key_outer, gw_pivot_d256_key_outer, gw_gproj_d256_key_outer
-                  bf16, pivot and gproj with GAUGEWATCH_D256_KERNEL=key_outer:
-                  head dim 256 on the key-outer kernels (tensor cores, gproj
-                  with its second pass; opt-in) instead of the
-                  mma.sync pair (the head-dim-256 shape only; a child
-                  process, likewise): <backend>_d256_key_outer_over_pair and
-                  the kernels' times (kernels_us_d256_key_outer)
+  head dim 256   bf16 and pivot run the key-outer kernel there by default
+                  (gw_bf16, gw_pivot; their *_pair columns the mma.sync
+                  pair), gproj the pair (gw_gproj; gw_gproj_key_outer its
+                  key-outer kernels, GAUGEWATCH_GPROJ_KERNEL=key_outer):
+                  <backend>_d256_key_outer_over_pair and a table of its own
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
 gproj <= 1.8x sdpa_cudnn (the *_vs_cudnn columns; gw_gproj is gproj's
 default, the key-outer gproj and the pair have their own columns).
-Head dim 256 (the last shape) runs the mma.sync pair for bf16, gproj and
-pivot on every path (the only kernels that take it).
+Head dim 256 (the last shape): bf16 and pivot on the head-dim-256 key-outer
+kernel, gproj on the mma.sync pair by default; deterministic=True on the
+pair.
 Shapes with "sink" in the name: key 0 of every head is an attention sink that
 wins the row maximum of P for every row (every row's pivot is key 0: pivot's
 dK fix-up lands on one key), q[..., 0] = 4, k_0 = (2 sqrt(d), 0, ..., 0).
@@ -62,7 +61,7 @@ dK fix-up lands on one key), q[..., 0] = 4, k_0 = (2 sqrt(d), 0, ..., 0).
 Run (needs a GPU and the built ops library; GAUGEWATCH_GPROJ_KERNEL unset):
   python3 bench/kernels/bench_bf16_backward.py [--json F] [--markdown F] [--shapes A,B]
       [--skip-fp32] [--skip-mma-sync] [--skip-gproj-key-outer] [--skip-no-ws]
-      [--skip-gproj-pass2-128] [--skip-d256-key-outer]
+      [--skip-gproj-pass2-128]
 Writes $GAUGEWATCH_BENCH_OUT/bench_bf16_backward.json when that is set (device.sh).
 Exits 1 (after writing the results) when a child process failed.
 """
@@ -107,10 +106,9 @@ VARIANTS = {
     "gproj_key_outer": ({"GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, ("gproj",), "_key_outer"),
     "no_ws": ({"GAUGEWATCH_BF16_KERNEL": "key_outer", "GAUGEWATCH_GPROJ_KERNEL": "key_outer"}, NO_WS, "_no_ws"),
     "gproj_pass2_128": ({"GAUGEWATCH_GPROJ_PASS2_KEYS": "128"}, ("gproj",), "_pass2_128"),
-    "d256_key_outer": ({"GAUGEWATCH_D256_KERNEL": "key_outer"}, ("bf16", "pivot", "gproj"), "_d256_key_outer"),
 }
 # The head dims a variant changes anything at (the others are not timed).
-VARIANT_HEAD_DIMS = {"gproj_pass2_128": (64, 128), "d256_key_outer": (256,)}
+VARIANT_HEAD_DIMS = {"gproj_pass2_128": (64, 128)}
 
 
 def effective_flops(B, Hq, N, d, causal):
@@ -175,8 +173,6 @@ def main():
                              "(GAUGEWATCH_BF16_KERNEL=key_outer)")
     parser.add_argument("--skip-gproj-pass2-128", action="store_true",
                         help="leave out gproj's second pass over 128-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=128)")
-    parser.add_argument("--skip-d256-key-outer", action="store_true",
-                        help="leave out bf16 on the head-dim-256 key-outer kernel (GAUGEWATCH_D256_KERNEL=key_outer)")
     parser.add_argument("--variant-child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant_child:
@@ -284,8 +280,6 @@ def main():
         children_ok &= merge_variant(cases, args, "no_ws")
     if not args.skip_gproj_pass2_128 and cases:
         children_ok &= merge_variant(cases, args, "gproj_pass2_128")
-    if not args.skip_d256_key_outer and cases:
-        children_ok &= merge_variant(cases, args, "d256_key_outer")
     for row in cases:
         ms, pair, cudnn = row.get("gw_gproj_key_outer_ms"), row["gw_gproj_pair_ms"], row.get("sdpa_cudnn_ms")
         flops = effective_flops(row["B"], row["Hq"], row["N"], row["d"], row["causal"])
@@ -303,11 +297,14 @@ def main():
         row["gw_gproj_pass2_128_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
         row["gw_gproj_pass2_128_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
         row["gproj_pass2_256_over_128"] = None if ms is None else row["gw_gproj_ms"] / ms
-        for backend in ("bf16", "pivot", "gproj"):
-            ms = row.get(f"gw_{backend}_d256_key_outer_ms")
-            row[f"gw_{backend}_d256_key_outer_tflops"] = None if ms is None else flops / (ms * 1e-3) / 1e12
-            row[f"gw_{backend}_d256_key_outer_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
-            row[f"{backend}_d256_key_outer_over_pair"] = None if ms is None else ms / row[f"gw_{backend}_ms"]
+        if row["d"] == 256:
+            # Key-outer over pair: bf16 and pivot by default against
+            # deterministic=True (the same pair that ran before), gproj's
+            # key-outer variant against its default (the pair).
+            for backend in ("bf16", "pivot", "gproj"):
+                key_outer, pair = ((row.get("gw_gproj_key_outer_ms"), row["gw_gproj_ms"]) if backend == "gproj"
+                                   else (row[f"gw_{backend}_ms"], row[f"gw_{backend}_pair_ms"]))
+                row[f"{backend}_d256_key_outer_over_pair"] = None if key_outer is None else key_outer / pair
 
     def fmt(row, key):
         ms = row.get(key + "_ms")
@@ -373,24 +370,29 @@ def main():
                          f"{ratio(row['gw_gproj_pass2_128_vs_cudnn'])} | {ratio(row.get('gw_gproj_vs_cudnn'))} | "
                          f"{'n/a' if us128 is None else f'{us128:.1f}'} | "
                          f"{'n/a' if us256 is None else f'{us256:.1f}'} |")
-    if any(row.get("gw_bf16_d256_key_outer_ms") is not None for row in cases):
-        lines += ["", "bf16, pivot and gproj at head dim 256 on the key-outer kernels (GAUGEWATCH_D256_KERNEL="
-                  "key_outer, a child process) against the mma.sync pair (the default there): ms (effective "
-                  "TFLOP/s), the key-outer kernel's time and gproj's second pass's (us, profiler)", "",
+    if any(row["d"] == 256 for row in cases):
+        lines += ["", "Head dim 256: the key-outer kernels (bf16 and pivot by default, gproj with "
+                  "GAUGEWATCH_GPROJ_KERNEL=key_outer, a child process) against the mma.sync pair (bf16 and pivot "
+                  "deterministic=True, gproj by default): ms (effective TFLOP/s), the key-outer kernel's time and "
+                  "gproj's second pass's (us, profiler)", "",
                   "| shape | backend | sdpa_cudnn | pair | key-outer | key-outer/pair | pair/cuDNN | "
                   "key-outer/cuDNN | key-outer kernel us | second pass us |", "|---" * 10 + "|"]
         for row in cases:
+            if row["d"] != 256:
+                continue
             for backend in ("bf16", "pivot", "gproj"):
-                if row.get(f"gw_{backend}_d256_key_outer_ms") is None:
+                gproj = backend == "gproj"
+                key_outer = "gw_gproj_key_outer" if gproj else f"gw_{backend}"
+                pair = "gw_gproj" if gproj else f"gw_{backend}_pair"
+                if row.get(key_outer + "_ms") is None:
                     continue
-                kernels_us = row.get("kernels_us_d256_key_outer", {}).get(backend, {})
-                us = kernels_us.get("keyouter_d256_kernel")
-                us2 = kernels_us.get("gproj_keys_d256_kernel")
-                lines.append(f"| {row['shape']} | {backend} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, f'gw_{backend}')} | "
-                             f"{fmt(row, f'gw_{backend}_d256_key_outer')} | "
-                             f"{ratio(row[f'{backend}_d256_key_outer_over_pair'])} | "
-                             f"{ratio(row.get(f'gw_{backend}_vs_cudnn'))} | "
-                             f"{ratio(row[f'gw_{backend}_d256_key_outer_vs_cudnn'])} | "
+                kernels_us = row.get("kernels_us_key_outer" if gproj else "kernels_us", {}).get(backend, {})
+                us, us2 = kernels_us.get("keyouter_d256_kernel"), kernels_us.get("gproj_keys_d256_kernel")
+                cudnn = row.get("sdpa_cudnn_ms")
+                lines.append(f"| {row['shape']} | {backend} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, pair)} | "
+                             f"{fmt(row, key_outer)} | {ratio(row[f'{backend}_d256_key_outer_over_pair'])} | "
+                             f"{ratio(row[pair + '_ms'] / cudnn if cudnn else None)} | "
+                             f"{ratio(row[key_outer + '_ms'] / cudnn if cudnn else None)} | "
                              f"{'n/a' if us is None else f'{us:.1f}'} | "
                              f"{'n/a' if us2 is None else f'{us2:.1f}'} |")
     if any("gw_bf16_mma_sync_ms" in row for row in cases):

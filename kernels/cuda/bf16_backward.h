@@ -184,14 +184,15 @@ struct Bf16BackwardParams {
   // kernels/cuda/README.md). Ignored by the pair.
   bool keyouter_warp_specialized = true;
   // Head dim 256, not deterministic, the Hopper pair, no diagnostics: true
-  // runs the key-outer kernel on the tensor cores
-  // (bf16_keyouter_d256_kernel.cuh: 64 keys per block, 5 products per tile
-  // pair, dQ by FP32 atomics; pivot's fix-up in its finish; gproj's second
-  // pass of 3 products, bf16_gproj_keys_d256_kernel.cuh, unless gproj_path
-  // is kPair) instead of the mma.sync pair. Opt-in: built and tested in the
-  // CPU emulation, not yet measured on a GPU (kernels/cuda/README.md).
-  // Ignored at head dims 64 and 128.
-  bool d256_key_outer = false;
+  // (the default) runs bf16 and pivot on the key-outer kernel on the tensor
+  // cores (bf16_keyouter_d256_kernel.cuh: 64 keys per block, 5 products per
+  // tile pair, dQ by FP32 atomics; pivot's fix-up in its finish), and gproj
+  // where gproj_path is kKeyOuter (its second pass of 3 products,
+  // bf16_gproj_keys_d256_kernel.cuh); false, and gproj otherwise, the
+  // mma.sync pair. On the H200 the key-outer kernel takes bf16 and pivot to
+  // 0.65x the pair's time, gproj's two passes only to 0.99x
+  // (kernels/cuda/README.md). Ignored at head dims 64 and 128.
+  bool d256_key_outer = true;
   // Keys per block of gproj's second pass where it runs warp-specialized
   // (head dims 64 and 128; bf16_gproj_keys_ws_kernel.cuh): 0 (the default)
   // or 256, blocks of 256 keys (each warpgroup 128: half the -lambda U
@@ -224,14 +225,14 @@ Status validate(const Bf16BackwardParams& params);
 // Whether `params` run the key-outer kernel (otherwise the pair): head dim
 // 64 or 128, Hopper pair, not deterministic, no diagnostics, and for gproj
 // where gproj_path chooses it (gproj_runs_key_outer); at head dim 256
-// where d256_key_outer asks for it (gproj: and gproj_path is not kPair).
+// where d256_key_outer asks for it (gproj: and gproj_path is kKeyOuter).
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
 // Whether gproj_path takes gproj's key-outer structure for params (its head
 // dim, and with kAuto at head dim 128 whether the warp-specialized kernels
 // would run: keyouter_warp_specialized and maps that encode), whatever the
 // other conditions of bf16_uses_key_outer; at head dim 256 where
-// d256_key_outer asks for it and gproj_path is not kPair.
+// d256_key_outer asks for it and gproj_path is kKeyOuter.
 bool gproj_runs_key_outer(const Bf16BackwardParams& params);
 
 // Whether `params` run the warp-specialized key-outer kernel: the key-outer

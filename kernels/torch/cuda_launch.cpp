@@ -137,16 +137,16 @@ const bool kGprojPass2KeysChecked = [] {
 }();
 
 // GAUGEWATCH_D256_KERNEL (Bf16BackwardParams::d256_key_outer): the kernels
-// at head dim 256 without bitwise determinism. Unset, empty or "pair": the
-// mma.sync pair (the default); "key_outer": the key-outer kernels on the
-// tensor cores (gproj: unless GAUGEWATCH_GPROJ_KERNEL=pair; opt-in, not yet
-// measured on a GPU). Any other
-// value keeps the default and says so once, on stderr; beside
-// GAUGEWATCH_BF16_KERNEL=mma_sync, under which it never runs, "key_outer"
-// says that once too (static initializers: they must not throw).
+// at head dim 256 without bitwise determinism. Unset, empty or "key_outer"
+// (the default): bf16 and pivot on the key-outer kernel on the tensor
+// cores, and gproj where GAUGEWATCH_GPROJ_KERNEL=key_outer; "pair": the
+// mma.sync pair for all three. Any other value keeps the default and says
+// so once, on stderr; beside GAUGEWATCH_BF16_KERNEL=mma_sync, under which
+// it never runs, an explicit "key_outer" says that once too (static
+// initializers: they must not throw).
 bool d256_key_outer_from_environment() {
   const char* env = std::getenv("GAUGEWATCH_D256_KERNEL");
-  if (env == nullptr || *env == '\0') return false;
+  if (env == nullptr || *env == '\0') return true;
   const std::string_view value(env);
   if (value == "key_outer") {
     if (kBf16Kernel.pair == gpu::Bf16KernelPair::kMmaSyncBaseline) {
@@ -156,13 +156,12 @@ bool d256_key_outer_from_environment() {
     }
     return true;
   }
-  if (value != "pair") {
-    std::fprintf(stderr,
-                 "[gaugewatch] GAUGEWATCH_D256_KERNEL=%s is not one of pair, key_outer: head dim 256 runs its default "
-                 "(the pair)\n",
-                 env);
-  }
-  return false;
+  if (value == "pair") return false;
+  std::fprintf(stderr,
+               "[gaugewatch] GAUGEWATCH_D256_KERNEL=%s is not one of pair, key_outer: head dim 256 runs its default "
+               "(key_outer)\n",
+               env);
+  return true;
 }
 
 const bool kD256KeyOuter = d256_key_outer_from_environment();

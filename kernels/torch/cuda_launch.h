@@ -71,10 +71,10 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // GAUGEWATCH_GPROJ_PASS2_KEYS (gpu::Bf16BackwardParams::gproj_pass2_keys):
 // keys per block of gproj's warp-specialized second pass; unset, empty or
 // "256" the default, 256; "128" the 128-key pass.
-// GAUGEWATCH_D256_KERNEL=key_outer runs the backward at head dim 256 (not
-// deterministic; gproj unless GAUGEWATCH_GPROJ_KERNEL=pair) on the
-// key-outer kernels instead of the mma.sync pair
-// (gpu::Bf16BackwardParams::d256_key_outer; opt-in). The metrics run
+// GAUGEWATCH_D256_KERNEL (gpu::Bf16BackwardParams::d256_key_outer): unset
+// or "key_outer", bf16 and pivot at head dim 256 (not deterministic) run the
+// key-outer kernel, and gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer;
+// "pair", the mma.sync pair. The metrics run
 // deterministic (the pair): their backends' runs are bit-repeatable.
 Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection, const at::Tensor& grad_out,
                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,

@@ -964,7 +964,10 @@ TEST(Bf16Backward, GprojStructureByHeadDim) {
   p.diagnostics.row_mass = &row_mass;
   EXPECT_FALSE(gpu::bf16_uses_key_outer(p)) << "row diagnostics run the pair";
   p.diagnostics = {};
-  // Head dim 256: the pair only, whatever gproj_path and the other flags say.
+  // Head dim 256 with d256_key_outer off: the pair only, whatever gproj_path
+  // and the other flags say.
+  EXPECT_TRUE(gpu::Bf16BackwardParams{}.d256_key_outer) << "the key-outer kernel is head dim 256's default";
+  p.d256_key_outer = false;
   p.shape.head_dim = 256;
   p.set_contiguous_strides();
   EXPECT_EQ(gpu::validate(p).message.find("head_dim"), std::string::npos) << gpu::validate(p).message;
@@ -979,7 +982,7 @@ TEST(Bf16Backward, GprojStructureByHeadDim) {
     }
   }
   // ... and with d256_key_outer its key-outer kernels (never
-  // warp-specialized), for gproj unless gproj_path is kPair.
+  // warp-specialized), for gproj only where gproj_path is kKeyOuter.
   p.d256_key_outer = true;
   for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot, gpu::Projection::kGproj}) {
     SCOPED_TRACE(name_of(projection));
@@ -987,7 +990,7 @@ TEST(Bf16Backward, GprojStructureByHeadDim) {
     for (const auto path : {gpu::GprojPath::kAuto, gpu::GprojPath::kKeyOuter, gpu::GprojPath::kPair}) {
       p.gproj_path = path;
       const bool gproj = projection == gpu::Projection::kGproj;
-      const bool key_outer = !gproj || path != gpu::GprojPath::kPair;
+      const bool key_outer = !gproj || path == gpu::GprojPath::kKeyOuter;
       EXPECT_EQ(gpu::bf16_uses_key_outer(p), key_outer) << "gproj_path " << static_cast<int>(path);
       EXPECT_FALSE(gpu::bf16_uses_key_outer_ws(p));
       EXPECT_EQ(gpu::gproj_runs_key_outer(p), key_outer);

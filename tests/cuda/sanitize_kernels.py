@@ -1,8 +1,9 @@
 """Small calls of every CUDA backend of gaugewatch::attention_backward, for
 compute-sanitizer (memcheck, racecheck, synccheck) in scripts/device.sh:
 multi-tile, ragged lengths, every masking mode, packing and GQA, head dims 64,
-128 and 256 (256: the mma.sync pair, on both paths); bf16 and pivot both on the key-outer path (default: the
-warp-specialized key-outer kernel) and on the
+128 and 256 (256: bf16 and pivot on the head-dim-256 key-outer kernel by
+default, gproj and deterministic=True on the mma.sync pair); bf16 and pivot
+both on the key-outer path (default: the warp-specialized key-outer kernel) and on the
 two-kernel pair (deterministic=True), gproj on the pair (device.sh's
 default variant sets GAUGEWATCH_GPROJ_KERNEL=pair; gproj's default at head
 dim 128, and deterministic=True); and key centring's two kernels (center_keys) on GQA
@@ -14,7 +15,7 @@ reports hazards.
 With GAUGEWATCH_GPROJ_KERNEL=key_outer (the library reads it once, when it
 loads) the script runs only the key-outer gproj (its warp-specialized first
 pass, its row finish and its warp-specialized second pass over the keys)
-on the same cases but head dim 256's (which has no key-outer kernel):
+on the same cases but head dim 256's (the fifth run's):
 scripts/device.sh runs it that way a second time under each tool. With
 GAUGEWATCH_BF16_KERNEL=key_outer it runs only bf16 and pivot on their
 key-outer path (deterministic=False) on the key-outer kernel without warp
@@ -24,9 +25,10 @@ device.sh's third run under each tool. The key-outer gproj's second pass
 runs over 256-key blocks by default (at each head dim one case spans two
 such blocks); with GAUGEWATCH_GPROJ_KERNEL=key_outer and
 GAUGEWATCH_GPROJ_PASS2_KEYS=128 over 128-key blocks: device.sh's fourth
-run. With GAUGEWATCH_D256_KERNEL=key_outer it runs only bf16, pivot and
-gproj at head dim 256 (deterministic=False), on the head-dim-256 key-outer
-kernel and its finish (gproj: and its second pass) (two cases:
+run. With GAUGEWATCH_D256_KERNEL=key_outer set (and
+GAUGEWATCH_GPROJ_KERNEL=key_outer, which takes gproj there) it runs only
+bf16, pivot and gproj at head dim 256 (deterministic=False), on the
+head-dim-256 key-outer kernel and its finish (gproj: and its second pass) (two cases:
 GQA, several query tiles and 64-key blocks, a ragged last one): device.sh's
 fifth run.
 
@@ -88,10 +90,11 @@ if args.runs:
         RUNS.append((backend, path == "pair"))
 
 for case in CASES:
-    if (GPROJ_KEY_OUTER or PLAIN_KEY_OUTER) and case["d"] == 256:
-        continue  # no key-outer kernel at head dim 256: the default variant runs its pair
-    if D256_KEY_OUTER and case["d"] != 256:
-        continue
+    if D256_KEY_OUTER:
+        if case["d"] != 256:
+            continue
+    elif (GPROJ_KEY_OUTER or PLAIN_KEY_OUTER) and case["d"] == 256:
+        continue  # head dim 256's key-outer kernels: the D256_KEY_OUTER run
     g = torch.Generator(device="cuda").manual_seed(0)
     B, Hq, Hkv, N, M, d = (case[x] for x in ("B", "Hq", "Hkv", "N", "M", "d"))
     q = torch.randn(B, Hq, N, d, device="cuda", generator=g).bfloat16()

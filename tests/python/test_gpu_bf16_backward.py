@@ -20,9 +20,9 @@
   128) against the 128-key pass (GAUGEWATCH_GPROJ_PASS2_KEYS=128), each in a
   child process: dV and dK
   bit for bit, dQ to summation order, sink-like dQ as close to FP64;
-- bf16 and pivot at head dim 256 on the key-outer kernel
-  (GAUGEWATCH_D256_KERNEL=key_outer, a child process) against the mma.sync
-  pair;
+- head dim 256 on the key-outer kernels (bf16 and pivot by default, gproj
+  with GAUGEWATCH_GPROJ_KERNEL=key_outer, a child process) against the
+  mma.sync pair;
 - the warp-specialized key-outer kernel (GAUGEWATCH_BF16_KERNEL=ws) against
   the key-outer kernel without warp specialization (=key_outer), each in a
   child process: dV (bf16: dK) bit for bit, dQ to summation order;
@@ -65,6 +65,20 @@ def gproj_default_is_pair(d):
     choice = os.environ.get("GAUGEWATCH_GPROJ_KERNEL") or "auto"
     plain_key_outer = os.environ.get("GAUGEWATCH_BF16_KERNEL") == "key_outer"
     return choice == "pair" or (choice != "key_outer" and d != 64 and plain_key_outer)
+
+
+def d256_default_is_pair(backend):
+    """Whether a call at head dim 256 without deterministic=True runs the
+    mma.sync pair: GAUGEWATCH_D256_KERNEL=pair or GAUGEWATCH_BF16_KERNEL=
+    mma_sync (read once, when the library loads), and gproj unless
+    GAUGEWATCH_GPROJ_KERNEL=key_outer; bf16 and pivot run the key-outer
+    kernel by default (kernels/cuda/bf16_backward.h, d256_key_outer)."""
+    import os
+    if os.environ.get("GAUGEWATCH_D256_KERNEL") == "pair" or os.environ.get("GAUGEWATCH_BF16_KERNEL") == "mma_sync":
+        return True
+    return backend == "gproj" and os.environ.get("GAUGEWATCH_GPROJ_KERNEL") != "key_outer"
+
+
 GPU_CASES = {name: kw for name, kw in CASES.items() if name != "d32_cpu_only"}
 GPU_CASES.update({
     "multi_tile_noncausal_d128": dict(Hq=2, Hkv=2, N=200, M=333, d=128),
@@ -237,7 +251,7 @@ def test_strided_outputs_written_in_place(backend, d):
     (B, N, H, d) strides (the layout SDPA's flash and cuDNN backwards give,
     so the hooks return them as they are) and nothing else runs after them
     (no copy kernel); the values are the contiguous call's: the pair's
-    (deterministic=True, head dim 256, and gproj's default where it is the pair) bit for bit, the
+    (deterministic=True, and the defaults where they are the pair) bit for bit, the
     key-outer default's dV (bf16: dK) bit for bit and dQ (pivot, gproj: dK)
     to 1e-2, the FP32 atomics' order."""
     from torch.profiler import ProfilerActivity, profile
@@ -256,7 +270,8 @@ def test_strided_outputs_written_in_place(backend, d):
             for name, x, t in zip("qkv", got, args[1:4]):
                 assert x.stride() == row_order_strides(t), f"{label}: d{name} strides {x.stride()}"
             assert all(y.is_contiguous() for y in want)
-            if deterministic or d == 256 or (backend == "gproj" and gproj_default_is_pair(d)):
+            pair = d256_default_is_pair(backend) if d == 256 else backend == "gproj" and gproj_default_is_pair(d)
+            if deterministic or pair:
                 assert all(torch.equal(x, y) for x, y in zip(got, want)), label
                 continue
             assert torch.equal(got[2], want[2]), f"{label}: dv"
@@ -277,14 +292,17 @@ def test_bitwise_repeatable_and_strides(backend):
         assert torch.equal(x, y) and torch.equal(x, z)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("backend", ("bf16", "pivot"))
 def test_key_outer_agrees_with_pair_and_strides(backend, d):
-    """The key-outer kernel (default) against the pair (deterministic=True):
+    """The key-outer kernel (default; at head dim 256 its own kernel) against
+    the pair (deterministic=True; at head dim 256 the mma.sync pair):
     the same t and r contracted by the same MMA sequence, so dV (and bf16's
     dK, which no fix-up touches) is bit-identical, and dQ (pivot's dK) differs
     only by the FP32 order of the atomics; SDPA-strided operands give the
     same result to that order."""
+    if d == 256 and d256_default_is_pair(backend):
+        pytest.skip("GAUGEWATCH_D256_KERNEL=pair or GAUGEWATCH_BF16_KERNEL=mma_sync: head dim 256 runs the pair")
     args = strided_problem(d)
     pair = ops.attention_backward(*args, is_causal=True, backend=backend, deterministic=True)
     strided = ops.attention_backward(*args, is_causal=True, backend=backend)
@@ -471,10 +489,10 @@ torch.save(got, sys.argv[2])
 
 
 def test_d256_key_outer_agrees_with_the_pair(tmp_path, record_line):
-    """GAUGEWATCH_D256_KERNEL=key_outer (read once, when the library loads: a
-    child process) runs bf16, pivot and gproj at head dim 256 on the
-    key-outer kernels (tensor cores, 64 keys per block; gproj with its
-    second pass) where the default runs the mma.sync pair: on SDPA-strided
+    """Head dim 256 runs bf16 and pivot on the key-outer kernel by default,
+    and gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer (read once, when the
+    library loads: a child process) (tensor cores, 64 keys per block; gproj
+    with its second pass); deterministic=True runs the mma.sync pair: on SDPA-strided
     and contiguous operands the key-outer kernel runs (profiler; gproj's
     second pass too) and its gradients are the pair's (deterministic=True,
     the same process) to 1e-2; on sink-like inputs its dQ error against
@@ -487,8 +505,9 @@ def test_d256_key_outer_agrees_with_the_pair(tmp_path, record_line):
 
     here = str(Path(__file__).resolve().parent)
     saved = tmp_path / "d256.pt"
-    env = dict(os.environ, GAUGEWATCH_D256_KERNEL="key_outer")
-    env.pop("GAUGEWATCH_BF16_KERNEL", None)
+    env = dict(os.environ, GAUGEWATCH_GPROJ_KERNEL="key_outer")
+    for name in ("GAUGEWATCH_BF16_KERNEL", "GAUGEWATCH_D256_KERNEL"):
+        env.pop(name, None)
     subprocess.run([sys.executable, "-c", _D256_CHILD, here, str(saved)], env=env, check=True, timeout=600)
     got = torch.load(saved)
     q, k, v, grad_out = make_inputs("sink", d=256, seed=11)
@@ -496,7 +515,7 @@ def test_d256_key_outer_agrees_with_the_pair(tmp_path, record_line):
     for backend in ("bf16", "pivot", "gproj"):
         for layout in ("strided", "contiguous"):
             kernels = got["kernels", backend, layout, False]
-            record_line(f"GAUGEWATCH_D256_KERNEL=key_outer {backend} d=256 {layout}: {', '.join(kernels)}")
+            record_line(f"head dim 256 key-outer {backend} d=256 {layout}: {', '.join(kernels)}")
             assert any("keyouter_d256_kernel" in name for name in kernels), \
                 f"{backend} {layout}: the d256 key-outer kernel did not run: {kernels}"
             if backend == "gproj":
