@@ -216,6 +216,12 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   run.pass2_keys = gpu::gproj_pass2_block_keys(p);
   const size_t ws_bytes = gpu::bf16_backward_workspace_bytes(p);
   DeviceBuffer<unsigned char> workspace(ws_bytes);
+  // The workspace as a caching allocator hands it over, not zeroed: 0xff
+  // bytes are NaN as FP32 and the largest pivot code, so an accumulator the
+  // library does not zero, or a value read before it is written, shows.
+  if (ws_bytes > 0) {
+    EXPECT_EQ(cudaMemset(workspace.get(), 0xff, ws_bytes), cudaSuccess);
+  }
   run.status = gpu::bf16_attention_backward(p, workspace.get(), ws_bytes, nullptr);
   const cudaError_t sync = cudaDeviceSynchronize();
   if (run.status.ok() && sync != cudaSuccess) {
