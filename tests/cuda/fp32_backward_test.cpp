@@ -1,7 +1,8 @@
 // GPU tests of the fused FP32 attention backward (kernels/cuda/fp32_backward.h)
 // against the CPU reference: backward_fp32 (same math, same key centering) and
-// attention_fp64 (ground truth). Every case poisons the outputs with NaN first,
-// so an element the kernel forgets to write fails the comparison.
+// attention_fp64 (ground truth). Every case poisons the outputs and the
+// workspace with NaN first, so an element the kernel forgets to write, or a
+// workspace value read before it is written, fails the comparison.
 //
 // Build: target gaugewatch_cuda_tests (tests/cuda/CMakeLists.txt).
 // Run:   build/bin/gaugewatch_cuda_tests          (needs an sm_90 GPU; without one
@@ -110,6 +111,12 @@ GpuResult run_gpu(const ref::AttentionInputs& in, bool center_keys, bool determi
   GpuResult result;
   const size_t ws_bytes = gpu::fp32_backward_workspace_bytes(p);
   DeviceBuffer<unsigned char> workspace(ws_bytes);
+  // The workspace as a caching allocator hands it over, not zeroed: NaN in
+  // every float, so a row statistic or mean key read before the library
+  // writes it, or accumulated into, fails the comparison. (A finite poison
+  // would not do for the mean key: centring on any vector is exact in exact
+  // arithmetic, so a mean key off by a constant passes within FP32's bound.)
+  workspace.poison();
   result.status = gpu::fp32_attention_backward(p, workspace.get(), ws_bytes, nullptr);
   const cudaError_t sync = cudaDeviceSynchronize();
   if (result.status.ok() && sync != cudaSuccess) {
