@@ -2,9 +2,10 @@
 // Key-outer kernel of the fused BF16 backward at head dim 256, backends bf16,
 // pivot and gproj's first pass (math: kernels/cuda/bf16_backward.h): FlashAttention-3's
 // head-dim-256 split, 5 products per tile pair on the tensor cores where the
-// mma.sync pair (the default at head dim 256) needs 7 through ldmatrix.
-// Opt-in (Bf16BackwardParams::d256_key_outer; torch ops
-// GAUGEWATCH_D256_KERNEL=key_outer) until it is measured on a GPU.
+// mma.sync pair needs 7 through ldmatrix. bf16's and pivot's default at head
+// dim 256 without bitwise determinism (Bf16BackwardParams::d256_key_outer;
+// on the H200 0.63-0.65x the pair's time, kernels/cuda/README.md); gproj's
+// first pass where gproj_path is kKeyOuter.
 //
 // Block: 256 threads (two warpgroups), 64 keys of one (batch, kv head),
 // one block per SM; a loop over the 64-row query tiles of every query head
