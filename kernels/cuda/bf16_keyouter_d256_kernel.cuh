@@ -80,6 +80,7 @@
 
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bulk_reduce.cuh"
+#include "kernels/cuda/keyouter_handoffs.cuh"
 #include "kernels/cuda/pivot_argmax.cuh"
 #include "kernels/cuda/tma.cuh"
 
@@ -173,18 +174,10 @@ __device__ __forceinline__ void store_scores(uint16_t* tile, const float (&x)[kW
   }
 }
 
-// dQacc as the tensor reductions see it: (B Hq, N, 256) FP32, dense; boxes
-// of 64 rows x 32 floats (tma::encode_f32_reduce_map). Host code.
-inline tma::F32Tensor dq_accum_tensor(const Args& a) {
-  tma::F32Tensor t;
-  t.base = a.dq_accum;
-  t.planes = static_cast<uint64_t>(a.batch) * static_cast<uint64_t>(a.hq);
-  t.rows = static_cast<uint64_t>(a.n);
-  t.cols = kD;
-  return t;
-}
+// dQacc's map for the tensor reductions: boxes of 64 rows x 32 floats
+// (tma::encode_f32_reduce_map). Host code.
 inline bool encode_dq_map(const Args& a, tma::TensorMap* map) {
-  return tma::encode_f32_reduce_map(map, dq_accum_tensor(a), kRows) == tma::EncodeStatus::kOk;
+  return tma::encode_f32_reduce_map(map, keyouter::dq_accum_tensor<kD>(a), kRows) == tma::EncodeStatus::kOk;
 }
 
 // dQ partials through shared memory: once a warpgroup's products of an
