@@ -388,11 +388,9 @@ def main():
                     continue
                 kernels_us = row.get("kernels_us_key_outer" if gproj else "kernels_us", {}).get(backend, {})
                 us, us2 = kernels_us.get("keyouter_d256_kernel"), kernels_us.get("gproj_keys_d256_kernel")
-                cudnn = row.get("sdpa_cudnn_ms")
                 lines.append(f"| {row['shape']} | {backend} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, pair)} | "
                              f"{fmt(row, key_outer)} | {ratio(row[f'{backend}_d256_key_outer_over_pair'])} | "
-                             f"{ratio(row[pair + '_ms'] / cudnn if cudnn else None)} | "
-                             f"{ratio(row[key_outer + '_ms'] / cudnn if cudnn else None)} | "
+                             f"{ratio(row.get(pair + '_vs_cudnn'))} | {ratio(row.get(key_outer + '_vs_cudnn'))} | "
                              f"{'n/a' if us is None else f'{us:.1f}'} | "
                              f"{'n/a' if us2 is None else f'{us2:.1f}'} |")
     if any("gw_bf16_mma_sync_ms" in row for row in cases):

@@ -216,6 +216,17 @@ KernelRun run_kernel(const ref::AttentionInputs& in, const ref::SavedForward& sa
   run.pass2_keys = gpu::gproj_pass2_block_keys(p);
   const size_t ws_bytes = gpu::bf16_backward_workspace_bytes(p);
   DeviceBuffer<unsigned char> workspace(ws_bytes);
+  // The workspace as a caching allocator hands it over, not zeroed: 0x40
+  // bytes are 3.0 as FP32 (and BF16), and as a pivot code one whose P (3.0)
+  // beats every candidate's and whose key index is negative (no key). So an
+  // accumulator the library does not zero adds 3 to its sums (gproj's m, a
+  // NaN would only switch lambda off), a pivot code not zeroed names no
+  // pivot, and a value read before it is written is off: the sink-like
+  // cases then fail (an m or pivot code left unzeroed leaks 74-98% into dQ
+  // there, emulation).
+  if (ws_bytes > 0) {
+    EXPECT_EQ(cudaMemset(workspace.get(), 0x40, ws_bytes), cudaSuccess);
+  }
   run.status = gpu::bf16_attention_backward(p, workspace.get(), ws_bytes, nullptr);
   const cudaError_t sync = cudaDeviceSynchronize();
   if (run.status.ok() && sync != cudaSuccess) {
