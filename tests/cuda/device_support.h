@@ -64,9 +64,10 @@ class DeviceBuffer {
     EXPECT_EQ(err, cudaSuccess) << "download: " << cudaGetErrorString(err);
     return host;
   }
-  void poison() {  // all bytes 0xff: NaN in float
+  // Every byte set to `byte` (by default 0xff: NaN in float).
+  void poison(int byte = 0xff) {
     if (count_ > 0 && ptr_ != nullptr) {
-      EXPECT_EQ(cudaMemset(ptr_, 0xff, count_ * sizeof(T)), cudaSuccess);
+      EXPECT_EQ(cudaMemset(ptr_, byte, count_ * sizeof(T)), cudaSuccess);
     }
   }
 
