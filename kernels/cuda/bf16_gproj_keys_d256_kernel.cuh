@@ -21,8 +21,9 @@
 //   r -> shared [64 rows][64 keys], columns 32 wg.., then a block barrier
 //   C[:, 128 wg..] += r^T bf16(-lambda Q)   ss, m64n128 over the tile's rows
 //   U[:, 128 wg..] = r K          ss, m64n128 over the block's 64 keys
-//   dQacc += -lambda_i U          float2 atomics from the registers (the
-//                                 first pass's dQ adds)
+//   dQacc += -lambda_i U          staged over the iteration's tiles and added
+//                                 by tensor reductions, as the first pass's
+//                                 dQ (keyouter256::add_staged_rows)
 // 3 products per tile pair (the first pass 5). Registers: C 64 FP32 per
 // thread across the loop, U 64 and S 16 per iteration. Shared memory
 // (Layout): K 32 KiB, two buffers of Q and bf16(-lambda Q) (32 KiB each),
@@ -74,7 +75,8 @@ static_assert(Layout::kBytes <= 227 * 1024, "one block of the head-dim-256 secon
 // (A template so that each translation unit has its own definition; D is
 // 256.)
 template <int D>
-__global__ void __launch_bounds__(kThreads, 1) gproj_keys_d256_kernel(const Args a) {
+__global__ void __launch_bounds__(kThreads, 1) gproj_keys_d256_kernel(const __grid_constant__ tma::TensorMap dq_map,
+                                                                       const Args a) {
   static_assert(D == kD, "the head-dim-256 second pass");
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
@@ -85,6 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1) gproj_keys_d256_kernel(const Args
                              0);  // uniform: the descriptors in uniform registers
   const int v = warp & 3, g = lane >> 2, c = lane & 3;
   const int row0 = 16 * v;  // this warp's first query row of a tile / first key of the block
+  const bool issuer = threadIdx.x % wgmma::kWarpgroupThreads == 0;  // of its warpgroup's dQ reductions
   float* rows_base = reinterpret_cast<float*>(smem + L::kStaged);
   uint16_t* r_tile = smem + L::kR;
 
@@ -109,17 +112,17 @@ __global__ void __launch_bounds__(kThreads, 1) gproj_keys_d256_kernel(const Args
   for (int it = 0; it < iters; ++it) {
     const int buf = it & 1;
     // This iteration's loads arrive; both warpgroups are done with iteration
-    // it - 1 (each waited for its MMAs, which read its buffers and r).
+    // it - 1 (each waited for its MMAs, which read its buffers and r), and
+    // its dQ reductions have read the partials staged over its buffers.
+    if (issuer) bulk::wait_read();
     hopper::publish_buffer(false);
     if (it + 1 < iters) {
       stage(it + 1, buf ^ 1);
       mma::cp_async_commit();
     }
-    const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
-    const uint16_t* lqs = smem + (buf ? L::kL1 : L::kL0);
+    uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
+    uint16_t* lqs = smem + (buf ? L::kL1 : L::kL0);
     const gproj_keys::TileRows tr = gproj_keys::tile_rows(gproj_keys::staged_lse(rows_base, buf), row0, g);
-    const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
-    const int row = tile_row0(it) + row0 + g;  // this thread's first row (the second: + 8)
 
     float s[kWgKeys / 2];
     wgmma::fence();
@@ -155,9 +158,14 @@ __global__ void __launch_bounds__(kThreads, 1) gproj_keys_d256_kernel(const Args
     // gproj_keys::add_u.
 #pragma unroll
     for (int i = 0; i < kWgCols / 2; ++i) u[i] *= -tr.lambda[(i >> 1) & 1];
-    keyouter256::add_rows(a, u, row_base, row, wg, c);
+    // Staged over this warpgroup's halves of bf16(-lambda Q) (which C has
+    // read) and Q (read only by S), then added by tensor reductions
+    // (keyouter256::add_staged_rows).
+    keyouter256::stage_rows(lqs, qs, u, row0 + g, wg, c);
+    keyouter256::add_staged_rows(&dq_map, lqs, qs, tile_row0(it), b * a.hq + head_of(it), wg, issuer);
   }
   mma::cp_async_wait<0>();
+  if (issuer) bulk::wait_all();  // before the block's shared memory goes
   gproj_keys::write_dk<kD, kWgCols>(a, acc, j0, b, hk, row0, g, c, kWgCols * wg);
 }
 

@@ -258,7 +258,7 @@ inline bool encode_maps(const Args& a, Maps* maps) {
   for (const tma::EncodeStatus s : st) {
     if (s != tma::EncodeStatus::kOk) return false;
   }
-  return !kUWriter<D, kKeys> || tma::encode_f32_reduce_map(&maps->dq_accum, keyouter_ws::dq_accum_tensor<D>(a), kKvRows) ==
+  return !kUWriter<D, kKeys> || tma::encode_f32_reduce_map(&maps->dq_accum, keyouter::dq_accum_tensor<D>(a), kKvRows) ==
                              tma::EncodeStatus::kOk;
 }
 

@@ -12,7 +12,9 @@ namespace {
 
 template <Projection P>
 cudaError_t launch_d256(const Args& a, cudaStream_t stream) {
-  const cudaError_t err = launch_keyouter_d256_kernel<P>(a, stream);
+  tma::TensorMap dq_map{};
+  cudaError_t err = d256_dq_map(a, &dq_map);
+  if (err == cudaSuccess) err = launch_keyouter_d256_kernel<P>(a, dq_map, stream);
   if (err != cudaSuccess) return err;
   return launch_keyouter_finish<keyouter256::kD, P>(a, stream);
 }

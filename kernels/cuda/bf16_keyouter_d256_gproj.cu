@@ -11,7 +11,9 @@ namespace gaugewatch::gpu::bf16 {
 
 cudaError_t launch_keyouter_d256_gproj(const Args& a, cudaStream_t stream) {
   constexpr int kD = keyouter256::kD;
-  cudaError_t err = launch_keyouter_d256_kernel<Projection::kGproj>(a, stream);
+  tma::TensorMap dq_map{};
+  cudaError_t err = d256_dq_map(a, &dq_map);
+  if (err == cudaSuccess) err = launch_keyouter_d256_kernel<Projection::kGproj>(a, dq_map, stream);
   if (err == cudaSuccess) err = launch_finish_rows<kD, Projection::kGproj>(a, stream);
   if (err != cudaSuccess) return err;
   constexpr int kSmem = static_cast<int>(gproj_keys256::Layout::kBytes);
@@ -20,7 +22,7 @@ cudaError_t launch_keyouter_d256_gproj(const Args& a, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const dim3 grid = keyouter256::grid(a);
   if (grid.x > 0) {
-    gproj_keys256::gproj_keys_d256_kernel<kD><<<grid, gproj_keys256::kThreads, kSmem, stream>>>(a);
+    gproj_keys256::gproj_keys_d256_kernel<kD><<<grid, gproj_keys256::kThreads, kSmem, stream>>>(dq_map, a);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

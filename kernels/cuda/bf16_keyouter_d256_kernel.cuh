@@ -30,8 +30,11 @@
 //                                  columns 128 wg.. (MN-major)
 //   dQ_tile[:, 128 wg..] = t K     ss, m64n128 over the block's 64 keys: A = t
 //                                  (K-major), B = K columns 128 wg..
-//                                  (MN-major); added to the FP32 accumulator
-//                                  dQacc by float2 atomics from the registers
+//                                  (MN-major); staged over this warpgroup's
+//                                  halves of the iteration's dO and Q tiles
+//                                  and added to the FP32 accumulator dQacc
+//                                  by four TMA tensor reductions
+//                                  (add_staged_rows)
 //   pivot: per row, each warpgroup's partial sum of its rounded t (rho,
 //                                  FP32 adds in the element order, then the
 //                                  quad's) and its largest P with the key
@@ -76,7 +79,10 @@
 #include <cstdint>
 
 #include "kernels/cuda/bf16_backward_hopper.cuh"
+#include "kernels/cuda/bulk_reduce.cuh"
+#include "kernels/cuda/keyouter_handoffs.cuh"
 #include "kernels/cuda/pivot_argmax.cuh"
+#include "kernels/cuda/tma.cuh"
 
 namespace gaugewatch::gpu::bf16::keyouter256 {
 
@@ -168,20 +174,64 @@ __device__ __forceinline__ void store_scores(uint16_t* tile, const float (&x)[kW
   }
 }
 
-// dQacc += x: this thread's rows `row` and row + 8 (row0 + g of its warp in
-// a query tile) of the head whose rows start at row_base, columns 128 wg +
-// 8 jn + 2 c.., by float2 atomics from the m64n128 fragment (rows past N
-// are not added).
-__device__ __forceinline__ void add_rows(const Args& a, const float (&x)[kWgCols / 2], int64_t row_base, int row,
-                                         int wg, int c) {
+// dQacc's map for the tensor reductions: boxes of 64 rows x 32 floats
+// (tma::encode_f32_reduce_map). Host code.
+inline bool encode_dq_map(const Args& a, tma::TensorMap* map) {
+  return tma::encode_f32_reduce_map(map, keyouter::dq_accum_tensor<kD>(a), kRows) == tma::EncodeStatus::kOk;
+}
+
+// dQ partials through shared memory: once a warpgroup's products of an
+// iteration are complete it reads nothing more of the iteration's row tiles
+// but columns 128 wg.. of two of them (the first pass: dO and Q, for dV and
+// dK; gproj's second pass: bf16(-lambda Q), for C), and nothing at all after
+// the products; so its [64 rows][128] FP32 partial goes over those halves of
+// two of the tiles (x, y: the tiles' sub-tiles 2 wg and 2 wg + 1, 16 KiB
+// each), as four [64][32] boxes in the 128-byte swizzle
+// (tma::f32_tile_offset: a warp's float2 stores meet no bank conflict),
+// and one thread of the warpgroup adds them to dQacc by four tensor
+// reductions (rows past N are not added). The next loads into these tiles
+// are issued after the next iteration's first block barrier, which the
+// issuing thread reaches only once the reductions have read them
+// (bulk::wait_read).
+__device__ __forceinline__ float* staging_box(uint16_t* x, uint16_t* y, int wg, int box) {
+  return reinterpret_cast<float*>((box < 2 ? x : y) + (2 * wg + (box & 1)) * (kRows * 64));
+}
+
+// Stores this thread's m64n128 fragment x (rows `row` and row + 8 of the
+// tile, columns 128 wg + 8 jn + 2 c..) into the staging boxes, once every
+// warp of the warpgroup is past its wait for the products (named barrier
+// 1 + wg): a warp's wait covers its own rows of a wgmma, and the other
+// warps' rows may still be reading the tiles the stores overwrite (the CPU
+// emulation computes the rows warp by warp, and without the barrier read
+// the staged FP32 as dK's and dV's operands).
+__device__ __forceinline__ void stage_rows(uint16_t* x_tile, uint16_t* y_tile, const float (&x)[kWgCols / 2],
+                                           int row, int wg, int c) {
+  wgmma::warpgroup_barrier(1 + wg);
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    if (row + 8 * hh >= a.n) continue;
-    float* dst = a.dq_accum + (row_base + row + 8 * hh) * kD + kWgCols * wg + 2 * c;
+  for (int jn = 0; jn < kWgCols / 8; ++jn) {
+    float* box = staging_box(x_tile, y_tile, wg, jn / 4);
 #pragma unroll
-    for (int jn = 0; jn < kWgCols / 8; ++jn) {
-      atomicAdd(reinterpret_cast<float2*>(dst + 8 * jn), make_float2(x[4 * jn + 2 * hh], x[4 * jn + 2 * hh + 1]));
+    for (int hh = 0; hh < 2; ++hh) {
+      *reinterpret_cast<float2*>(box + tma::f32_tile_offset<kRows>(row + 8 * hh, 8 * (jn % 4) + 2 * c)) =
+          make_float2(x[4 * jn + 2 * hh], x[4 * jn + 2 * hh + 1]);
     }
+  }
+}
+
+// The warpgroup's staged partial (stage_rows of all its threads) added to
+// dQacc rows i0.. of head plane `plane`, columns 128 wg..: its threads fence
+// their stores for the async proxy and meet (named barrier 1 + wg), then its
+// first thread issues the four reductions into its bulk group.
+__device__ __forceinline__ void add_staged_rows(const tma::TensorMap* dq_map, uint16_t* x_tile, uint16_t* y_tile,
+                                                int i0, int plane, int wg, bool issuer) {
+  wgmma::fence_proxy_async();
+  wgmma::warpgroup_barrier(1 + wg);
+  if (issuer) {
+#pragma unroll
+    for (int box = 0; box < 4; ++box) {
+      tma::reduce_add_3d(dq_map, staging_box(x_tile, y_tile, wg, box), kWgCols * wg + 32 * box, i0, plane);
+    }
+    bulk::commit();
   }
 }
 
@@ -202,7 +252,8 @@ __device__ __forceinline__ hopper::KeyBlock key_block(const Args& a) {
 }
 
 template <Projection P>
-__global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a) {
+__global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const __grid_constant__ tma::TensorMap dq_map,
+                                                                     const Args a) {
   GAUGEWATCH_BF16_SMEM(raw);
   uint16_t* smem = wgmma::align_1024(raw);
   using L = Layout;
@@ -213,6 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);
   const int v = warp & 3, g = lane >> 2, c = lane & 3;
   const int row0 = 16 * v;  // this warp's first query row of a tile / first key of the block
+  const bool issuer = threadIdx.x % wgmma::kWarpgroupThreads == 0;  // of its warpgroup's dQ reductions
   float* rows_base = reinterpret_cast<float*>(smem + L::kStaged);
   uint16_t* t_tile = smem + L::kT;
   uint16_t* r_tile = smem + L::kR;
@@ -244,14 +296,17 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a
     const int buf = it & 1;
     // This iteration's loads (the only ones in flight) arrive, and every
     // thread is done with iteration it - 1: its MMAs, which read that
-    // iteration's buffers and t and r, were waited for before it got here.
+    // iteration's buffers and t and r, were waited for before it got here,
+    // and its dQ reductions have read the staged partials (over that
+    // iteration's buffers, which the next loads overwrite).
+    if (issuer) bulk::wait_read();
     hopper::publish_buffer(false);
     if (it + 1 < iters) {
       stage(it + 1, buf ^ 1);  // the buffers of iteration it - 1
       mma::cp_async_commit();
     }
-    const uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
-    const uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
+    uint16_t* qs = smem + (buf ? L::kQ1 : L::kQ0);
+    uint16_t* gos = smem + (buf ? L::kG1 : L::kG0);
     const RowInputs in = hopper::staged_row_inputs(hopper::staged_rows(rows_base, buf), row0 + g);
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
     const int row = tile_row0(it) + row0 + g;  // this thread's first row (the second: + 8)
@@ -328,9 +383,11 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_d256_kernel(const Args a
     wgmma::fence_operand(dk);
     wgmma::fence_operand(dv);
     wgmma::fence_operand(dq);
-    add_rows(a, dq, row_base, row, wg, c);
+    stage_rows(gos, qs, dq, row0 + g, wg, c);
+    add_staged_rows(&dq_map, gos, qs, tile_row0(it), b * a.hq + head_of(it), wg, issuer);
   }
   mma::cp_async_wait<0>();
+  if (issuer) bulk::wait_all();  // before the block's shared memory goes
 
   // dK = bf16(alpha dKacc) (pivot and gproj: dKacc in FP32, for the fix-up
   // or the second pass), dV = bf16(dVacc): keys row0 + g and + 8 of this

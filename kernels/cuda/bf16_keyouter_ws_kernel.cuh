@@ -167,17 +167,6 @@ inline tma::RowsTensor rows_tensor(const Args& a, const void* base, int heads, i
   return t;
 }
 
-// dQacc of `a` as the tensor reductions see it: (B Hq, N, D) FP32, dense.
-template <int D>
-inline tma::F32Tensor dq_accum_tensor(const Args& a) {
-  tma::F32Tensor t;
-  t.base = a.dq_accum;
-  t.planes = static_cast<uint64_t>(a.batch) * static_cast<uint64_t>(a.hq);
-  t.rows = static_cast<uint64_t>(a.n);
-  t.cols = D;
-  return t;
-}
-
 // The four maps for the operands of `a`, or false where one cannot be encoded
 // (the caller then runs keyouter_kernel).
 template <int D>
@@ -208,7 +197,7 @@ inline bool encode_maps(const Args& a, Maps* maps) {
 template <int D, Projection P>
 inline bool encode_dq_map(const Args& a, Maps* maps) {
   return !kDqWriter<D, P> ||
-         tma::encode_f32_reduce_map(&maps->dq_accum, dq_accum_tensor<D>(a), kKvRows) == tma::EncodeStatus::kOk;
+         tma::encode_f32_reduce_map(&maps->dq_accum, keyouter::dq_accum_tensor<D>(a), kKvRows) == tma::EncodeStatus::kOk;
 }
 
 // Whether the maps of `a` encode at `head_dim` (64 or 128): the condition

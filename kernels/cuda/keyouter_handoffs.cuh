@@ -19,6 +19,18 @@ namespace gaugewatch::gpu::bf16::keyouter {
 
 using hopper::kKvRows;
 
+// dQacc of `a` as the tensor reductions see it: (B Hq, N, D) FP32, dense
+// (host code: the maps of every kernel that adds dQ by tensor reductions).
+template <int D>
+inline tma::F32Tensor dq_accum_tensor(const Args& a) {
+  tma::F32Tensor t;
+  t.base = a.dq_accum;
+  t.planes = static_cast<uint64_t>(a.batch) * static_cast<uint64_t>(a.hq);
+  t.rows = static_cast<uint64_t>(a.n);
+  t.cols = D;
+  return t;
+}
+
 // The hand-over of dQ tiles from the compute warpgroups to the writer warp of
 // the warp-specialized kernel (KeyTile with kWriter; the producer
 // warpgroup's warp kWriterWarp runs KeyTile::writer_loop), by named barriers

@@ -151,31 +151,33 @@ cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
 // head-dim-256 key-outer kernel and its finish (gproj: lambda, the second
 // pass, dQ).
 template <Projection P>
-void launch_d256(const Args& a) {
+cudaError_t launch_d256(const Args& a) {
   const dim3 grid = keyouter256::grid(a);
+  tma::TensorMap dq_map{};
+  if (!keyouter256::encode_dq_map(a, &dq_map)) return cudaErrorNotSupported;
   if (grid.x > 0) {
     gaugewatch_emulation::run_grid(grid, keyouter256::kThreads, keyouter256::Layout::kBytes,
-                                   [&a] { keyouter256::keyouter_d256_kernel<P>(a); });
+                                   [&a, &dq_map] { keyouter256::keyouter_d256_kernel<P>(dq_map, a); });
   }
   if constexpr (P == Projection::kGproj) {
     launch_finish_rows<keyouter256::kD, P>(a);
     if (grid.x > 0) {
       gaugewatch_emulation::run_grid(grid, gproj_keys256::kThreads, gproj_keys256::Layout::kBytes,
-                                     [&a] { gproj_keys256::gproj_keys_d256_kernel<keyouter256::kD>(a); });
+                                     [&a, &dq_map] { gproj_keys256::gproj_keys_d256_kernel<keyouter256::kD>(dq_map, a); });
     }
     launch_finish_rows<keyouter256::kD, Projection::kNone>(a);
   } else {
     launch_keyouter_finish<keyouter256::kD, P>(a, false);
   }
+  return cudaSuccess;
 }
 
 cudaError_t launch_keyouter_d256(const Args& a, Projection projection, cudaStream_t /*stream*/) {
   switch (projection) {
-    case Projection::kPivot: launch_d256<Projection::kPivot>(a); break;
-    case Projection::kGproj: launch_d256<Projection::kGproj>(a); break;
-    default: launch_d256<Projection::kNone>(a); break;
+    case Projection::kPivot: return launch_d256<Projection::kPivot>(a);
+    case Projection::kGproj: return launch_d256<Projection::kGproj>(a);
+    default: return launch_d256<Projection::kNone>(a);
   }
-  return cudaSuccess;
 }
 
 bool keyouter_ws_maps_encodable(const Args& a, int head_dim) { return keyouter_ws::maps_encodable(a, head_dim); }

@@ -60,7 +60,7 @@ struct dim3 {
 extern thread_local uint3 threadIdx;
 extern thread_local uint3 blockIdx;
 
-enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 };
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorNotSupported = 801 };
 using cudaStream_t = struct CUstream_emulated*;
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
 struct cudaDeviceProp {
