@@ -411,9 +411,9 @@ fi
 # (the default is the warp-specialized one), and the key-outer gproj with its
 # second pass over 128-key blocks (GAUGEWATCH_GPROJ_PASS2_KEYS=128; 256-key
 # blocks are the default), and bf16, pivot and gproj at head dim 256 on their key-outer kernels
-# (GAUGEWATCH_D256_KERNEL=key_outer GAUGEWATCH_GPROJ_KERNEL=key_outer: bf16's
-# and pivot's run by default too; the library reads the variables once,
-# when it loads).
+# (GAUGEWATCH_D256_KERNEL=key_outer GAUGEWATCH_GPROJ_KERNEL=key_outer: they
+# run by default too, but the default variant asks for gproj's pair; the
+# library reads the variables once, when it loads).
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [[ "${GW_SANITIZE:-1}" != 0 && -x "$SAN" && -e "$BUILD_DIR/lib/libgaugewatch_ops.so" ]]; then
   : >"$OUT/sanitizer.log"

@@ -14,15 +14,14 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   key centring (center_keys' kernels) plus SDPA's flash backward;
                   the default path (deterministic=False): bf16 and pivot run
                   the warp-specialized key-outer kernel, gproj that kernel
-                  and its second pass at head dim 64 and the two-kernel pair
-                  at 128 (GAUGEWATCH_GPROJ_KERNEL unset)
+                  and its second pass (GAUGEWATCH_GPROJ_KERNEL unset)
   gw_<backend>_pair  bf16, gproj, pivot with deterministic=True: the two-kernel
                   pair, side by side with the key-outer kernel
   gw_center_keys  center_keys alone (the centring's share of gw_center)
   gw_gproj_key_outer  gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer: the
-                  key-outer path at every head dim (both passes over the keys
-                  warp-specialized; gproj's default at head dim 64: this
-                  bench measures it against the pair and cuDNN; a child process,
+                  key-outer path at every head dim whatever the default
+                  chooses (at 64 and 256 it is the default; both passes over
+                  the keys warp-specialized at 64 and 128; a child process,
                   since the ops library reads the variable once, when it
                   loads; n/a with the child's error in
                   gw_gproj_key_outer_error if the child fails)
@@ -41,19 +40,17 @@ What is timed (CUDA events, warm-up, median over --reps, inputs rotated over
                   process, likewise), the baseline of the default 256-key
                   pass: gw_gproj against it (gproj_pass2_256_over_128) and
                   the second pass's kernel time (kernels_us_pass2_128)
-  head dim 256   bf16 and pivot run the key-outer kernel there by default
-                  (gw_bf16, gw_pivot; their *_pair columns the mma.sync
-                  pair), gproj the pair (gw_gproj; gw_gproj_key_outer its
-                  key-outer kernels, GAUGEWATCH_GPROJ_KERNEL=key_outer):
-                  <backend>_d256_key_outer_over_pair and a table of its own
+  head dim 256   bf16, pivot and gproj run the key-outer kernels there by
+                  default (gw_<backend>; their *_pair columns the mma.sync
+                  pair): <backend>_d256_key_outer_over_pair and a table of
+                  its own
 Effective TFLOP/s = 2.5 x forward FLOPs (4 B Hq N M d, halved when causal) / time.
 Targets (issue 3): gproj <= 2x sdpa_flash, gproj <= 1.6x gw_bf16, pivot <= 1.1x gw_bf16;
 (issue 11): center <= 1.08x sdpa_flash; (issue 13): bf16 <= 1.15x, pivot <= 1.2x,
 gproj <= 1.8x sdpa_cudnn (the *_vs_cudnn columns; gw_gproj is gproj's
 default, the key-outer gproj and the pair have their own columns).
-Head dim 256 (the last shape): bf16 and pivot on the head-dim-256 key-outer
-kernel, gproj on the mma.sync pair by default; deterministic=True on the
-pair.
+Head dim 256 (the last shape): bf16, pivot and gproj on the head-dim-256
+key-outer kernels by default; deterministic=True on the mma.sync pair.
 Shapes with "sink" in the name: key 0 of every head is an attention sink that
 wins the row maximum of P for every row (every row's pivot is key 0: pivot's
 dK fix-up lands on one key), q[..., 0] = 4, k_0 = (2 sqrt(d), 0, ..., 0).
@@ -86,7 +83,8 @@ SHAPES = [
     ("B4_Hq32_Hkv8_N4096_d128_causal_gqa", 4, 32, 8, 4096, 128, True),
     ("B1_H16_N16384_d128_causal", 1, 16, 16, 16384, 128, True),
     ("B4_H16_N4096_d128_causal_sink_pivot", 4, 16, 16, 4096, 128, True),
-    # Head dim 256: the fused backward's mma.sync pair on every path.
+    # Head dim 256: the key-outer kernels by default, the mma.sync pair with
+    # deterministic=True.
     ("B4_H16_N4096_d256_causal", 4, 16, 16, 4096, 256, True),
 ]
 GW = ("bf16", "gproj", "pivot", "center", "fp32")
@@ -298,13 +296,10 @@ def main():
         row["gw_gproj_pass2_128_vs_cudnn"] = None if ms is None or not cudnn else ms / cudnn
         row["gproj_pass2_256_over_128"] = None if ms is None else row["gw_gproj_ms"] / ms
         if row["d"] == 256:
-            # Key-outer over pair: bf16 and pivot by default against
-            # deterministic=True (the same pair that ran before), gproj's
-            # key-outer variant against its default (the pair).
+            # Key-outer over pair: the default against deterministic=True
+            # (the mma.sync pair at head dim 256).
             for backend in ("bf16", "pivot", "gproj"):
-                key_outer, pair = ((row.get("gw_gproj_key_outer_ms"), row["gw_gproj_ms"]) if backend == "gproj"
-                                   else (row[f"gw_{backend}_ms"], row[f"gw_{backend}_pair_ms"]))
-                row[f"{backend}_d256_key_outer_over_pair"] = None if key_outer is None else key_outer / pair
+                row[f"{backend}_d256_key_outer_over_pair"] = row[f"gw_{backend}_ms"] / row[f"gw_{backend}_pair_ms"]
 
     def fmt(row, key):
         ms = row.get(key + "_ms")
@@ -324,8 +319,8 @@ def main():
                      f"{ratio(row['pivot_over_bf16'])} | {ratio(row['center_over_flash'])} | "
                      f"{row['gw_center_keys_ms']:.3f} |")
     lines += ["", "Key-outer kernel (bf16, pivot: default, warp-specialized; gproj: "
-              "GAUGEWATCH_GPROJ_KERNEL=key_outer, its default at head dim 64) "
-              "against the two-kernel pair (deterministic=True; gproj's default at 128), and against cuDNN: "
+              "GAUGEWATCH_GPROJ_KERNEL=key_outer, its default at head dims 64 and 256) "
+              "against the two-kernel pair (deterministic=True), and against cuDNN: "
               "ms (effective TFLOP/s)", "",
               "| shape | sdpa_cudnn | gw_bf16 key-outer | gw_bf16 pair | gw_pivot key-outer | gw_pivot pair | "
               "gw_gproj key-outer | gw_gproj pair | bf16/cuDNN | pivot/cuDNN | gproj pair/cuDNN | "
@@ -371,9 +366,8 @@ def main():
                          f"{'n/a' if us128 is None else f'{us128:.1f}'} | "
                          f"{'n/a' if us256 is None else f'{us256:.1f}'} |")
     if any(row["d"] == 256 for row in cases):
-        lines += ["", "Head dim 256: the key-outer kernels (bf16 and pivot by default, gproj with "
-                  "GAUGEWATCH_GPROJ_KERNEL=key_outer, a child process) against the mma.sync pair (bf16 and pivot "
-                  "deterministic=True, gproj by default): ms (effective TFLOP/s), the key-outer kernel's time and "
+        lines += ["", "Head dim 256: the key-outer kernels (the default) against the mma.sync pair "
+                  "(deterministic=True): ms (effective TFLOP/s), the key-outer kernel's time and "
                   "gproj's second pass's (us, profiler)", "",
                   "| shape | backend | sdpa_cudnn | pair | key-outer | key-outer/pair | pair/cuDNN | "
                   "key-outer/cuDNN | key-outer kernel us | second pass us |", "|---" * 10 + "|"]
@@ -381,12 +375,8 @@ def main():
             if row["d"] != 256:
                 continue
             for backend in ("bf16", "pivot", "gproj"):
-                gproj = backend == "gproj"
-                key_outer = "gw_gproj_key_outer" if gproj else f"gw_{backend}"
-                pair = "gw_gproj" if gproj else f"gw_{backend}_pair"
-                if row.get(key_outer + "_ms") is None:
-                    continue
-                kernels_us = row.get("kernels_us_key_outer" if gproj else "kernels_us", {}).get(backend, {})
+                key_outer, pair = f"gw_{backend}", f"gw_{backend}_pair"
+                kernels_us = row.get("kernels_us", {}).get(backend, {})
                 us, us2 = kernels_us.get("keyouter_d256_kernel"), kernels_us.get("gproj_keys_d256_kernel")
                 lines.append(f"| {row['shape']} | {backend} | {fmt(row, 'sdpa_cudnn')} | {fmt(row, pair)} | "
                              f"{fmt(row, key_outer)} | {ratio(row[f'{backend}_d256_key_outer_over_pair'])} | "

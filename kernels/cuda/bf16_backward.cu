@@ -237,11 +237,11 @@ bool has_key_outer_kernels(const Bf16BackwardParams& p) {
 }
 
 // Whether the head-dim-256 key-outer kernels run for p: d256_key_outer asks
-// for them, and for gproj gproj_path is kKeyOuter (kAuto keeps the pair
-// there: its two passes measured 0.99x the pair's time).
+// for them, and for gproj gproj_path is not kPair (its two passes, with dQ
+// by tensor reductions, measured 0.96-0.98x the pair's time).
 bool d256_key_outer(const Bf16BackwardParams& p) {
   return p.shape.head_dim == 256 && p.d256_key_outer &&
-         (p.projection != Projection::kGproj || p.gproj_path == GprojPath::kKeyOuter);
+         (p.projection != Projection::kGproj || p.gproj_path != GprojPath::kPair);
 }
 
 // Whether the warp-specialized key-outer kernels can run for p: asked for,

@@ -113,10 +113,13 @@ enum class Projection : int {
 // warp-specialized, 0.93-0.99x on the long, non-causal and GQA shapes and
 // 0.98-1.02x on B4 H16 N4096 causal (three runs on 2026-12-03); without
 // warp specialization (keyouter_warp_specialized false, or TMA maps that
-// do not encode) it was 1.2-1.4x the pair there.
+// do not encode) it was 1.2-1.4x the pair there. At head dim 256
+// (d256_key_outer) its two passes take 0.96-0.98x the pair's time (H100,
+// three alternating rounds, 2026-12-05).
 enum class GprojPath : int {
-  // the key-outer gproj at head dim 64, and at 128 where both its passes run
-  // warp-specialized (bf16_uses_key_outer_ws); the pair otherwise
+  // the key-outer gproj at head dim 64, at 128 where both its passes run
+  // warp-specialized (bf16_uses_key_outer_ws) and at 256 where
+  // d256_key_outer asks for it; the pair otherwise
   kAuto = 0,
   kPair = 1,
   kKeyOuter = 2,
@@ -135,9 +138,10 @@ struct Bf16RowDiagnostics {
 };
 
 // Which implementation of the kernel pair runs (same math, same outputs to
-// the BF16 error both carry). Head dim 256 runs the mma.sync pair whatever
-// this says: neither the Hopper pair's tiles nor the key-outer kernels' fit
-// there (kernels/cuda/README.md, "Head dim 256").
+// the BF16 error both carry). At head dim 256 the pair is the mma.sync
+// pair whatever this says (the Hopper pair's tiles do not fit there,
+// kernels/cuda/README.md, "Head dim 256"); its key-outer kernels run only
+// with kHopper (d256_key_outer).
 enum class Bf16KernelPair : int {
   kHopper = 0,            // warpgroup MMAs (bf16_backward_hopper.cuh)
   kMmaSyncBaseline = 1,   // mma.sync (baseline/bf16_mma_sync_kernel.cuh)
@@ -149,7 +153,7 @@ struct LseStrides {
 };
 
 struct Bf16BackwardParams {
-  ProblemShape shape;  // head_dim 64, 128 or 256 (256: the mma.sync pair only); no mask
+  ProblemShape shape;  // head_dim 64, 128 or 256 (256: d256_key_outer or the mma.sync pair); no mask
   // Inputs (device). BF16 tensors are passed as raw 16-bit storage.
   const uint16_t* q = nullptr;
   const uint16_t* k = nullptr;
@@ -186,11 +190,11 @@ struct Bf16BackwardParams {
   // Head dim 256, not deterministic, the Hopper pair, no diagnostics: true
   // (the default) runs bf16 and pivot on the key-outer kernel on the tensor
   // cores (bf16_keyouter_d256_kernel.cuh: 64 keys per block, 5 products per
-  // tile pair, dQ by FP32 atomics; pivot's fix-up in its finish), and gproj
-  // where gproj_path is kKeyOuter (its second pass of 3 products,
-  // bf16_gproj_keys_d256_kernel.cuh); false, and gproj otherwise, the
-  // mma.sync pair. On the H200 the key-outer kernel takes bf16 and pivot to
-  // 0.65x the pair's time, gproj's two passes only to 0.99x
+  // tile pair, dQ by TMA tensor reductions; pivot's fix-up in its finish),
+  // and gproj unless gproj_path is kPair (its second pass of 3 products,
+  // bf16_gproj_keys_d256_kernel.cuh); false, and gproj with kPair, the
+  // mma.sync pair. The key-outer kernel takes bf16 and pivot to 0.63-0.65x
+  // the pair's time (H200), gproj's two passes to 0.96-0.98x (H100)
   // (kernels/cuda/README.md). Ignored at head dims 64 and 128.
   bool d256_key_outer = true;
   // Keys per block of gproj's second pass where it runs warp-specialized
@@ -225,14 +229,14 @@ Status validate(const Bf16BackwardParams& params);
 // Whether `params` run the key-outer kernel (otherwise the pair): head dim
 // 64 or 128, Hopper pair, not deterministic, no diagnostics, and for gproj
 // where gproj_path chooses it (gproj_runs_key_outer); at head dim 256
-// where d256_key_outer asks for it (gproj: and gproj_path is kKeyOuter).
+// where d256_key_outer asks for it (gproj: and gproj_path is not kPair).
 bool bf16_uses_key_outer(const Bf16BackwardParams& params);
 
 // Whether gproj_path takes gproj's key-outer structure for params (its head
 // dim, and with kAuto at head dim 128 whether the warp-specialized kernels
 // would run: keyouter_warp_specialized and maps that encode), whatever the
 // other conditions of bf16_uses_key_outer; at head dim 256 where
-// d256_key_outer asks for it and gproj_path is kKeyOuter.
+// d256_key_outer asks for it and gproj_path is not kPair.
 bool gproj_runs_key_outer(const Bf16BackwardParams& params);
 
 // Whether `params` run the warp-specialized key-outer kernel: the key-outer

@@ -52,8 +52,8 @@ const Bf16KernelChoice kBf16Kernel = bf16_kernel_from_environment();
 // runs gproj on the key-outer kernel (warp-specialized as bf16's,
 // GAUGEWATCH_BF16_KERNEL above) at every head dim, "pair" on the two-kernel
 // pair; unset, empty or "auto" the default (GprojPath::kAuto): the
-// key-outer kernel at head dim 64, and at 128 where it runs warp-specialized
-// (the pair otherwise). Any other value keeps the default and says so once,
+// key-outer kernel at head dim 64, at 128 where it runs warp-specialized
+// and at 256 (GAUGEWATCH_D256_KERNEL below; the pair otherwise). Any other value keeps the default and says so once,
 // on stderr (this runs in a static initializer: it must not throw).
 gpu::GprojPath gproj_path_from_environment() {
   const char* env = std::getenv("GAUGEWATCH_GPROJ_KERNEL");
@@ -138,8 +138,8 @@ const bool kGprojPass2KeysChecked = [] {
 
 // GAUGEWATCH_D256_KERNEL (Bf16BackwardParams::d256_key_outer): the kernels
 // at head dim 256 without bitwise determinism. Unset, empty or "key_outer"
-// (the default): bf16 and pivot on the key-outer kernel on the tensor
-// cores, and gproj where GAUGEWATCH_GPROJ_KERNEL=key_outer; "pair": the
+// (the default): bf16, pivot and gproj (unless GAUGEWATCH_GPROJ_KERNEL=pair)
+// on the key-outer kernels on the tensor cores; "pair": the
 // mma.sync pair for all three. Any other value keeps the default and says
 // so once, on stderr; beside GAUGEWATCH_BF16_KERNEL=mma_sync, under which
 // it never runs, an explicit "key_outer" says that once too (static

@@ -65,15 +65,16 @@ gpu::Bf16KernelPair bf16_kernel_pair();
 // GAUGEWATCH_GPROJ_KERNEL=key_outer runs the key-outer kernel (the
 // warp-specialized one, unless GAUGEWATCH_BF16_KERNEL=key_outer) and its
 // second pass at every head dim, "pair" the two-kernel pair; unset, empty or
-// "auto" the default, the key-outer kernel at head dim 64, and at 128 where
-// it runs warp-specialized (gpu::GprojPath::kAuto has the measured times);
+// "auto" the default, the key-outer kernel at head dim 64, at 128 where it
+// runs warp-specialized and at 256 unless GAUGEWATCH_D256_KERNEL=pair
+// (gpu::GprojPath::kAuto has the measured times);
 // another value warns once on stderr and keeps the default.
 // GAUGEWATCH_GPROJ_PASS2_KEYS (gpu::Bf16BackwardParams::gproj_pass2_keys):
 // keys per block of gproj's warp-specialized second pass; unset, empty or
 // "256" the default, 256; "128" the 128-key pass.
 // GAUGEWATCH_D256_KERNEL (gpu::Bf16BackwardParams::d256_key_outer): unset
-// or "key_outer", bf16 and pivot at head dim 256 (not deterministic) run the
-// key-outer kernel, and gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer;
+// or "key_outer", bf16, pivot and gproj at head dim 256 (not deterministic;
+// gproj unless GAUGEWATCH_GPROJ_KERNEL=pair) run the key-outer kernels;
 // "pair", the mma.sync pair. The metrics run
 // deterministic (the pair): their backends' runs are bit-repeatable.
 Grads fused_bf16_backward(const AttentionCall& call, gpu::Projection projection, const at::Tensor& grad_out,

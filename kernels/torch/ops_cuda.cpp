@@ -101,8 +101,8 @@ Grads attention_backward_cuda(const at::Tensor& grad_out, const at::Tensor& q, c
               "' (the fused BF16 backward) takes no attn_mask; use backend 'center' (the stock backward on "
               "centred keys) or 'fp32' for masked calls");
   // deterministic: the two-kernel pair (no atomics); otherwise bf16 and pivot
-  // run the key-outer kernel, gproj at head dim 64 unless
-  // GAUGEWATCH_GPROJ_KERNEL says otherwise (kernels/cuda/bf16_backward.h,
+  // run the key-outer kernel, gproj at head dims 64 and 256 (at 128 where it
+  // runs warp-specialized) unless GAUGEWATCH_GPROJ_KERNEL says otherwise (kernels/cuda/bf16_backward.h,
   // cuda_launch.h).
   return run_bf16(call, backend, grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, deterministic);
 }

@@ -24,7 +24,7 @@
 //     every device and backend; the CUDA fused BF16 kernels write them in place.
 //   deterministic: bitwise repeatable results (CUDA fp32: no dQ atomics; CUDA bf16 and pivot: the
 //     two-kernel pair instead of the key-outer kernel; CUDA gproj runs the key-outer
-//     kernel, at head dim 128 where it runs warp-specialized, unless
+//     kernels, at head dim 128 where they run warp-specialized, unless
 //     GAUGEWATCH_GPROJ_KERNEL says otherwise).
 //
 // attention_backward_rows(grad_out, q, k, v, out, lse, slices, rows, *, ...)

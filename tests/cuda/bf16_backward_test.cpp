@@ -991,7 +991,7 @@ TEST(Bf16Backward, GprojStructureByHeadDim) {
     }
   }
   // ... and with d256_key_outer its key-outer kernels (never
-  // warp-specialized), for gproj only where gproj_path is kKeyOuter.
+  // warp-specialized), for gproj unless gproj_path is kPair.
   p.d256_key_outer = true;
   for (const auto projection : {gpu::Projection::kNone, gpu::Projection::kPivot, gpu::Projection::kGproj}) {
     SCOPED_TRACE(name_of(projection));
@@ -999,7 +999,7 @@ TEST(Bf16Backward, GprojStructureByHeadDim) {
     for (const auto path : {gpu::GprojPath::kAuto, gpu::GprojPath::kKeyOuter, gpu::GprojPath::kPair}) {
       p.gproj_path = path;
       const bool gproj = projection == gpu::Projection::kGproj;
-      const bool key_outer = !gproj || path == gpu::GprojPath::kKeyOuter;
+      const bool key_outer = !gproj || path != gpu::GprojPath::kPair;
       EXPECT_EQ(gpu::bf16_uses_key_outer(p), key_outer) << "gproj_path " << static_cast<int>(path);
       EXPECT_FALSE(gpu::bf16_uses_key_outer_ws(p));
       EXPECT_EQ(gpu::gproj_runs_key_outer(p), key_outer);

@@ -70,13 +70,13 @@ def gproj_default_is_pair(d):
 def d256_default_is_pair(backend):
     """Whether a call at head dim 256 without deterministic=True runs the
     mma.sync pair: GAUGEWATCH_D256_KERNEL=pair or GAUGEWATCH_BF16_KERNEL=
-    mma_sync (read once, when the library loads), and gproj unless
-    GAUGEWATCH_GPROJ_KERNEL=key_outer; bf16 and pivot run the key-outer
-    kernel by default (kernels/cuda/bf16_backward.h, d256_key_outer)."""
+    mma_sync (read once, when the library loads), and gproj with
+    GAUGEWATCH_GPROJ_KERNEL=pair; all three run the key-outer kernels by
+    default (kernels/cuda/bf16_backward.h, d256_key_outer)."""
     import os
     if os.environ.get("GAUGEWATCH_D256_KERNEL") == "pair" or os.environ.get("GAUGEWATCH_BF16_KERNEL") == "mma_sync":
         return True
-    return backend == "gproj" and os.environ.get("GAUGEWATCH_GPROJ_KERNEL") != "key_outer"
+    return backend == "gproj" and os.environ.get("GAUGEWATCH_GPROJ_KERNEL") == "pair"
 
 
 GPU_CASES = {name: kw for name, kw in CASES.items() if name != "d32_cpu_only"}
@@ -489,10 +489,10 @@ torch.save(got, sys.argv[2])
 
 
 def test_d256_key_outer_agrees_with_the_pair(tmp_path, record_line):
-    """Head dim 256 runs bf16 and pivot on the key-outer kernel by default,
-    and gproj with GAUGEWATCH_GPROJ_KERNEL=key_outer (read once, when the
-    library loads: a child process) (tensor cores, 64 keys per block; gproj
-    with its second pass); deterministic=True runs the mma.sync pair: on SDPA-strided
+    """Head dim 256 runs bf16, pivot and gproj on the key-outer kernels by
+    default (tensor cores, 64 keys per block; gproj with its second pass; a
+    child process without the GAUGEWATCH_* kernel choices, which are read
+    once, when the library loads); deterministic=True runs the mma.sync pair: on SDPA-strided
     and contiguous operands the key-outer kernel runs (profiler; gproj's
     second pass too) and its gradients are the pair's (deterministic=True,
     the same process) to 1e-2; on sink-like inputs its dQ error against
@@ -505,8 +505,8 @@ def test_d256_key_outer_agrees_with_the_pair(tmp_path, record_line):
 
     here = str(Path(__file__).resolve().parent)
     saved = tmp_path / "d256.pt"
-    env = dict(os.environ, GAUGEWATCH_GPROJ_KERNEL="key_outer")
-    for name in ("GAUGEWATCH_BF16_KERNEL", "GAUGEWATCH_D256_KERNEL"):
+    env = dict(os.environ)
+    for name in ("GAUGEWATCH_BF16_KERNEL", "GAUGEWATCH_D256_KERNEL", "GAUGEWATCH_GPROJ_KERNEL"):
         env.pop(name, None)
     subprocess.run([sys.executable, "-c", _D256_CHILD, here, str(saved)], env=env, check=True, timeout=600)
     got = torch.load(saved)
