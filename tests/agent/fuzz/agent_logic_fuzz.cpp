@@ -27,6 +27,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -273,18 +274,36 @@ class HttpFixture {
   std::shared_ptr<Session> session_;
 };
 
-// Sends `request`, half-closes, reads the answer until the server closes.
-std::string exchange(std::uint16_t port, std::string_view request) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) fail("socket");
-  timeval timeout{15, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+// A socket connected to the server on the loopback, with 15 s send and
+// receive timeouts. ECONNREFUSED (nothing listens) fails at once; any other
+// connect error is the client's side (no ephemeral port free, an
+// interrupted or timed-out handshake on a loaded runner) and is tried twice
+// more, 200 ms apart, before it fails too; every failure names its errno.
+int connect_to(std::uint16_t port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) fail("the HTTP server refuses connections");
+  std::string errors;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt > 0) ::usleep(200 * 1000);
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) fail(std::string("socket: ") + std::strerror(errno));
+    timeval timeout{15, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+    const int error = errno;
+    ::close(fd);
+    errors += std::string(errors.empty() ? "" : ", ") + std::strerror(error);
+    if (error == ECONNREFUSED) break;
+  }
+  fail("the HTTP server refuses connections on port " + std::to_string(port) + ": " + errors);
+}
+
+// Sends `request`, half-closes, reads the answer until the server closes.
+std::string exchange(std::uint16_t port, std::string_view request) {
+  const int fd = connect_to(port);
   std::size_t sent = 0;
   while (sent < request.size()) {
     const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
