@@ -53,8 +53,9 @@ const Bf16KernelChoice kBf16Kernel = bf16_kernel_from_environment();
 // GAUGEWATCH_BF16_KERNEL above) at every head dim, "pair" on the two-kernel
 // pair; unset, empty or "auto" the default (GprojPath::kAuto): the
 // key-outer kernel at head dim 64, at 128 where it runs warp-specialized
-// and at 256 (GAUGEWATCH_D256_KERNEL below; the pair otherwise). Any other value keeps the default and says so once,
-// on stderr (this runs in a static initializer: it must not throw).
+// and at 256 (GAUGEWATCH_D256_KERNEL below; the pair otherwise). Any other
+// value keeps the default and says so once, on stderr (this runs in a static
+// initializer: it must not throw).
 gpu::GprojPath gproj_path_from_environment() {
   const char* env = std::getenv("GAUGEWATCH_GPROJ_KERNEL");
   if (env == nullptr || *env == '\0') return gpu::GprojPath::kAuto;

@@ -102,8 +102,8 @@ Grads attention_backward_cuda(const at::Tensor& grad_out, const at::Tensor& q, c
               "centred keys) or 'fp32' for masked calls");
   // deterministic: the two-kernel pair (no atomics); otherwise bf16 and pivot
   // run the key-outer kernel, gproj at head dims 64 and 256 (at 128 where it
-  // runs warp-specialized) unless GAUGEWATCH_GPROJ_KERNEL says otherwise (kernels/cuda/bf16_backward.h,
-  // cuda_launch.h).
+  // runs warp-specialized) unless GAUGEWATCH_GPROJ_KERNEL says otherwise
+  // (kernels/cuda/bf16_backward.h, cuda_launch.h).
   return run_bf16(call, backend, grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, deterministic);
 }
 
