@@ -199,6 +199,16 @@ struct KeyTile {
   // (bench/results/bench_bf16_backward-stats-writer-h200-2026-12-04.md); at
   // D = 64 the dQ writer does it beside the tile.
   static constexpr bool kStatsByWriter = kWriter && P == Projection::kPivot;
+  // Pivot at D = 64 (warp-specialized): the row sums' MMAs in a commit group
+  // of their own after dV / dK / dQ's, waited for, and the statistics staged
+  // for the writer, only after the dQ tile's hand-over, whose proxy fence
+  // then waits for the dQ stores alone. On the H200 (three rounds of
+  // alternating processes, bench/results/bench_bf16_backward-stats-after-
+  // handoff-h200-2026-12-05.md) pivot's kernel took 0.954-0.955x its time
+  // at D = 64, but 1.026-1.032x on four D = 128 shapes, and gproj's first
+  // pass 1.015x at D = 64 and 0.98-1.00x at D = 128: the other kernels keep
+  // the statistics before the hand-over.
+  static constexpr bool kStatsAfterHandoff = kStatsByWriter && D == 64;
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
   static constexpr int kStride = kDqStride<D>;
@@ -471,6 +481,7 @@ struct KeyTile {
           dq, wgmma::desc_k_major(tw, wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
           wgmma::desc_mn_major(smem + L::kK, wgmma::chunk_offset<kKvKeys>(16 * k, column_chunk), kKeySubTile));
     }
+    if constexpr (kStatsAfterHandoff) wgmma::commit();
     if constexpr (kRhoByMma) {
       const uint64_t ones = wgmma::desc_k_major(reinterpret_cast<const unsigned char*>(smem) + L::kOnes);
       row_sums_mma(rho, t_tile, ones);
@@ -494,38 +505,42 @@ struct KeyTile {
       }
     }
 
-    wgmma::wait<0>();
+    wgmma::wait<kStatsAfterHandoff ? 1 : 0>();
     wgmma::fence_operand(dk);
     wgmma::fence_operand(dv);
     wgmma::fence_operand(dq);
     released();
-    if constexpr (kMassByMma) {
-      // This warpgroup's partial rho and m of rows g and g + 8: every column
-      // holds the row sum, so lane c = 0 adds rho and lane c = 1 m, one
-      // atomic instruction per row (a fully masked row adds nothing).
-      wgmma::fence_operand(rho);
-      wgmma::fence_operand(mass);
+    auto add_statistics = [&] {
+      if constexpr (kMassByMma) {
+        // This warpgroup's partial rho and m of rows g and g + 8: every
+        // column holds the row sum, so lane c = 0 adds rho and lane c = 1 m,
+        // one atomic instruction per row (a fully masked row adds nothing).
+        wgmma::fence_operand(rho);
+        wgmma::fence_operand(mass);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = i0 + row0 + g + 8 * hh;
-        const float x = c == 0 ? rho[2 * hh] : mass[2 * hh];
-        if (c < 2 && row < a.n && x != 0.0f) atomicAdd((c == 0 ? a.row_factor : a.mass_accum) + row_base + row, x);
-      }
-    } else if constexpr (kStatsByWriter) {
-      // This warpgroup's argmax codes and partial rho of rows g and g + 8,
-      // staged for the writer (lanes c = 0 hold the quad's).
-      wgmma::fence_operand(rho);
-      stats().stage(it, wg, row0 + g, c == 0, code, rho[0], rho[2]);
-    } else if constexpr (kRhoByMma) {
-      // This warpgroup's partial rho of rows g and g + 8 (a fully masked row
-      // has t = 0 and adds nothing).
-      wgmma::fence_operand(rho);
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = i0 + row0 + g + 8 * hh;
+          const float x = c == 0 ? rho[2 * hh] : mass[2 * hh];
+          if (c < 2 && row < a.n && x != 0.0f) atomicAdd((c == 0 ? a.row_factor : a.mass_accum) + row_base + row, x);
+        }
+      } else if constexpr (kStatsByWriter) {
+        // This warpgroup's argmax codes and partial rho of rows g and g + 8,
+        // staged for the writer (lanes c = 0 hold the quad's).
+        if constexpr (kStatsAfterHandoff) wgmma::wait<0>();
+        wgmma::fence_operand(rho);
+        stats().stage(it, wg, row0 + g, c == 0, code, rho[0], rho[2]);
+      } else if constexpr (kRhoByMma) {
+        // This warpgroup's partial rho of rows g and g + 8 (a fully masked
+        // row has t = 0 and adds nothing).
+        wgmma::fence_operand(rho);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = i0 + row0 + g + 8 * hh;
-        if (c == 0 && row < a.n && rho[2 * hh] != 0.0f) atomicAdd(a.row_factor + row_base + row, rho[2 * hh]);
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = i0 + row0 + g + 8 * hh;
+          if (c == 0 && row < a.n && rho[2 * hh] != 0.0f) atomicAdd(a.row_factor + row_base + row, rho[2 * hh]);
+        }
       }
-    }
+    };
+    if constexpr (!kStatsAfterHandoff) add_statistics();
     // kWriter: the staging tile is free once the writer's reductions of
     // iteration it - 1 have read it; without: see below.
     if constexpr (kWriter) DqHandoff::acquire(it, wg);
@@ -552,6 +567,7 @@ struct KeyTile {
     } else if constexpr (kStaged) {
       wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
     }
+    if constexpr (kStatsAfterHandoff) add_statistics();
   }
 
   // dV = bf16(dVacc); dK = bf16(alpha dKacc), or for pivot and gproj dKacc in

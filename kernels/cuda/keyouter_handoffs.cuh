@@ -118,8 +118,10 @@ struct DqHandoff {
 // The writer's lane l adds rows l and l + 32: max of the two codes (one
 // atomicMax; 0 = no visible key adds nothing) and rho_wg0 + rho_wg1 in FP32
 // (one atomicAdd; 0 adds nothing). Separate from DqHandoff's named
-// barriers: the statistics are ready before the dQ tile is stored, and
-// mbarriers' release/acquire is what compute-sanitizer's racecheck follows.
+// barriers: the compute threads stage the statistics before storing the dQ
+// tile at D = 128 and after handing it over at D = 64
+// (KeyTile::kStatsAfterHandoff), and mbarriers' release/acquire is what
+// compute-sanitizer's racecheck follows.
 struct StatsHandoff {
   static constexpr size_t kBytes = 2 * kKvRows * (8 + 4) + 2 * sizeof(uint64_t);
   static constexpr uint32_t kFullCount = 2 * wgmma::kWarpgroupThreads / 4;
