@@ -203,11 +203,12 @@ struct KeyTile {
   // of their own after dV / dK / dQ's, waited for, and the statistics staged
   // for the writer, only after the dQ tile's hand-over, whose proxy fence
   // then waits for the dQ stores alone. On the H200 (three rounds of
-  // alternating processes, bench/results/bench_bf16_backward-stats-after-
-  // handoff-h200-2026-12-05.md) pivot's kernel took 0.954-0.955x its time
-  // at D = 64, but 1.026-1.032x on four D = 128 shapes, and gproj's first
-  // pass 1.015x at D = 64 and 0.98-1.00x at D = 128: the other kernels keep
-  // the statistics before the hand-over.
+  // alternating processes,
+  // bench/results/bench_bf16_backward-stats-after-handoff-h200-2026-12-05.md)
+  // pivot's kernel took 0.955x its time at D = 64, but 1.026-1.032x on the
+  // five D = 128 shapes, and gproj's first pass 1.015x at D = 64 and
+  // 0.98-1.00x at D = 128: the other kernels keep the statistics before the
+  // hand-over.
   static constexpr bool kStatsAfterHandoff = kStatsByWriter && D == 64;
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
