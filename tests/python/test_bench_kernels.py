@@ -117,6 +117,30 @@ def test_device_ab_refuses_rounds_that_are_not_a_count(tmp_path):
         assert f"GW_AB_ROUNDS={rounds}: give a whole number of rounds, 1 or more" in err
 
 
+def test_device_ab_names_the_patch_of_several_that_does_not_apply(tmp_path):
+    bad = tmp_path / "bad.patch"
+    bad.write_text("--- a/no/such/file.cu\n+++ b/no/such/file.cu\n@@ -1 +1 @@\n-x\n+y\n")
+    rc, err = device_ab_refusal(tmp_path, "", GW_AB_PATCH=f"{tmp_path / 'ab.patch'},{bad}")
+    assert rc == 2
+    assert f"{bad} does not apply to this tree" in err
+
+
+def test_device_ab_wants_one_label_per_version(tmp_path):
+    (tmp_path / "two.patch").write_text("")
+    rc, err = device_ab_refusal(tmp_path, "", GW_AB_PATCH=f"{tmp_path / 'ab.patch'},{tmp_path / 'two.patch'}",
+                                GW_AB_LABELS="main,x")
+    assert rc == 2
+    assert "GW_AB_LABELS=main,x: give 3 names, A's and one per patch" in err
+
+
+def test_device_ab_tests_only_one_candidate(tmp_path):
+    (tmp_path / "two.patch").write_text("")
+    rc, err = device_ab_refusal(tmp_path, "", GW_AB_PATCH=f"{tmp_path / 'ab.patch'},{tmp_path / 'two.patch'}",
+                                GW_AB_VERIFY_S="300")
+    assert rc == 2
+    assert "GW_AB_VERIFY_S=300 tests one version: give one patch" in err
+
+
 # --- scripts/sass_compare.py on real nvcc output ----------------------------------------------
 
 NVCC = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
