@@ -125,20 +125,21 @@ def test_device_ab_names_the_patch_of_several_that_does_not_apply(tmp_path):
     assert f"{bad} does not apply to this tree" in err
 
 
-def test_device_ab_wants_one_label_per_version(tmp_path):
+def two_empty_patches(tmp_path):
+    """GW_AB_PATCH for two candidates that apply to any tree: device_ab_refusal's
+    ab.patch and a second empty patch."""
     (tmp_path / "two.patch").write_text("")
-    rc, err = device_ab_refusal(tmp_path, "", GW_AB_PATCH=f"{tmp_path / 'ab.patch'},{tmp_path / 'two.patch'}",
-                                GW_AB_LABELS="main,x")
-    assert rc == 2
-    assert "GW_AB_LABELS=main,x: give 3 names, A's and one per patch" in err
+    return f"{tmp_path / 'ab.patch'},{tmp_path / 'two.patch'}"
 
 
-def test_device_ab_tests_only_one_candidate(tmp_path):
-    (tmp_path / "two.patch").write_text("")
-    rc, err = device_ab_refusal(tmp_path, "", GW_AB_PATCH=f"{tmp_path / 'ab.patch'},{tmp_path / 'two.patch'}",
-                                GW_AB_VERIFY_S="300")
+@pytest.mark.parametrize("env, message", [
+    ({"GW_AB_LABELS": "main,x"}, "GW_AB_LABELS=main,x: give 3 names, A's and one per patch"),
+    ({"GW_AB_VERIFY_S": "300"}, "GW_AB_VERIFY_S=300 tests one version: give one patch"),
+])
+def test_device_ab_refuses_labels_or_tests_that_do_not_fit_several_candidates(tmp_path, env, message):
+    rc, err = device_ab_refusal(tmp_path, "", GW_AB_PATCH=two_empty_patches(tmp_path), **env)
     assert rc == 2
-    assert "GW_AB_VERIFY_S=300 tests one version: give one patch" in err
+    assert message in err
 
 
 # --- scripts/sass_compare.py on real nvcc output ----------------------------------------------
