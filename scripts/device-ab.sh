@@ -165,19 +165,19 @@ patch -p1 -R --force -s <"${PATCHES[$((N - 1))]}" || echo "[device-ab] warning: 
 
 (cd "$WORK" && tar czf "$OUT/ab-logs.tgz" "${VERSIONS[@]}" "${VERSIONS[@]/%/.txt}" 2>/dev/null)
 [[ -f "$OUT/a.json" ]] || die "A has no benchmark results; no comparison written"
+# One patch: compare.md; several: compare-b1.md, ... and compare.md with all.
+(( N > 1 )) && : >"$OUT/compare.md"
 compared=0
-: >"$OUT/compare.md.tmp"
 for (( i = 1; i <= N; i++ )); do
-  v="${VERSIONS[$i]}" md="$OUT/compare.md"
+  v="${VERSIONS[$i]}" label="${LABELS[$i]}" md="$OUT/compare.md"
   (( N > 1 )) && md="$OUT/compare-$v.md"
   if [[ ! -f "$OUT/$v.json" ]]; then
-    echo "[device-ab] ${LABELS[$i]} ($v) has no benchmark results: not compared" | tee -a "$OUT/compare.md.tmp"
+    echo "[device-ab] $label ($v) has no benchmark results: not compared"
     continue
   fi
-  (( N > 1 )) && printf '\n## %s against %s\n\n' "${LABELS[$i]}" "${LABELS[0]}" | tee -a "$OUT/compare.md.tmp"
-  "$PY" scripts/compare_kernel_runs.py "${RUNS[a]}" "${RUNS[$v]}" --labels "${LABELS[0]},${LABELS[$i]}" \
-    --markdown "$md" && compared=$((compared + 1))
-  (( N > 1 )) && cat "$md" >>"$OUT/compare.md.tmp"
+  "$PY" scripts/compare_kernel_runs.py "${RUNS[a]}" "${RUNS[$v]}" --labels "${LABELS[0]},$label" --markdown "$md" \
+    || continue
+  compared=$((compared + 1))
+  (( N > 1 )) && { printf '\n## %s against %s\n\n' "$label" "${LABELS[0]}"; cat "$md"; } >>"$OUT/compare.md"
 done
-if (( N > 1 )); then mv "$OUT/compare.md.tmp" "$OUT/compare.md"; else rm -f "$OUT/compare.md.tmp"; fi
 (( compared == N )) || die "$((N - compared)) of $N candidate(s) have no comparison (above)"
