@@ -44,7 +44,7 @@
 # patches: device.sh's bench.json of each version's first run), with rounds
 # rounds.tgz (a-2.json, b-2.json, ...: the benchmark's JSON of each later
 # round, and its output), compare.md (for several patches each candidate's
-# comparison with A in turn, and compare-b1.md, ... alone), ab-logs.tgz
+# comparison with A in turn), ab-logs.tgz
 # (every version's logs), with GW_AB_VERIFY_S verify.tgz (that run's files;
 # its table is printed). The tree is left as it was.
 set -uo pipefail
@@ -62,6 +62,9 @@ die() { echo "[device-ab] ERROR: $*" >&2; exit 2; }
 [[ -n "$PATCH_LIST" ]] || die "set GW_AB_PATCH to the patch that turns version A (this tree) into B (several: comma-separated)"
 IFS=',' read -r -a PATCHES <<<"$PATCH_LIST"
 N=${#PATCHES[@]}
+# The device tool brings back at most 8 files: A's and each candidate's JSON,
+# compare.md, rounds.tgz and ab-logs.tgz are 8 with four candidates.
+(( N <= 4 )) || die "GW_AB_PATCH names $N patches: at most 4 per call (the device tool brings back 8 files), split them over calls"
 # The versions' names in files: a, then b (one patch) or b1, b2, ...
 VERSIONS=(a)
 if (( N == 1 )); then VERSIONS+=(b); else for (( i = 1; i <= N; i++ )); do VERSIONS+=("b$i"); done; fi
@@ -165,12 +168,14 @@ patch -p1 -R --force -s <"${PATCHES[$((N - 1))]}" || echo "[device-ab] warning: 
 
 (cd "$WORK" && tar czf "$OUT/ab-logs.tgz" "${VERSIONS[@]}" "${VERSIONS[@]/%/.txt}" 2>/dev/null)
 [[ -f "$OUT/a.json" ]] || die "A has no benchmark results; no comparison written"
-# One patch: compare.md; several: compare-b1.md, ... and compare.md with all.
+# One patch: compare.md; several: compare.md with each comparison in turn,
+# one file (the device tool brings back at most 8 files: a.json, b1.json ..
+# b4.json, compare.md, rounds.tgz and ab-logs.tgz for four candidates).
 (( N > 1 )) && : >"$OUT/compare.md"
 compared=0
 for (( i = 1; i <= N; i++ )); do
   v="${VERSIONS[$i]}" label="${LABELS[$i]}" md="$OUT/compare.md"
-  (( N > 1 )) && md="$OUT/compare-$v.md"
+  (( N > 1 )) && md="$WORK/compare-$v.md"
   if [[ ! -f "$OUT/$v.json" ]]; then
     echo "[device-ab] $label ($v) has no benchmark results: not compared"
     continue

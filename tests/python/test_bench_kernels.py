@@ -125,6 +125,16 @@ def test_device_ab_names_the_patch_of_several_that_does_not_apply(tmp_path):
     assert f"{bad} does not apply to this tree" in err
 
 
+def test_device_ab_refuses_more_candidates_than_the_device_tool_brings_back(tmp_path):
+    patches = []
+    for i in range(5):
+        (tmp_path / f"p{i}.patch").write_text("")
+        patches.append(str(tmp_path / f"p{i}.patch"))
+    rc, err = device_ab_refusal(tmp_path, "", GW_AB_PATCH=",".join(patches))
+    assert rc == 2
+    assert "GW_AB_PATCH names 5 patches: at most 4 per call" in err
+
+
 def two_empty_patches(tmp_path):
     """GW_AB_PATCH for two candidates that apply to any tree: device_ab_refusal's
     ab.patch and a second empty patch."""
