@@ -199,17 +199,20 @@ struct KeyTile {
   // (bench/results/bench_bf16_backward-stats-writer-h200-2026-12-04.md); at
   // D = 64 the dQ writer does it beside the tile.
   static constexpr bool kStatsByWriter = kWriter && P == Projection::kPivot;
-  // Pivot at D = 64 (warp-specialized): the row sums' MMAs in a commit group
-  // of their own after dV / dK / dQ's, waited for, and the statistics staged
-  // for the writer, only after the dQ tile's hand-over, whose proxy fence
-  // then waits for the dQ stores alone. On the H200 (three rounds of
-  // alternating processes,
+  // Pivot and gproj at D = 64 with the writer (warp-specialized): the row
+  // sums' MMAs in a commit group of their own after dV / dK / dQ's, waited
+  // for, and the statistics staged for the writer (pivot) or added by
+  // atomics (gproj's rho and m), only after the dQ tile's hand-over, whose
+  // proxy fence then waits for the dQ stores alone. On the H200 (three
+  // rounds of alternating processes,
   // bench/results/bench_bf16_backward-stats-after-handoff-h200-2026-12-05.md)
   // pivot's kernel took 0.955x its time at D = 64, but 1.026-1.032x on the
-  // five D = 128 shapes, and gproj's first pass 1.015x at D = 64 and
-  // 0.98-1.00x at D = 128: the other kernels keep the statistics before the
-  // hand-over.
-  static constexpr bool kStatsAfterHandoff = kStatsByWriter && D == 64;
+  // five D = 128 shapes (1.039-1.042x with the row sums left in the tile's
+  // group), and gproj's first pass 0.98-1.00x at D = 128: those keep the
+  // statistics before the hand-over. gproj's at D = 64: 0.978x on the H100
+  // (bench/results/bench_bf16_backward-gproj-d64-writer-h100-2026-12-05.md;
+  // without the writer it had measured 1.015x).
+  static constexpr bool kStatsAfterHandoff = kWriter && kRhoByMma && D == 64;
   static constexpr uint32_t kSubTile = kKvRows * 64 * 2;     // bytes between a row tile's 64-column blocks
   static constexpr uint32_t kKeySubTile = kKvKeys * 64 * 2;  // the same for the K tile
   static constexpr int kStride = kDqStride<D>;
@@ -516,6 +519,7 @@ struct KeyTile {
         // This warpgroup's partial rho and m of rows g and g + 8: every
         // column holds the row sum, so lane c = 0 adds rho and lane c = 1 m,
         // one atomic instruction per row (a fully masked row adds nothing).
+        if constexpr (kStatsAfterHandoff) wgmma::wait<0>();
         wgmma::fence_operand(rho);
         wgmma::fence_operand(mass);
 #pragma unroll

@@ -19,8 +19,8 @@
 //     bytes and issues their TMA loads (lane 0) and writes the tile's per-row
 //     inputs (lse, delta, the visible key range; lanes 0..31, two rows each)
 //     to the stage; then each lane arrives on full[s] (1 + 32 arrivals + the
-//     bytes). Its warp 1 is the dQ writer (kDqWriter: D = 128, and D = 64
-//     but for gproj; KeyTile::writer_loop, as FlashAttention-3's): it waits
+//     bytes). Its warp 1 is the dQ writer (KeyTile::writer_loop, as
+//     FlashAttention-3's): it waits
 //     for each iteration's staging tile (keyouter::DqHandoff), adds it to
 //     dQacc by TMA tensor reductions (lane 0: D / 32 boxes of 64 rows x 32
 //     floats through dQacc's map),
@@ -31,19 +31,15 @@
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): KeyTile
 //     with tid = threadIdx.x - 128, keys 64 (warpgroup - 1)..; per iteration
 //     wait full[s], KeyTile::compute, and after the tile's MMAs are complete
-//     every compute thread arrives on empty[s] (256 arrivals). With the
-//     writer: one barrier of the compute threads per iteration
-//     (kComputeBarrier, before dQ, which reads both warpgroups' t);
-//     otherwise each warpgroup meets only its own warps, the writer (for
-//     the staging tile) and the pingpong. Without (gproj at D = 64): as
-//     keyouter_kernel, a barrier of the compute threads where it has its
-//     block barrier, then the compute threads add the previous iteration's
-//     dQ partials (KeyTile::add_dq_tile) while S and dP run.
+//     every compute thread arrives on empty[s] (256 arrivals). One barrier
+//     of the compute threads per iteration (kComputeBarrier, before dQ,
+//     which reads both warpgroups' t); otherwise each warpgroup meets only
+//     its own warps, the writer (for the staging tile) and the pingpong.
 // Stage s of iteration it: s = it % 2, ring round it / 2, consumers wait
 // full[s] with parity (round & 1), the producer empty[s] with
 // (round & 1) ^ 1 (mbarrier.cuh).
-// Shared memory: keyouter::Layout<D, P, kDqWriter> (the two Q/dO buffers and staged row
-// arrays are the ring's stages), with the writer a second set of t tiles, the
+// Shared memory: keyouter::Layout<D, P, true> (the two Q/dO buffers and staged row
+// arrays are the ring's stages), a second set of t tiles, the
 // 5 mbarriers, and for pivot the staged statistics (keyouter::StatsHandoff).
 //
 // TMA maps (host, encode_maps): Q and dO as (B, Hq, N, d), K and V as
@@ -78,45 +74,29 @@ inline constexpr int kProducerThreads = wgmma::kWarpgroupThreads;
 inline constexpr int kComputeThreads = 2 * wgmma::kWarpgroupThreads;
 inline constexpr int kThreads = kProducerThreads + kComputeThreads;
 static_assert(kComputeThreads == keyouter::kThreads, "KeyTile's 256 compute threads");
-// Whether the writer warp adds dQ: at D = 128, and at D = 64 for bf16 and
-// pivot (each warpgroup then computes 32 of the tile's 64 columns over all
-// 128 keys, m64n32, KeyTile). On the H200 (B4 H16 N4096 d64 causal,
-// bench/results/bench_bf16_backward-d64-writer-h200-2026-12-04.md) the writer
-// took bf16's kernel to 0.939x its time and pivot's to 0.977x (three rounds
-// of alternating processes) against the compute threads adding two partials
-// per tile after a barrier of all 256; gproj's first pass measured 1.005x in
-// one pair of processes whose unchanged D = 128 kernels moved by
-// 0.967-0.985x, so gproj keeps the partials at D = 64.
-template <int D, Projection P>
-inline constexpr bool kDqWriter = D == 128 || P != Projection::kGproj;
-// Without the writer the compute threads add iteration it - 1's dQ partials
-// into dQacc while iteration it's S and dP MMAs run (KeyTile::add_dq_tile in
-// compute's during_scores). ncu's source counters (H200, 2026-12-03) had
-// 11-12% of the warp samples of all three kernels on the wait for the
-// tile's dV/dK/dQ MMAs, yet adding during those measured 1.036x for pivot
-// and 1.001x for bf16 against during S and dP, and gproj's first pass
-// 1.019x (B4 H16 N4096 d64 causal, bench_bf16_backward-sass-h200-2026-12-04.md).
-// Before issuing S and dP: bf16 1.014x, pivot 1.031x (before the instruction
-// cut, bench_bf16_backward-d64-h200-2026-12-03.md; gproj's first pass, then
-// 0.973x, was not measured that way after it).
+// The writer warp adds dQ at both head dims and for every backend (at D = 64
+// each warpgroup computes 32 of the tile's 64 columns over all 128 keys,
+// m64n32, KeyTile), against the compute threads adding two partials per tile
+// after a barrier of all 256 (keyouter_kernel's way). On the H200 (B4 H16
+// N4096 d64 causal, bench/results/bench_bf16_backward-d64-writer-h200-2026-12-04.md)
+// the writer took bf16's kernel to 0.939x its time and pivot's to 0.977x
+// (three rounds of alternating processes); gproj's first pass took it at
+// D = 64 with its rho and m atomics after the dQ tile's hand-over
+// (KeyTile::kStatsAfterHandoff): 0.978x on the H100 (two rounds, 0.975-0.982;
+// with them before the hand-over 1.008x,
+// bench/results/bench_bf16_backward-gproj-d64-writer-h100-2026-12-05.md).
 // 384 threads at 1 block per SM start at 168 registers each (65,536 / 384
 // rounded down to a multiple of 8), and that is the block's pool: the
 // producer warpgroup gives some back, the compute warpgroups take them, and
 // producer + 2 x compute <= 3 x 168 (setmaxnreg.cuh; more and setmaxnreg.inc
-// waits forever). Without the writer: 24 / 240 (FlashAttention-3's split).
-// With it: the writer warp's loop and bulk reductions spill at 32 (24 bytes
-// at D = 128, ptxas -v), so 40 / 232, the whole pool; the compute threads
-// fit 232 without spilling at both head dims.
+// waits forever). The writer warp's loop and bulk reductions spill at 32 (24
+// bytes at D = 128, ptxas -v), so 40 / 232, the whole pool
+// (FlashAttention-3's split without a writer is 24 / 240); the compute
+// threads fit 232 without spilling at both head dims.
 inline constexpr int kLaunchRegs = 168;
-template <int D, Projection P>
-inline constexpr int kProducerRegs = kDqWriter<D, P> ? 40 : 24;
-template <int D, Projection P>
-inline constexpr int kComputeRegs = kDqWriter<D, P> ? 232 : 240;
-template <int D, Projection P>
-inline constexpr bool kFitsPool = kProducerRegs<D, P> + 2 * kComputeRegs<D, P> <= 3 * kLaunchRegs;
-static_assert(kFitsPool<64, Projection::kNone> && kFitsPool<64, Projection::kGproj> &&
-                  kFitsPool<128, Projection::kNone>,
-              "the block's register pool (with and without the writer)");
+inline constexpr int kProducerRegs = 40;
+inline constexpr int kComputeRegs = 232;
+static_assert(kProducerRegs + 2 * kComputeRegs <= 3 * kLaunchRegs, "the block's register pool");
 // Named barriers: 1, 2 (KeyTile's per-warpgroup barriers, 1 + wg), 3 (the
 // pingpong), this one for the 256 compute threads, then keyouter::DqHandoff's
 // (5 ..).
@@ -124,24 +104,23 @@ inline constexpr int kComputeBarrier = 4;
 static_assert(keyouter::DqHandoff::kFull > kComputeBarrier, "barrier ids");
 inline constexpr uint32_t kFullArrivals = 1 + 32;  // lane 0's expect_tx + every producer lane's rows
 
-// The operands' maps; with the writer warp (kDqWriter) also dQacc's, the
-// destination of its tensor reductions.
+// The operands' maps and dQacc's, the destination of the writer warp's
+// tensor reductions.
 struct Maps {
   tma::TensorMap q, grad_out, k, v, dq_accum;
 };
 
 // The compute warpgroups' per-tile work.
 template <int D, Projection P>
-using Tile = keyouter::KeyTile<D, P, kProducerThreads, kDqWriter<D, P>>;
+using Tile = keyouter::KeyTile<D, P, kProducerThreads, true>;
 
 template <int D, Projection P>
-struct Layout : keyouter::Layout<D, P, kDqWriter<D, P>> {
-  using Base = keyouter::Layout<D, P, kDqWriter<D, P>>;
+struct Layout : keyouter::Layout<D, P, true> {
+  using Base = keyouter::Layout<D, P, true>;
   static_assert(Base::kBytes == Base::kDqEnd + 1024, "the base layout ends at its dQ tiles");
-  // Bytes from the aligned base: the second set of t tiles (with the writer:
-  // Tile::kTSets, at Base::kDqEnd), then the mbarriers full[kStages],
-  // empty[kStages], kv_full, then (pivot with the writer,
-  // KeyTile::kStatsByWriter) the staged statistics.
+  // Bytes from the aligned base: the second set of t tiles (Tile::kTSets, at
+  // Base::kDqEnd), then the mbarriers full[kStages], empty[kStages],
+  // kv_full, then (pivot, KeyTile::kStatsByWriter) the staged statistics.
   static constexpr size_t kBarriers =
       Base::kDqEnd + (Tile<D, P>::kTSets - 1) * 2 * static_cast<size_t>(Base::kScoreTile) * 2;
   static constexpr int kBarrierCount = 2 * kStages + 1;
@@ -190,14 +169,12 @@ inline bool encode_maps(const Args& a, Maps* maps) {
   return true;
 }
 
-// With the writer warp (kDqWriter<D, P>): dQacc's map, or false where it
-// cannot be encoded (the caller then runs keyouter_kernel); without it
-// nothing to encode. The workspace's dQacc is dense and aligned: only a
-// missing driver entry point refuses it.
-template <int D, Projection P>
+// dQacc's map for the writer warp, or false where it cannot be encoded (the
+// caller then runs keyouter_kernel). The workspace's dQacc is dense and
+// aligned: only a missing driver entry point refuses it.
+template <int D>
 inline bool encode_dq_map(const Args& a, Maps* maps) {
-  return !kDqWriter<D, P> ||
-         tma::encode_f32_reduce_map(&maps->dq_accum, keyouter::dq_accum_tensor<D>(a), kKvRows) == tma::EncodeStatus::kOk;
+  return tma::encode_f32_reduce_map(&maps->dq_accum, keyouter::dq_accum_tensor<D>(a), kKvRows) == tma::EncodeStatus::kOk;
 }
 
 // Whether the maps of `a` encode at `head_dim` (64 or 128): the condition
@@ -227,13 +204,11 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   __syncthreads();  // the barriers' init, before the roles part (the only block-wide barrier)
 
   if (threadIdx.x < kProducerThreads) {
-    regs::setmaxnreg_dec<kProducerRegs<D, P>>();
+    regs::setmaxnreg_dec<kProducerRegs>();
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-    if constexpr (kDqWriter<D, P>) {
-      if (warp == keyouter::DqHandoff::kWriterWarp) {
-        kt.writer_loop(lane, &maps.dq_accum);
-        return;
-      }
+    if (warp == keyouter::DqHandoff::kWriterWarp) {
+      kt.writer_loop(lane, &maps.dq_accum);
+      return;
     }
     if (warp != 0 || iters == 0) return;  // no iteration: nothing loaded, nothing in flight at exit
     if (lane == 0) {
@@ -273,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
     return;
   }
 
-  regs::setmaxnreg_inc<kComputeRegs<D, P>>();
+  regs::setmaxnreg_inc<kComputeRegs>();
   float dk[D / 2], dv[D / 2];
   hopper::zero(dk);
   hopper::zero(dv);
@@ -286,28 +261,9 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
   for (int it = 0; it < iters; ++it) {
     const int s = it % kStages;
     mbarrier::wait(&full[s], static_cast<uint32_t>(it / kStages) & 1u);
-    if constexpr (!kDqWriter<D, P>) {
-      // Every compute thread is done with iteration it - 1: its dQ tile is
-      // written, its t/r tiles and dQ partials read.
-      compute_sync();
-    }
     kt.compute(
         it, smem + (s ? L::kQ1 : L::kQ0), smem + (s ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), s), dk,
-        dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); },
-        [&] {
-          // Iteration it - 1's dQ partials (the set it reads is rewritten
-          // only after the next compute_sync).
-          if constexpr (!kDqWriter<D, P>) {
-            if (it > 0) kt.add_dq_tile(it - 1, kt.tid());
-          }
-        });
-  }
-  if constexpr (!kDqWriter<D, P>) {
-    if (iters > 0) {
-      compute_sync();
-      kt.add_dq_tile(iters - 1, kt.tid());
-    }
-    if (kt.issues_rows()) bulk::wait_all();  // before the block's shared memory goes
+        dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); }, [] {});
   }
   kt.write_keys(dk, dv);
 }

@@ -19,7 +19,7 @@ namespace gaugewatch::gpu::bf16 {
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
   keyouter_ws::Maps maps{};
-  if (!keyouter_ws::encode_maps<D>(a, &maps) || !keyouter_ws::encode_dq_map<D, P>(a, &maps)) {
+  if (!keyouter_ws::encode_maps<D>(a, &maps) || !keyouter_ws::encode_dq_map<D>(a, &maps)) {
     return launch_keyouter<D, P>(a, stream);
   }
   constexpr int kSmem = static_cast<int>(keyouter_ws::Layout<D, P>::kBytes);

@@ -135,7 +135,7 @@ cudaError_t launch_keyouter(const Args& a, cudaStream_t /*stream*/, bool ws_seco
 template <int D, Projection P>
 cudaError_t launch_keyouter_ws(const Args& a, cudaStream_t stream) {
   keyouter_ws::Maps maps{};
-  if (!keyouter_ws::encode_maps<D>(a, &maps) || !keyouter_ws::encode_dq_map<D, P>(a, &maps)) {
+  if (!keyouter_ws::encode_maps<D>(a, &maps) || !keyouter_ws::encode_dq_map<D>(a, &maps)) {
     return launch_keyouter<D, P>(a, stream);
   }
   const dim3 kv_grid = hopper::key_block_grid(a);
