@@ -168,9 +168,8 @@ patch -p1 -R --force -s <"${PATCHES[$((N - 1))]}" || echo "[device-ab] warning: 
 
 (cd "$WORK" && tar czf "$OUT/ab-logs.tgz" "${VERSIONS[@]}" "${VERSIONS[@]/%/.txt}" 2>/dev/null)
 [[ -f "$OUT/a.json" ]] || die "A has no benchmark results; no comparison written"
-# One patch: compare.md; several: compare.md with each comparison in turn,
-# one file (the device tool brings back at most 8 files: a.json, b1.json ..
-# b4.json, compare.md, rounds.tgz and ab-logs.tgz for four candidates).
+# One patch: compare.md; several: compare.md with each comparison in turn
+# (one file: the 8-file limit above).
 (( N > 1 )) && : >"$OUT/compare.md"
 compared=0
 for (( i = 1; i <= N; i++ )); do

@@ -515,11 +515,11 @@ struct KeyTile {
     wgmma::fence_operand(dq);
     released();
     auto add_statistics = [&] {
+      if constexpr (kStatsAfterHandoff) wgmma::wait<0>();  // the row sums' group
       if constexpr (kMassByMma) {
         // This warpgroup's partial rho and m of rows g and g + 8: every
         // column holds the row sum, so lane c = 0 adds rho and lane c = 1 m,
         // one atomic instruction per row (a fully masked row adds nothing).
-        if constexpr (kStatsAfterHandoff) wgmma::wait<0>();
         wgmma::fence_operand(rho);
         wgmma::fence_operand(mass);
 #pragma unroll
@@ -531,7 +531,6 @@ struct KeyTile {
       } else if constexpr (kStatsByWriter) {
         // This warpgroup's argmax codes and partial rho of rows g and g + 8,
         // staged for the writer (lanes c = 0 hold the quad's).
-        if constexpr (kStatsAfterHandoff) wgmma::wait<0>();
         wgmma::fence_operand(rho);
         stats().stage(it, wg, row0 + g, c == 0, code, rho[0], rho[2]);
       } else if constexpr (kRhoByMma) {
