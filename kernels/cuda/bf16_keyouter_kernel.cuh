@@ -53,8 +53,9 @@
 //   (StatsHandoff).
 //   gproj: per row, this block's partial sums of the BF16-rounded t (rho)
 //   and r (m), per warpgroup on the tensor cores as pivot's rho (t and r
-//   against the tile of ones, 4 m64n8k16 steps each), by FP32 atomics; dQ
-//   as bf16's; dK is left in FP32 (dKacc).
+//   against the tile of ones, 4 m64n8k16 steps each), by FP32 atomics (in
+//   the warp-specialized kernel by the writer warp, both warpgroups' in one
+//   of each per row, as pivot's); dQ as bf16's; dK is left in FP32 (dKacc).
 // Then finish_rows_kernel (per 64 query rows): dQ = bf16(alpha (dQacc -
 // rho_i k_{j*(i)})) (pivot) or bf16(alpha dQacc) (bf16; gproj after its
 // second pass, which adds -lambda_i U_i to dQacc); gproj first: lambda_i =
@@ -188,17 +189,18 @@ struct KeyTile {
   // (r) tile from the tensor cores (kRowSumsByMma).
   static constexpr bool kRhoByMma = kRowSumsByMma<D, P>;
   static constexpr bool kMassByMma = kRhoByMma && kGproj;
-  // Pivot with the writer warp: each warpgroup's per-row argmax code (reduced
-  // over the quad) and rho are staged in shared memory and the writer adds
-  // both warpgroups' with one atomicMax and one atomicAdd per row (StatsHandoff),
-  // instead of every warpgroup's c = 0 lanes adding their own: half the
-  // atomics, and none on the compute warps. On the H200 pivot's kernel took
-  // 0.90-0.95x its time on the five D = 128 shapes; at D = 64, with a warp
-  // of the producer warpgroup doing only this while the compute threads
+  // Pivot and gproj with the writer warp: each warpgroup's per-row
+  // statistics (pivot: the argmax code, reduced over the quad, and rho;
+  // gproj: m and rho) are staged in shared memory and the writer adds both
+  // warpgroups' with one atomic of each per row (StatsHandoff), instead of
+  // every warpgroup's c = 0 (and gproj's c = 1) lanes adding their own: half
+  // the atomics, and none on the compute warps. On the H200 pivot's kernel
+  // took 0.90-0.95x its time on the five D = 128 shapes; at D = 64, with a
+  // warp of the producer warpgroup doing only this while the compute threads
   // still added dQ, 1.001x
   // (bench/results/bench_bf16_backward-stats-writer-h200-2026-12-04.md); at
   // D = 64 the dQ writer does it beside the tile.
-  static constexpr bool kStatsByWriter = kWriter && P == Projection::kPivot;
+  static constexpr bool kStatsByWriter = kWriter && kRhoByMma;
   // Pivot and gproj at D = 64 with the writer (warp-specialized): the row
   // sums' MMAs in a commit group of their own after dV / dK / dQ's, waited
   // for, and the statistics staged for the writer (pivot) or added by
@@ -245,7 +247,7 @@ struct KeyTile {
   }
   __device__ __forceinline__ float* rows_base() const { return reinterpret_cast<float*>(smem + L::kRows); }
   // kStatsByWriter: the staged statistics and their two mbarriers.
-  __device__ __forceinline__ StatsHandoff stats() const { return StatsHandoff{stats_base}; }
+  __device__ __forceinline__ StatsHandoff<P> stats() const { return StatsHandoff<P>{stats_base}; }
   // Whether this thread issues bulk reductions (and waits for their reads).
   __device__ __forceinline__ bool issues_rows() const {
     return kStaged && !kWriter && tid() < kKvRows;
@@ -355,10 +357,15 @@ struct KeyTile {
   }
 
   // The writer warp's lane `lane`: iteration it's staged statistics added to
-  // its query head's pivot_code and row_factor (StatsHandoff::add).
+  // its query head's row arrays (pivot: pivot_code; gproj: mass_accum; both
+  // row_factor; StatsHandoff::add).
   __device__ __forceinline__ void add_stats(int it, int lane) const {
     const int64_t row_base = (static_cast<int64_t>(b) * a.hq + head_of(it)) * a.n;
-    stats().add(it, lane, tile_row0(it), a.n, a.pivot_code + row_base, a.row_factor + row_base);
+    if constexpr (kGproj) {
+      stats().add(it, lane, tile_row0(it), a.n, a.mass_accum + row_base, a.row_factor + row_base);
+    } else {
+      stats().add(it, lane, tile_row0(it), a.n, a.pivot_code + row_base, a.row_factor + row_base);
+    }
   }
 
   // kStatsByWriter: the stats hand-over's barriers, initialized by one thread
@@ -516,7 +523,18 @@ struct KeyTile {
     released();
     auto add_statistics = [&] {
       if constexpr (kStatsAfterHandoff) wgmma::wait<0>();  // the row sums' group
-      if constexpr (kMassByMma) {
+      if constexpr (kStatsByWriter && kGproj) {
+        // This warpgroup's partial m and rho of rows g and g + 8, staged for
+        // the writer (every column holds the row sum; lanes c = 0 store).
+        wgmma::fence_operand(rho);
+        wgmma::fence_operand(mass);
+        stats().stage(it, wg, row0 + g, c == 0, {mass[0], mass[2]}, rho[0], rho[2]);
+      } else if constexpr (kStatsByWriter) {
+        // This warpgroup's argmax codes and partial rho of rows g and g + 8,
+        // staged for the writer (lanes c = 0 hold the quad's).
+        wgmma::fence_operand(rho);
+        stats().stage(it, wg, row0 + g, c == 0, code, rho[0], rho[2]);
+      } else if constexpr (kMassByMma) {
         // This warpgroup's partial rho and m of rows g and g + 8: every
         // column holds the row sum, so lane c = 0 adds rho and lane c = 1 m,
         // one atomic instruction per row (a fully masked row adds nothing).
@@ -528,11 +546,6 @@ struct KeyTile {
           const float x = c == 0 ? rho[2 * hh] : mass[2 * hh];
           if (c < 2 && row < a.n && x != 0.0f) atomicAdd((c == 0 ? a.row_factor : a.mass_accum) + row_base + row, x);
         }
-      } else if constexpr (kStatsByWriter) {
-        // This warpgroup's argmax codes and partial rho of rows g and g + 8,
-        // staged for the writer (lanes c = 0 hold the quad's).
-        wgmma::fence_operand(rho);
-        stats().stage(it, wg, row0 + g, c == 0, code, rho[0], rho[2]);
       } else if constexpr (kRhoByMma) {
         // This warpgroup's partial rho of rows g and g + 8 (a fully masked
         // row has t = 0 and adds nothing).

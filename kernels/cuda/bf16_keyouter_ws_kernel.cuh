@@ -24,8 +24,9 @@
 //     for each iteration's staging tile (keyouter::DqHandoff), adds it to
 //     dQacc by TMA tensor reductions (lane 0: D / 32 boxes of 64 rows x 32
 //     floats through dQacc's map),
-//     for pivot adds the rows' staged argmax codes and rho
-//     (keyouter::StatsHandoff) while the copy engine reads the tile, and
+//     for pivot adds the rows' staged argmax codes and rho, for gproj their
+//     m and rho (keyouter::StatsHandoff) while the copy engine reads the
+//     tile, and
 //     hands the tile back. The other warps only give their registers
 //     back.
 //   warpgroups 1 and 2, compute (setmaxnreg.inc to kComputeRegs): KeyTile
@@ -40,7 +41,8 @@
 // (round & 1) ^ 1 (mbarrier.cuh).
 // Shared memory: keyouter::Layout<D, P, true> (the two Q/dO buffers and staged row
 // arrays are the ring's stages), a second set of t tiles, the
-// 5 mbarriers, and for pivot the staged statistics (keyouter::StatsHandoff).
+// 5 mbarriers, and for pivot and gproj the staged statistics
+// (keyouter::StatsHandoff).
 //
 // TMA maps (host, encode_maps): Q and dO as (B, Hq, N, d), K and V as
 // (B, Hkv, M, d), rank 4 with the operands' strides, boxes of 64 (Q, dO) or
@@ -120,12 +122,13 @@ struct Layout : keyouter::Layout<D, P, true> {
   static_assert(Base::kBytes == Base::kDqEnd + 1024, "the base layout ends at its dQ tiles");
   // Bytes from the aligned base: the second set of t tiles (Tile::kTSets, at
   // Base::kDqEnd), then the mbarriers full[kStages], empty[kStages],
-  // kv_full, then (pivot, KeyTile::kStatsByWriter) the staged statistics.
+  // kv_full, then (pivot and gproj, KeyTile::kStatsByWriter) the staged
+  // statistics.
   static constexpr size_t kBarriers =
       Base::kDqEnd + (Tile<D, P>::kTSets - 1) * 2 * static_cast<size_t>(Base::kScoreTile) * 2;
   static constexpr int kBarrierCount = 2 * kStages + 1;
   static constexpr size_t kStats = kBarriers + kBarrierCount * sizeof(uint64_t);
-  static constexpr size_t kStatsBytes = Tile<D, P>::kStatsByWriter ? keyouter::StatsHandoff::kBytes : 0;
+  static constexpr size_t kStatsBytes = Tile<D, P>::kStatsByWriter ? keyouter::StatsHandoff<P>::kBytes : 0;
   static constexpr size_t kBytes = kStats + kStatsBytes + 1024;
   static_assert(kBarriers % 8 == 0, "mbarriers are 8-byte aligned");
 };

@@ -2,13 +2,14 @@
 // What the compute warpgroups of the warp-specialized key-outer kernels hand
 // to the writer warp of their producer warpgroup (bf16_keyouter_ws_kernel.cuh,
 // bf16_gproj_keys_ws_kernel.cuh): each iteration's FP32 dQ (or -lambda U)
-// staging tile (DqHandoff, named barriers) and pivot's per-row statistics
-// (StatsHandoff, mbarriers). The per-tile code on either side is
+// staging tile (DqHandoff, named barriers) and pivot's or gproj's per-row
+// statistics (StatsHandoff, mbarriers). The per-tile code on either side is
 // keyouter::KeyTile (bf16_keyouter_kernel.cuh) and gproj_keys' tile.
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/bf16_backward_hopper.cuh"
 #include "kernels/cuda/bulk_reduce.cuh"
@@ -102,11 +103,12 @@ struct DqHandoff {
   }
 };
 
-// Pivot's per-row statistics from the compute warpgroups to the writer warp
-// of the warp-specialized kernel (KeyTile::kStatsByWriter), in kBytes of
-// shared memory (8-byte aligned) that the kernel's layout provides:
-// codes[2][64] (u64, per warpgroup and row: the quad's largest pivot_code),
-// rho[2][64] (FP32 partial row sums of t), then two mbarriers:
+// Pivot's and gproj's per-row statistics from the compute warpgroups to the
+// writer warp of the warp-specialized kernel (KeyTile::kStatsByWriter), in
+// kBytes of shared memory (8-byte aligned) that the kernel's layout provides:
+// first[2][64] (per warpgroup and row; pivot: u64, the quad's largest
+// pivot_code; gproj: FP32, the partial row sum of r, m), rho[2][64] (FP32
+// partial row sums of t), then two mbarriers:
 //   full   64 arrivals: the lanes c = 0 of both warpgroups (two rows each),
 //          after storing iteration it's values; the writer waits parity it & 1;
 //   empty  32 arrivals: the writer's lanes, once they have read iteration
@@ -115,23 +117,29 @@ struct DqHandoff {
 //          Only they wait: a lane that neither stores nor arrives could be
 //          lapped (empty completing twice while it polls, its parity then
 //          looking incomplete again; the CPU emulation hung that way).
-// The writer's lane l adds rows l and l + 32: max of the two codes (one
-// atomicMax; 0 = no visible key adds nothing) and rho_wg0 + rho_wg1 in FP32
-// (one atomicAdd; 0 adds nothing). Separate from DqHandoff's named
+// The writer's lane l adds rows l and l + 32: pivot the max of the two codes
+// (one atomicMax; 0 = no visible key adds nothing), gproj m_wg0 + m_wg1, and
+// rho_wg0 + rho_wg1, each sum in FP32 (one atomicAdd; 0 adds nothing). The
+// non-specialized kernel's lanes add their own warpgroup's instead
+// (KeyTile::compute). Separate from DqHandoff's named
 // barriers: the compute threads stage the statistics before storing the dQ
 // tile at D = 128 and after handing it over at D = 64
 // (KeyTile::kStatsAfterHandoff), and mbarriers' release/acquire is what
 // compute-sanitizer's racecheck follows.
+template <Projection P>
 struct StatsHandoff {
-  static constexpr size_t kBytes = 2 * kKvRows * (8 + 4) + 2 * sizeof(uint64_t);
+  using First = std::conditional_t<P == Projection::kPivot, unsigned long long, float>;
+  static constexpr size_t kFirstBytes = 2 * kKvRows * sizeof(First);
+  static constexpr size_t kBytes = kFirstBytes + 2 * kKvRows * 4 + 2 * sizeof(uint64_t);
   static constexpr uint32_t kFullCount = 2 * wgmma::kWarpgroupThreads / 4;
   static constexpr uint32_t kEmptyCount = 32;
+  static_assert((kFirstBytes + 2 * kKvRows * 4) % 8 == 0, "mbarriers are 8-byte aligned");
   unsigned char* base;
 
-  __device__ __forceinline__ unsigned long long* codes() const { return reinterpret_cast<unsigned long long*>(base); }
-  __device__ __forceinline__ float* rho() const { return reinterpret_cast<float*>(base + 2 * kKvRows * 8); }
+  __device__ __forceinline__ First* first() const { return reinterpret_cast<First*>(base); }
+  __device__ __forceinline__ float* rho() const { return reinterpret_cast<float*>(base + kFirstBytes); }
   __device__ __forceinline__ uint64_t* full() const {
-    return reinterpret_cast<uint64_t*>(base + 2 * kKvRows * (8 + 4));
+    return reinterpret_cast<uint64_t*>(base + kFirstBytes + 2 * kKvRows * 4);
   }
   __device__ __forceinline__ uint64_t* empty() const { return full() + 1; }
 
@@ -142,29 +150,33 @@ struct StatsHandoff {
   // Compute side, called by every thread of warpgroup wg (rows r and r + 8
   // of the tile; `lead`: lane c = 0, which holds the quad's values and
   // stores them).
-  __device__ __forceinline__ void stage(int it, int wg, int r, bool lead, const unsigned long long (&code)[2],
-                                        float rho0, float rho1) const {
+  __device__ __forceinline__ void stage(int it, int wg, int r, bool lead, const First (&first_of)[2], float rho0,
+                                        float rho1) const {
     if (lead) {
       mbarrier::wait(empty(), static_cast<uint32_t>(it & 1) ^ 1u);  // the writer read iteration it - 1's
-      codes()[wg * kKvRows + r] = code[0];
-      codes()[wg * kKvRows + r + 8] = code[1];
+      first()[wg * kKvRows + r] = first_of[0];
+      first()[wg * kKvRows + r + 8] = first_of[1];
       rho()[wg * kKvRows + r] = rho0;
       rho()[wg * kKvRows + r + 8] = rho1;
       mbarrier::arrive(full());  // release: the four stores
     }
   }
   // Writer side, lane 0..31: iteration it's rows i0.. added to the row
-  // arrays (pivot_code, row_factor) of its query head, rows past n skipped.
-  __device__ __forceinline__ void add(int it, int lane, int i0, int n, unsigned long long* pivot_code,
-                                      float* row_factor) const {
+  // arrays of its query head (first_rows: pivot_code or gproj's
+  // mass_accum; row_factor), rows past n skipped.
+  __device__ __forceinline__ void add(int it, int lane, int i0, int n, First* first_rows, float* row_factor) const {
     mbarrier::wait(full(), static_cast<uint32_t>(it & 1));
-    unsigned long long code[2];
+    First f[2];
     float sum[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = lane + 32 * h;
-      const unsigned long long x = codes()[r], y = codes()[kKvRows + r];
-      code[h] = x > y ? x : y;
+      const First x = first()[r], y = first()[kKvRows + r];
+      if constexpr (P == Projection::kPivot) {
+        f[h] = x > y ? x : y;
+      } else {
+        f[h] = x + y;
+      }
       sum[h] = rho()[r] + rho()[kKvRows + r];
     }
     mbarrier::arrive(empty());  // its values are in registers
@@ -172,7 +184,11 @@ struct StatsHandoff {
     for (int h = 0; h < 2; ++h) {
       const int row = i0 + lane + 32 * h;
       if (row >= n) continue;
-      if (code[h] != 0) atomicMax(pivot_code + row, code[h]);
+      if constexpr (P == Projection::kPivot) {
+        if (f[h] != 0) atomicMax(first_rows + row, f[h]);
+      } else {
+        if (f[h] != 0.0f) atomicAdd(first_rows + row, f[h]);
+      }
       if (sum[h] != 0.0f) atomicAdd(row_factor + row, sum[h]);
     }
   }
