@@ -9,6 +9,8 @@
 #   run(command="GW_NCU_CASES='bf16:64 pivot:64' bash scripts/device-ncu-source.sh", carry=[".device"])
 # GW_NCU_CASES: space-separated backend:head_dim (default "bf16:64");
 # GW_NCU_KERNEL: the kernel-name regex (default keyouter_ws, the first pass);
+# GW_NCU_ARGS: more arguments for bench/kernels/_profile_one.py, the shape
+# (default its B4 H16 N4096 causal; e.g. "--B 2 --N 8192 --noncausal");
 # OUT (.device/out). Writes under $OUT, per case: <backend>_d<d>.csv (the
 # SASS page: one row per instruction with its samples by stall reason),
 # <backend>_d<d>_summary.txt (SpeedOfLight, WarpStateStats,
@@ -40,9 +42,10 @@ NCU="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)"
 for case in $CASES; do
   backend="${case%%:*}"; d="${case##*:}"; name="${backend}_d${d}"
   echo "[ncu-source] $name"
+  # shellcheck disable=SC2086  # GW_NCU_ARGS: several arguments
   "$NCU" --kernel-name "regex:$KERNEL" -c 1 --section SourceCounters --section WarpStateStats \
     --section SchedulerStats --section SpeedOfLight --import-source no -f -o "$WORK/$name" \
-    "$PY" bench/kernels/_profile_one.py --backend "$backend" --d "$d" >"$WORK/$name.log" 2>&1 \
+    "$PY" bench/kernels/_profile_one.py --backend "$backend" --d "$d" ${GW_NCU_ARGS:-} >"$WORK/$name.log" 2>&1 \
     || { tail -5 "$WORK/$name.log"; continue; }
   "$NCU" -i "$WORK/$name.ncu-rep" --page details >"$OUT/${name}_summary.txt" 2>&1
   "$NCU" -i "$WORK/$name.ncu-rep" --page source --print-source sass --csv >"$OUT/$name.csv" 2>"$WORK/$name.err" \
