@@ -106,9 +106,9 @@ struct DqHandoff {
 // Pivot's and gproj's per-row statistics from the compute warpgroups to the
 // writer warp of the warp-specialized kernel (KeyTile::kStatsByWriter), in
 // kBytes of shared memory (8-byte aligned) that the kernel's layout provides:
-// first[2][64] (per warpgroup and row; pivot: u64, the quad's largest
-// pivot_code; gproj: FP32, the partial row sum of r, m), rho[2][64] (FP32
-// partial row sums of t), then two mbarriers:
+// statistic[2][64] (the backend's own, per warpgroup and row; pivot: u64,
+// the quad's largest pivot_code; gproj: FP32, the partial row sum of r, m),
+// rho[2][64] (FP32 partial row sums of t), then two mbarriers:
 //   full   64 arrivals: the lanes c = 0 of both warpgroups (two rows each),
 //          after storing iteration it's values; the writer waits parity it & 1;
 //   empty  32 arrivals: the writer's lanes, once they have read iteration
@@ -128,18 +128,18 @@ struct DqHandoff {
 // compute-sanitizer's racecheck follows.
 template <Projection P>
 struct StatsHandoff {
-  using First = std::conditional_t<P == Projection::kPivot, unsigned long long, float>;
-  static constexpr size_t kFirstBytes = 2 * kKvRows * sizeof(First);
-  static constexpr size_t kBytes = kFirstBytes + 2 * kKvRows * 4 + 2 * sizeof(uint64_t);
+  using Statistic = std::conditional_t<P == Projection::kPivot, unsigned long long, float>;
+  static constexpr size_t kStatisticBytes = 2 * kKvRows * sizeof(Statistic);
+  static constexpr size_t kBytes = kStatisticBytes + 2 * kKvRows * 4 + 2 * sizeof(uint64_t);
   static constexpr uint32_t kFullCount = 2 * wgmma::kWarpgroupThreads / 4;
   static constexpr uint32_t kEmptyCount = 32;
-  static_assert((kFirstBytes + 2 * kKvRows * 4) % 8 == 0, "mbarriers are 8-byte aligned");
+  static_assert((kStatisticBytes + 2 * kKvRows * 4) % 8 == 0, "mbarriers are 8-byte aligned");
   unsigned char* base;
 
-  __device__ __forceinline__ First* first() const { return reinterpret_cast<First*>(base); }
-  __device__ __forceinline__ float* rho() const { return reinterpret_cast<float*>(base + kFirstBytes); }
+  __device__ __forceinline__ Statistic* statistic() const { return reinterpret_cast<Statistic*>(base); }
+  __device__ __forceinline__ float* rho() const { return reinterpret_cast<float*>(base + kStatisticBytes); }
   __device__ __forceinline__ uint64_t* full() const {
-    return reinterpret_cast<uint64_t*>(base + kFirstBytes + 2 * kKvRows * 4);
+    return reinterpret_cast<uint64_t*>(base + kStatisticBytes + 2 * kKvRows * 4);
   }
   __device__ __forceinline__ uint64_t* empty() const { return full() + 1; }
 
@@ -150,28 +150,28 @@ struct StatsHandoff {
   // Compute side, called by every thread of warpgroup wg (rows r and r + 8
   // of the tile; `lead`: lane c = 0, which holds the quad's values and
   // stores them).
-  __device__ __forceinline__ void stage(int it, int wg, int r, bool lead, const First (&first_of)[2], float rho0,
+  __device__ __forceinline__ void stage(int it, int wg, int r, bool lead, const Statistic (&statistic_of)[2], float rho0,
                                         float rho1) const {
     if (lead) {
       mbarrier::wait(empty(), static_cast<uint32_t>(it & 1) ^ 1u);  // the writer read iteration it - 1's
-      first()[wg * kKvRows + r] = first_of[0];
-      first()[wg * kKvRows + r + 8] = first_of[1];
+      statistic()[wg * kKvRows + r] = statistic_of[0];
+      statistic()[wg * kKvRows + r + 8] = statistic_of[1];
       rho()[wg * kKvRows + r] = rho0;
       rho()[wg * kKvRows + r + 8] = rho1;
       mbarrier::arrive(full());  // release: the four stores
     }
   }
   // Writer side, lane 0..31: iteration it's rows i0.. added to the row
-  // arrays of its query head (first_rows: pivot_code or gproj's
+  // arrays of its query head (statistic_rows: pivot_code or gproj's
   // mass_accum; row_factor), rows past n skipped.
-  __device__ __forceinline__ void add(int it, int lane, int i0, int n, First* first_rows, float* row_factor) const {
+  __device__ __forceinline__ void add(int it, int lane, int i0, int n, Statistic* statistic_rows, float* row_factor) const {
     mbarrier::wait(full(), static_cast<uint32_t>(it & 1));
-    First f[2];
+    Statistic f[2];
     float sum[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = lane + 32 * h;
-      const First x = first()[r], y = first()[kKvRows + r];
+      const Statistic x = statistic()[r], y = statistic()[kKvRows + r];
       if constexpr (P == Projection::kPivot) {
         f[h] = x > y ? x : y;
       } else {
@@ -185,9 +185,9 @@ struct StatsHandoff {
       const int row = i0 + lane + 32 * h;
       if (row >= n) continue;
       if constexpr (P == Projection::kPivot) {
-        if (f[h] != 0) atomicMax(first_rows + row, f[h]);
+        if (f[h] != 0) atomicMax(statistic_rows + row, f[h]);
       } else {
-        if (f[h] != 0.0f) atomicAdd(first_rows + row, f[h]);
+        if (f[h] != 0.0f) atomicAdd(statistic_rows + row, f[h]);
       }
       if (sum[h] != 0.0f) atomicAdd(row_factor + row, sum[h]);
     }
