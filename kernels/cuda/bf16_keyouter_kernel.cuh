@@ -203,8 +203,8 @@ struct KeyTile {
   static constexpr bool kStatsByWriter = kWriter && kRhoByMma;
   // Pivot and gproj at D = 64 with the writer (warp-specialized): the row
   // sums' MMAs in a commit group of their own after dV / dK / dQ's, waited
-  // for, and the statistics staged for the writer (pivot) or added by
-  // atomics (gproj's rho and m), only after the dQ tile's hand-over, whose
+  // for, and the statistics staged for the writer (pivot's code and rho,
+  // gproj's m and rho), only after the dQ tile's hand-over, whose
   // proxy fence then waits for the dQ stores alone. On the H200 (three
   // rounds of alternating processes,
   // bench/results/bench_bf16_backward-stats-after-handoff-h200-2026-12-05.md)
