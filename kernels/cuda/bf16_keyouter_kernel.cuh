@@ -409,13 +409,11 @@ struct KeyTile {
   // writer warp, DqHandoff). cross_sync(): the barrier of
   // the 256 compute threads where a staged dQ reads both warpgroups' t;
   // released(): called once the MMAs that read qs, gos and ra are done
-  // (the tile's buffers may be refilled after it); during_scores(): work
-  // of the caller's that runs while S and dP's MMAs are in flight.
-  template <class CrossSync, class Released, class DuringScores>
+  // (the tile's buffers may be refilled after it).
+  template <class CrossSync, class Released>
   __device__ __forceinline__ void compute(int it, const uint16_t* qs, const uint16_t* gos,
                                           const hopper::StagedRows& ra, float (&dk)[D / 2], float (&dv)[D / 2],
-                                          CrossSync&& cross_sync, Released&& released,
-                                          DuringScores&& during_scores) const {
+                                          CrossSync&& cross_sync, Released&& released) const {
     const int warp = tid() >> 5, lane = tid() & 31;
     const int wg = wg_uniform, v = warp & 3, g = lane >> 2, c = lane & 3;
     const int row0 = 16 * v;  // this warp's first query row of a tile / first key of its warpgroup's 64
@@ -433,7 +431,6 @@ struct KeyTile {
     hopper::scores_mma<D, kKvRows, kKvKeys>(dp, gos, 0, smem + L::kV, 64 * wg);
     wgmma::commit();
     if (wg == 0) wgmma::pingpong_arrive(hopper::kPingpongBarrier);
-    during_scores();
     wgmma::wait<0>();
     wgmma::fence_operand(s);
     wgmma::fence_operand(dp);
@@ -523,17 +520,17 @@ struct KeyTile {
     released();
     auto add_statistics = [&] {
       if constexpr (kStatsAfterHandoff) wgmma::wait<0>();  // the row sums' group
-      if constexpr (kStatsByWriter && kGproj) {
-        // This warpgroup's partial m and rho of rows g and g + 8, staged for
-        // the writer (every column holds the row sum; lanes c = 0 store).
+      if constexpr (kStatsByWriter) {
+        // This warpgroup's partial rho of rows g and g + 8 and pivot's argmax
+        // codes or gproj's partial m, staged for the writer (lanes c = 0
+        // store: they hold the quad's codes; every column holds a row sum).
         wgmma::fence_operand(rho);
-        wgmma::fence_operand(mass);
-        stats().stage(it, wg, row0 + g, c == 0, {mass[0], mass[2]}, rho[0], rho[2]);
-      } else if constexpr (kStatsByWriter) {
-        // This warpgroup's argmax codes and partial rho of rows g and g + 8,
-        // staged for the writer (lanes c = 0 hold the quad's).
-        wgmma::fence_operand(rho);
-        stats().stage(it, wg, row0 + g, c == 0, code, rho[0], rho[2]);
+        if constexpr (kGproj) {
+          wgmma::fence_operand(mass);
+          stats().stage(it, wg, row0 + g, c == 0, {mass[0], mass[2]}, rho[0], rho[2]);
+        } else {
+          stats().stage(it, wg, row0 + g, c == 0, code, rho[0], rho[2]);
+        }
       } else if constexpr (kMassByMma) {
         // This warpgroup's partial rho and m of rows g and g + 8: every
         // column holds the row sum, so lane c = 0 adds rho and lane c = 1 m,
@@ -658,7 +655,7 @@ __global__ void __launch_bounds__(kThreads, hopper::kBlocksPerSm) keyouter_kerne
     }
     kt.compute(
         it, smem + (buf ? L::kQ1 : L::kQ0), smem + (buf ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), buf),
-        dk, dv, [] { __syncthreads(); }, [] {}, [] {});
+        dk, dv, [] { __syncthreads(); }, [] {});
   }
   if (iters > 0) {
     __syncthreads();

@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) keyouter_ws_kernel(const __grid_c
     mbarrier::wait(&full[s], static_cast<uint32_t>(it / kStages) & 1u);
     kt.compute(
         it, smem + (s ? L::kQ1 : L::kQ0), smem + (s ? L::kG1 : L::kG0), hopper::staged_rows(kt.rows_base(), s), dk,
-        dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); }, [] {});
+        dv, compute_sync, [&] { mbarrier::arrive(&empty[s]); });
   }
   kt.write_keys(dk, dv);
 }
