@@ -189,6 +189,14 @@ struct KeyTile {
   // (r) tile from the tensor cores (kRowSumsByMma).
   static constexpr bool kRhoByMma = kRowSumsByMma<D, P>;
   static constexpr bool kMassByMma = kRhoByMma && kGproj;
+  // Whether the row sums take t's (rho) and r's (gproj's m) A fragments
+  // from registers rather than the tiles from shared memory: in the
+  // warp-specialized kernel (kWriter), m only at D = 64. Held until the MMAs
+  // complete, the fragments spilled in the other kernels (ptxas, nvcc 13.0:
+  // gproj's r beside t at D = 128 4 bytes; keyouter_kernel at D = 128, pivot
+  // 28 bytes, gproj 4).
+  static constexpr bool kRhoFromRegisters = kRhoByMma && kWriter;
+  static constexpr bool kMassFromRegisters = kMassByMma && kWriter && D == 64;
   // Pivot and gproj with the writer warp: each warpgroup's per-row
   // statistics (pivot: the argmax code, reduced over the quad, and rho;
   // gproj: m and rho) are staged in shared memory and the writer adds both
@@ -262,10 +270,24 @@ struct KeyTile {
     }
   }
 
-  // sum = tile 1: the row sums of a warpgroup's [64 rows][64 keys] BF16 tile
-  // (K-major A) against the ones tile (B, desc `ones`), 4 m64n8k16 steps;
-  // every column holds the row sum, exact products and FP32 sums. The first
-  // step's scale-d 0 needs no zeroing between the fences.
+  // sum = tile 1: the row sums of a warpgroup's [64 rows][64 keys] BF16 tile,
+  // from its A fragments in registers (the values stored to the tile),
+  // against the ones tile (B, desc `ones`), 4 m64n8k16 steps; every column
+  // holds the row sum, exact products and FP32 sums. The first step's
+  // scale-d 0 needs no zeroing between the fences. The fragments must stay
+  // unchanged until the MMAs are waited for.
+  __device__ __forceinline__ static void row_sums_mma(float (&sum)[4], const uint32_t (&frag)[4][4], uint64_t ones) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (k == 0) {
+        wgmma::mma_rs_first<false>(sum, frag[k], ones);
+      } else {
+        wgmma::mma_rs<false>(sum, frag[k], ones);
+      }
+    }
+  }
+  // The same from the tile in shared memory (K-major A; kRhoFromRegisters,
+  // kMassFromRegisters false).
   __device__ __forceinline__ static void row_sums_mma(float (&sum)[4], const uint16_t* tile, uint64_t ones) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -446,8 +468,22 @@ struct KeyTile {
     // which both warpgroups' MMAs finished reading before the last
     // compute barrier.)
     if constexpr (kWriter) wgmma::warpgroup_barrier(1 + wg);
-    store_tile(t_tile, dp);
-    store_tile(r_tile, s);
+    // kRhoFromRegisters (kMassFromRegisters): t (r) packed once, stored as
+    // the tile and kept in registers as the A operand of the row sums.
+    [[maybe_unused]] uint32_t t_frag[kRhoFromRegisters ? 4 : 1][4];
+    [[maybe_unused]] uint32_t r_frag[kMassFromRegisters ? 4 : 1][4];
+    if constexpr (kRhoFromRegisters) {
+      hopper::accumulator_to_a(t_frag, dp);
+      wgmma::store_fragment_tile(t_tile, t_frag, (tid() >> 5) & 3, tid() & 31);
+    } else {
+      store_tile(t_tile, dp);
+    }
+    if constexpr (kMassFromRegisters) {
+      hopper::accumulator_to_a(r_frag, s);
+      wgmma::store_fragment_tile(r_tile, r_frag, (tid() >> 5) & 3, tid() & 31);
+    } else {
+      store_tile(r_tile, s);
+    }
     // Staged (D = 128, or the writer): dQ reads the t of both warpgroups, a
     // barrier of the compute threads (after which the staging tile is
     // rewritten: its reads by the previous bulk reductions are done); D = 64
@@ -492,8 +528,16 @@ struct KeyTile {
     if constexpr (kStatsAfterHandoff) wgmma::commit();
     if constexpr (kRhoByMma) {
       const uint64_t ones = wgmma::desc_k_major(reinterpret_cast<const unsigned char*>(smem) + L::kOnes);
-      row_sums_mma(rho, t_tile, ones);
-      if constexpr (kMassByMma) row_sums_mma(mass, r_tile, ones);
+      if constexpr (kRhoFromRegisters) {
+        row_sums_mma(rho, t_frag, ones);
+      } else {
+        row_sums_mma(rho, t_tile, ones);
+      }
+      if constexpr (kMassFromRegisters) {
+        row_sums_mma(mass, r_frag, ones);
+      } else if constexpr (kMassByMma) {
+        row_sums_mma(mass, r_tile, ones);
+      }
     }
     wgmma::commit();
     [[maybe_unused]] unsigned long long code[2];

@@ -227,6 +227,25 @@ __device__ __forceinline__ void mma_ss_first(float (&d)[4], uint64_t desc_a, uin
       : "l"(desc_a), "l"(desc_b), "r"(0), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));
 }
 
+// m64n8k16 with A in registers (the accumulator_to_a fragments of a tile);
+// with B all ones every column of d is A's row sums.
+template <bool kTransB>
+__device__ __forceinline__ void mma_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, %10;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(kTransB ? 1 : 0));
+}
+template <bool kTransB>
+__device__ __forceinline__ void mma_rs_first(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, %10;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0), "n"(kTransB ? 1 : 0));
+}
+
 // d = A B, the first k step of a product: scale-d 0, so the accumulator's
 // previous values are neither read nor need zeroing. Zeroing moves would sit
 // between the fence and the MMA, where ptxas serializes around them
@@ -318,6 +337,14 @@ __device__ __forceinline__ void store_accumulator_tile(uint16_t* tile, const flo
                            mma::pack_bf16(x[8 * p + 4], x[8 * p + 5]), mma::pack_bf16(x[8 * p + 6], x[8 * p + 7])};
     mma::stmatrix_x4(tile + tile_offset<64>(row, 8 * (2 * p + (block >> 1))), r);
   }
+}
+// The same tile from the accumulator already packed to A fragments
+// (frag[p][q] = the BF16 pair of x[8 p + 2 q], x[8 p + 2 q + 1], as
+// store_accumulator_tile packs it).
+__device__ __forceinline__ void store_fragment_tile(uint16_t* tile, const uint32_t (&frag)[4][4], int v, int lane) {
+  const int block = lane >> 3, row = 16 * v + 8 * (block & 1) + (lane & 7);
+#pragma unroll
+  for (int p = 0; p < 4; ++p) mma::stmatrix_x4(tile + tile_offset<64>(row, 8 * (2 * p + (block >> 1))), frag[p]);
 }
 
 }  // namespace gaugewatch::gpu::wgmma

@@ -238,6 +238,15 @@ inline void mma_ss_first(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
   emulated::mma_ss(d, desc_a, kTransA, desc_b, kTransB);
 }
 template <bool kTransB>
+inline void mma_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b) {
+  emulated::mma_rs(d, a, desc_b, kTransB);
+}
+template <bool kTransB>
+inline void mma_rs_first(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b) {
+  for (float& x : d) x = 0.0f;  // scale-d 0: the previous values are not read
+  emulated::mma_rs(d, a, desc_b, kTransB);
+}
+template <bool kTransB>
 inline void mma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
   emulated::mma_rs(d, a, desc_b, kTransB);
 }
