@@ -123,6 +123,12 @@ inline constexpr int kBlocksPerSm = kKeys == kKvKeys ? gproj_keys::kBlocksPerSm<
 // measured 1.158x there, kernels/cuda/README.md).
 template <int D, int kKeys = kKvKeys>
 inline constexpr bool kUWriter = D == 128 || kKeys == kWideKeyBlockKeys;
+// With the writer at D = 128 the last tile's U is issued before its C, in a
+// commit group of its own: -lambda U is staged and handed over while C's
+// MMAs run (H100 A/B, 2026-12-05: the pass 0.95-0.96x at D = 128; at D = 64,
+// 256 keys, 1.026x, so not there).
+template <int D, int kKeys = kKvKeys>
+inline constexpr bool kUFirst = kUWriter<D, kKeys> && D == 128;
 // With the writer each warpgroup computes U's D / 2 columns D / 2 wg.. over
 // all the block's keys (m64n64, at D = 64 m64n32), kUFloats accumulators;
 // otherwise (D = 64, 128 keys) all 64 columns over its own keys.
@@ -407,22 +413,43 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D, kKeys>)
     float(&u)[kU] = *reinterpret_cast<float(*)[kU]>(&sc[0][0]);
     if constexpr (kU != 32) hopper::zero(u);  // m64n32: the first step accumulates too
     wgmma::fence();
-    gproj_keys::c_mma<D>(acc[kTiles - 1], r_tile + (kTiles - 1) * L::kScoreTile, smem + L::neg_lambda_q(s));
-    gproj_keys::u_mma<D, kUSplitsKeys<D, kKeys>, kKeys>(u, r_set, smem + L::kK, wg);
-    wgmma::commit();
-    wgmma::wait<0>();
+    if constexpr (kUFirst<D, kKeys>) {
+      // U first, in a commit group of its own, then C of the last tile: the
+      // -lambda U tile is staged and handed to the writer while C's MMAs
+      // run, and stage s is released once they are done (C reads its
+      // bf16(-lambda Q) tile).
+      gproj_keys::u_mma<D, kUSplitsKeys<D, kKeys>, kKeys>(u, r_set, smem + L::kK, wg);
+      wgmma::commit();
+      gproj_keys::c_mma<D>(acc[kTiles - 1], r_tile + (kTiles - 1) * L::kScoreTile, smem + L::neg_lambda_q(s));
+      wgmma::commit();
+      wgmma::wait<1>();
+      wgmma::fence_operand(u);
+    } else {
+      gproj_keys::c_mma<D>(acc[kTiles - 1], r_tile + (kTiles - 1) * L::kScoreTile, smem + L::neg_lambda_q(s));
+      gproj_keys::u_mma<D, kUSplitsKeys<D, kKeys>, kKeys>(u, r_set, smem + L::kK, wg);
+      wgmma::commit();
+      wgmma::wait<0>();
 #pragma unroll
-    for (int h = 0; h < kTiles; ++h) wgmma::fence_operand(acc[h]);
-    wgmma::fence_operand(u);
+      for (int h = 0; h < kTiles; ++h) wgmma::fence_operand(acc[h]);
+      wgmma::fence_operand(u);
+    }
     // Wide blocks: lambda read again here, so that it holds no registers
     // while S of both tiles and C are live (their peak; read with the other
     // rows it spilled).
     if constexpr (kTiles > 1) gproj_keys::tile_lambda(staged, row0, g, tr.lambda);
-    mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
+    if constexpr (!kUFirst<D, kKeys>) {
+      mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
+    }
     if constexpr (kUWriter<D, kKeys>) {
       keyouter::DqHandoff::acquire(it, wg);
       gproj_keys::stage_u<D>(u, tr, staging, row0, g, c, wg);
       keyouter::DqHandoff::release();
+      if constexpr (kUFirst<D, kKeys>) {
+        wgmma::wait<0>();
+#pragma unroll
+        for (int h = 0; h < kTiles; ++h) wgmma::fence_operand(acc[h]);
+        mbarrier::arrive(&empty[s]);  // this thread's reads of stage s (its rows, and through the MMAs its tiles) are done
+      }
     } else {
       if constexpr (kUSplitsKeys<D, kKeys>) {
         // The r tile is free: this warpgroup's MMAs, its only readers, are
