@@ -198,3 +198,46 @@ def test_sass_compare_tells_a_comment_change_from_a_code_change(tmp_path):
     assert "FADD" in diff.stdout or "FFMA" in diff.stdout  # the unified diff of axpy's instructions
     only = sass_compare(base, changed, "--filter", "scale")
     assert only.returncode == 0 and "axpy" not in only.stdout
+
+
+# --- bench/kernels/bench_split_streams.py: the two halves of a problem --------------------------
+
+import torch  # noqa: E402
+from bench_split_streams import halves, largest_difference  # noqa: E402
+
+
+def _problem(B, Hq, Hkv, N=4, d=2):
+    """Tensors whose every element names its batch, head and row, laid out as
+    bench_bf16_backward.make_inputs lays them out (lse without the head dim)."""
+    def tagged(H, dims):
+        idx = torch.arange(B * H * N).reshape(B, H, N).float()
+        return idx if dims == 3 else idx[..., None].expand(B, H, N, d).clone()
+    return dict(q=tagged(Hq, 4), k=tagged(Hkv, 4), v=tagged(Hkv, 4), do=tagged(Hq, 4), out=tagged(Hq, 4),
+                lse=tagged(Hq, 3))
+
+
+def test_halves_cut_the_batch_when_there_are_two_or_more():
+    x = _problem(B=4, Hq=4, Hkv=2)
+    first, second = halves(x, 4, 4, 2)
+    for name, t in x.items():
+        assert torch.equal(torch.cat([first[name], second[name]], 0), t)
+        assert first[name].shape[0] == 2 and first[name].data_ptr() == t.data_ptr()  # views, no copies
+
+
+def test_halves_cut_kv_heads_with_their_query_heads_when_the_batch_is_one():
+    x = _problem(B=1, Hq=8, Hkv=2)  # GQA: query heads 0-3 read kv head 0, 4-7 kv head 1
+    first, second = halves(x, 1, 8, 2)
+    assert torch.equal(first["k"], x["k"][:, :1]) and torch.equal(second["v"], x["v"][:, 1:])
+    assert torch.equal(first["q"], x["q"][:, :4]) and torch.equal(second["lse"], x["lse"][:, 4:])
+    # each half is a problem of its own: query head h of a half reads its kv head h // group
+    assert first["q"].shape[1] // first["k"].shape[1] == 4 == second["q"].shape[1] // second["k"].shape[1]
+
+
+def test_largest_difference_is_relative_to_the_whole_and_joins_along_the_cut():
+    whole = [torch.tensor([[1.0, -4.0], [2.0, 3.0]])] * 3
+    same = [[w[:1] for w in whole], [w[1:] for w in whole]]
+    assert largest_difference(whole, same, B=2) == 0.0
+    off = [[w[:1] for w in whole], [w[1:] + torch.tensor([0.0, 0.5]) for w in whole]]
+    assert largest_difference(whole, off, B=2) == pytest.approx(0.5 / 4.0)
+    heads = [[w[:, :1] for w in whole], [w[:, 1:] for w in whole]]
+    assert largest_difference(whole, heads, B=1) == 0.0
