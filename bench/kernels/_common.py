@@ -3,6 +3,7 @@ scripts/device.sh from running it): where the ops library is, and how one
 call is timed (CUDA events, warm-up, median over inputs rotated between calls
 so that L2 does not carry one call's operands into the next)."""
 
+import json
 import os
 import statistics
 import time
@@ -85,3 +86,16 @@ def select_shapes(shapes, spec):
     if unknown:
         raise SystemExit(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(names)}")
     return [row for row in shapes if not wanted or row[0] in wanted]
+
+
+def write_results(bench, args, meta, cases, markdown):
+    """Prints the markdown and writes {meta, cases, markdown} as JSON to
+    --json, else to $GAUGEWATCH_BENCH_OUT/<bench>.json when that is set
+    (device.sh), and the markdown to --markdown when given."""
+    print(markdown)
+    out_dir = os.environ.get("GAUGEWATCH_BENCH_OUT")
+    path = args.json or (os.path.join(out_dir, f"{bench}.json") if out_dir else "")
+    if path:
+        Path(path).write_text(json.dumps({"meta": meta, "cases": cases, "markdown": markdown}, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown + "\n")

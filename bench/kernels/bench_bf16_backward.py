@@ -72,7 +72,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _common import load_ops, select_shapes, time_ms, warm_gpu
+from _common import load_ops, select_shapes, time_ms, warm_gpu, write_results
 import _center
 
 SHAPES = [
@@ -391,15 +391,7 @@ def main():
             lines.append(f"| {row['shape']} | " + " | ".join(
                 f"{row[f'gw_{b}_pair_ms']:.3f} / {ratio(row.get(f'gw_{b}_mma_sync_ms'))}" for b in MMA_SYNC) + " |")
     lines += _center.markdown(cases)
-    markdown = "\n".join(lines)
-    print(markdown)
-    result = {"meta": meta, "cases": cases, "markdown": markdown}
-    path = args.json or (os.path.join(os.environ["GAUGEWATCH_BENCH_OUT"], "bench_bf16_backward.json")
-                         if os.environ.get("GAUGEWATCH_BENCH_OUT") else "")
-    if path:
-        Path(path).write_text(json.dumps(result, indent=1))
-    if args.markdown:
-        Path(args.markdown).write_text(markdown + "\n")
+    write_results("bench_bf16_backward", args, meta, cases, "\n".join(lines))
     return 0 if children_ok else 1
 
 

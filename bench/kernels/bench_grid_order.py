@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 ORDERS = ("auto", "all")  # GAUGEWATCH_GRID_SECTION values: sections (default), one section
 BACKENDS = (("bf16", False), ("pivot", False), ("gproj", False), ("bf16", True))
@@ -72,6 +71,8 @@ def main():
         return child(args)
     import torch
 
+    from _common import write_results
+
     if not torch.cuda.is_available():
         print("bench_grid_order: no CUDA device; nothing to time")
         return 0
@@ -108,14 +109,7 @@ def main():
     for c in cases:
         lines.append(f"| {c['shape']} | {c['backend']} | {c['sections_ms']:.3f} | {c['all_ms']:.3f} | "
                      f"{c['sections_over_all']:.3f} | {' '.join(f'{x:.3f}' for x in c['round_ratios'])} |")
-    markdown = "\n".join(lines)
-    print(markdown)
-    path = args.json or (os.path.join(os.environ["GAUGEWATCH_BENCH_OUT"], "bench_grid_order.json")
-                         if os.environ.get("GAUGEWATCH_BENCH_OUT") else "")
-    if path:
-        Path(path).write_text(json.dumps({"meta": meta, "cases": cases, "markdown": markdown}, indent=1))
-    if args.markdown:
-        Path(args.markdown).write_text(markdown + "\n")
+    write_results("bench_grid_order", args, meta, cases, "\n".join(lines))
     return 0
 
 

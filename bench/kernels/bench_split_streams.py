@@ -33,10 +33,8 @@ Writes $GAUGEWATCH_BENCH_OUT/bench_split_streams.json when that is set (device.s
 
 import argparse
 import json
-import os
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
@@ -81,7 +79,7 @@ def main():
     parser.add_argument("--markdown", default="")
     args = parser.parse_args()
 
-    from _common import load_ops, select_shapes, time_ms, warm_gpu
+    from _common import load_ops, select_shapes, time_ms, warm_gpu, write_results
     from bench_bf16_backward import SHAPES, make_inputs
 
     ops, rc = load_ops("bench_split_streams")
@@ -155,14 +153,7 @@ def main():
                      f"{ms['halves_one_stream']:.3f} | {ms['halves_two_streams']:.3f} | "
                      f"{ratio['halves_one_stream']:.3f} | {ratio['halves_two_streams']:.3f} | {per_round} | "
                      f"{c['largest_difference']['halves_two_streams']:.1e} |")
-    markdown = "\n".join(lines)
-    print(markdown)
-    path = args.json or (os.path.join(os.environ["GAUGEWATCH_BENCH_OUT"], "bench_split_streams.json")
-                         if os.environ.get("GAUGEWATCH_BENCH_OUT") else "")
-    if path:
-        Path(path).write_text(json.dumps({"meta": meta, "cases": cases, "markdown": markdown}, indent=1))
-    if args.markdown:
-        Path(args.markdown).write_text(markdown + "\n")
+    write_results("bench_split_streams", args, meta, cases, "\n".join(lines))
     return 0
 
 
