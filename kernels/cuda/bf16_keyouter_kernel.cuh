@@ -189,6 +189,16 @@ struct KeyTile {
   // (r) tile from the tensor cores (kRowSumsByMma).
   static constexpr bool kRhoByMma = kRowSumsByMma<D, P>;
   static constexpr bool kMassByMma = kRhoByMma && kGproj;
+  // With the writer warp at D = 128, bf16 and gproj: the tile's dQ MMAs
+  // (and the row sums that the statistics before the hand-over read) are
+  // issued and waited for first, and the dQ tile is stored and handed over
+  // while dV's and dK's MMAs, issued after them, run; the stage's buffers
+  // are released once those are done. Measured (H200, three rounds,
+  // 2026-12-06): bf16's kernel 0.970-0.976x, gproj's first pass
+  // 0.935-0.978x at D = 128; pivot's 1.006-1.030x (its rho then from the
+  // tile: from registers it spilled beside this), so pivot keeps the order
+  // below; at D = 64 (H100) bf16's 1.031x, pivot's 1.019x.
+  static constexpr bool kDqFirst = kWriter && D == 128 && P != Projection::kPivot;
   // Whether the row sums take t's (rho) and r's (gproj's m) A fragments
   // from registers rather than the tiles from shared memory: in the
   // warp-specialized kernel (kWriter), m only at D = 64. Held until the MMAs
@@ -503,43 +513,64 @@ struct KeyTile {
     // fences); gproj: m = r 1 likewise.
     [[maybe_unused]] float rho[4];
     [[maybe_unused]] float mass[kMassByMma ? 4 : 1];
-    wgmma::fence();
+    auto issue_dv_dk = [&] {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
-      wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile, step, kSubTile),
-                                wgmma::desc_mn_major(gos, step, kSubTile));
-      wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile, step, kSubTile),
-                                wgmma::desc_mn_major(qs, step, kSubTile));
-    }
+      for (int k = 0; k < 4; ++k) {
+        const int step = wgmma::chunk_offset<kKvRows>(16 * k, 0);  // rows 16 k.. of every [64][*] tile
+        wgmma::mma_ss<true, true>(dv, wgmma::desc_mn_major(r_tile, step, kSubTile),
+                                  wgmma::desc_mn_major(gos, step, kSubTile));
+        wgmma::mma_ss<true, true>(dk, wgmma::desc_mn_major(t_tile, step, kSubTile),
+                                  wgmma::desc_mn_major(qs, step, kSubTile));
+      }
+    };
     // dQ: keys 16 k.. are t of warpgroup k / 4 (its keys 16 (k % 4)..) and K
     // rows 16 k..; staged: all 128 keys, columns D / 2 wg.. (D / 16 chunks of
     // 16 bytes per column block); D = 64 without the writer: own keys.
-    constexpr int kDqSteps = kStaged ? 8 : 4;
+    auto issue_dq = [&] {
+      constexpr int kDqSteps = kStaged ? 8 : 4;
 #pragma unroll
-    for (int kq = 0; kq < kDqSteps; ++kq) {
-      const int k = kStaged ? kq : 4 * wg + kq;
-      const uint16_t* tw = t_of(it, k >> 2);
-      const int column_chunk = kStaged ? D / 16 * wg : 0;
-      wgmma::mma_ss<false, true>(
-          dq, wgmma::desc_k_major(tw, wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
-          wgmma::desc_mn_major(smem + L::kK, wgmma::chunk_offset<kKvKeys>(16 * k, column_chunk), kKeySubTile));
-    }
-    if constexpr (kStatsAfterHandoff) wgmma::commit();
-    if constexpr (kRhoByMma) {
-      const uint64_t ones = wgmma::desc_k_major(reinterpret_cast<const unsigned char*>(smem) + L::kOnes);
-      if constexpr (kRhoFromRegisters) {
-        row_sums_mma(rho, t_frag, ones);
-      } else {
-        row_sums_mma(rho, t_tile, ones);
+      for (int kq = 0; kq < kDqSteps; ++kq) {
+        const int k = kStaged ? kq : 4 * wg + kq;
+        const uint16_t* tw = t_of(it, k >> 2);
+        const int column_chunk = kStaged ? D / 16 * wg : 0;
+        wgmma::mma_ss<false, true>(
+            dq, wgmma::desc_k_major(tw, wgmma::chunk_offset<kKvRows>(0, 2 * (k & 3))),
+            wgmma::desc_mn_major(smem + L::kK, wgmma::chunk_offset<kKvKeys>(16 * k, column_chunk), kKeySubTile));
       }
-      if constexpr (kMassFromRegisters) {
-        row_sums_mma(mass, r_frag, ones);
-      } else if constexpr (kMassByMma) {
-        row_sums_mma(mass, r_tile, ones);
+    };
+    auto issue_row_sums = [&] {
+      if constexpr (kRhoByMma) {
+        const uint64_t ones = wgmma::desc_k_major(reinterpret_cast<const unsigned char*>(smem) + L::kOnes);
+        if constexpr (kRhoFromRegisters) {
+          row_sums_mma(rho, t_frag, ones);
+        } else {
+          row_sums_mma(rho, t_tile, ones);
+        }
+        if constexpr (kMassFromRegisters) {
+          row_sums_mma(mass, r_frag, ones);
+        } else if constexpr (kMassByMma) {
+          row_sums_mma(mass, r_tile, ones);
+        }
       }
+    };
+    wgmma::fence();
+    if constexpr (kDqFirst) {
+      // dQ (and the row sums the hand-over waits for) in the first commit
+      // group, dV and dK in the second: the dQ tile is stored and handed
+      // over while dV's and dK's MMAs run.
+      issue_dq();
+      if constexpr (!kStatsAfterHandoff) issue_row_sums();
+      wgmma::commit();
+      issue_dv_dk();
+      if constexpr (kStatsAfterHandoff) issue_row_sums();
+      wgmma::commit();
+    } else {
+      issue_dv_dk();
+      issue_dq();
+      if constexpr (kStatsAfterHandoff) wgmma::commit();
+      issue_row_sums();
+      wgmma::commit();
     }
-    wgmma::commit();
     [[maybe_unused]] unsigned long long code[2];
     if constexpr (P == Projection::kPivot) {
       // Pivot's argmax from P (in s) while the tile's MMAs run: integer
@@ -557,11 +588,16 @@ struct KeyTile {
       }
     }
 
-    wgmma::wait<kStatsAfterHandoff ? 1 : 0>();
-    wgmma::fence_operand(dk);
-    wgmma::fence_operand(dv);
-    wgmma::fence_operand(dq);
-    released();
+    if constexpr (kDqFirst) {
+      wgmma::wait<1>();
+      wgmma::fence_operand(dq);
+    } else {
+      wgmma::wait<kStatsAfterHandoff ? 1 : 0>();
+      wgmma::fence_operand(dk);
+      wgmma::fence_operand(dv);
+      wgmma::fence_operand(dq);
+      released();
+    }
     auto add_statistics = [&] {
       if constexpr (kStatsAfterHandoff) wgmma::wait<0>();  // the row sums' group
       if constexpr (kStatsByWriter) {
@@ -624,6 +660,12 @@ struct KeyTile {
       DqHandoff::release();
     } else if constexpr (kStaged) {
       wgmma::fence_proxy_async();  // the staging tile is read by the bulk copies
+    }
+    if constexpr (kDqFirst) {
+      wgmma::wait<0>();
+      wgmma::fence_operand(dk);
+      wgmma::fence_operand(dv);
+      released();
     }
     if constexpr (kStatsAfterHandoff) add_statistics();
   }
