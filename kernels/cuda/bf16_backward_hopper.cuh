@@ -174,15 +174,6 @@ __device__ __forceinline__ void scores_to_tr(const Args& a, float (&s)[E], float
   for_each_tile_element<E>(in.kb, in.ke, j_base, element);
 }
 
-// Accumulator columns 16 k .. 16 k + 15 as the A operand of step k.
-__device__ __forceinline__ void accumulator_to_a(uint32_t (&frag)[4][4], const float (&x)[32]) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) frag[k][q] = mma::pack_bf16(x[8 * k + 2 * q], x[8 * k + 2 * q + 1]);
-  }
-}
-
 // The dq kernel's grid: 1-D, one block per (batch, query head, query tile),
 // in a.q_sections sections of heads, query tile first within a section and
 // counted from the last under causal masking (grid_order.cuh): the heaviest
@@ -287,11 +278,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) dq_kernel(const Args a
       });
     }
     uint32_t tf[4][4];
-    accumulator_to_a(tf, dp);
+    wgmma::accumulator_to_a(tf, dp);
     wgmma::fence();
     if constexpr (P == Projection::kGproj) {
       uint32_t rf[4][4];
-      accumulator_to_a(rf, s);
+      wgmma::accumulator_to_a(rf, s);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint64_t kd = wgmma::desc_mn_major(ks, wgmma::chunk_offset<kDqKeys>(16 * k, 0), kSubTile);

@@ -483,13 +483,13 @@ struct KeyTile {
     [[maybe_unused]] uint32_t t_frag[kRhoFromRegisters ? 4 : 1][4];
     [[maybe_unused]] uint32_t r_frag[kMassFromRegisters ? 4 : 1][4];
     if constexpr (kRhoFromRegisters) {
-      hopper::accumulator_to_a(t_frag, dp);
+      wgmma::accumulator_to_a(t_frag, dp);
       wgmma::store_fragment_tile(t_tile, t_frag, (tid() >> 5) & 3, tid() & 31);
     } else {
       store_tile(t_tile, dp);
     }
     if constexpr (kMassFromRegisters) {
-      hopper::accumulator_to_a(r_frag, s);
+      wgmma::accumulator_to_a(r_frag, s);
       wgmma::store_fragment_tile(r_tile, r_frag, (tid() >> 5) & 3, tid() & 31);
     } else {
       store_tile(r_tile, s);

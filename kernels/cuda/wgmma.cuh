@@ -320,6 +320,16 @@ __device__ __forceinline__ uint64_t desc_mn_major(const uint16_t* base, int offs
   return desc_plus(desc_mn_major(base, lbo_bytes), 2u * static_cast<uint32_t>(offset));
 }
 
+// Accumulator columns 16 k .. 16 k + 15 of an m64n64 accumulator, rounded to
+// BF16 pairs, as the A operand of step k (the fragment layout above).
+__device__ __forceinline__ void accumulator_to_a(uint32_t (&frag)[4][4], const float (&x)[32]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) frag[k][q] = mma::pack_bf16(x[8 * k + 2 * q], x[8 * k + 2 * q + 1]);
+  }
+}
+
 // An m64n64 accumulator x (this thread: warp v of its warpgroup, lane l)
 // packed to BF16 pairs into a [64 rows][64 columns] tile (tile_offset
 // layout), where it is an MMA operand read either way: four stmatrix.x4,
@@ -339,8 +349,8 @@ __device__ __forceinline__ void store_accumulator_tile(uint16_t* tile, const flo
   }
 }
 // The same tile from the accumulator already packed to A fragments
-// (frag[p][q] = the BF16 pair of x[8 p + 2 q], x[8 p + 2 q + 1], as
-// store_accumulator_tile packs it).
+// (accumulator_to_a: frag[p] holds the pairs store_accumulator_tile packs
+// for its p).
 __device__ __forceinline__ void store_fragment_tile(uint16_t* tile, const uint32_t (&frag)[4][4], int v, int lane) {
   const int block = lane >> 3, row = 16 * v + 8 * (block & 1) + (lane & 7);
 #pragma unroll

@@ -60,16 +60,6 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&a)[4][4], const uint
   }
 }
 
-// accumulator_to_a (wgmma.cuh): columns 16 s .. 16 s + 15 of an m64n64
-// accumulator, rounded to BF16 pairs, are the A registers of step s.
-__device__ __forceinline__ void accumulator_to_a(uint32_t (&a)[4][4], const float (&d)[32]) {
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a[s][i] = mma::pack_bf16(d[8 * s + 2 * i], d[8 * s + 2 * i + 1]);
-  }
-}
-
 // The accumulator (m64 x 2F) to a row-major [64][2F] matrix.
 template <int F>
 __device__ __forceinline__ void store_accumulator(float* out, const float (&d)[F]) {
@@ -201,7 +191,7 @@ __global__ void __launch_bounds__(wg::kWarpgroupThreads, 1)
   float s[32] = {};
   const uint16_t* sv = chain_scores<N>(s, wg::align_1024(raw), a, b, v);
   uint32_t af[4][4];
-  accumulator_to_a(af, s);
+  wg::accumulator_to_a(af, s);
   float d[N / 2] = {};
   wg::fence();  // af and d were written by ordinary instructions since
   mma_rs_mn_major(d, af, sv);
